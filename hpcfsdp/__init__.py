@@ -1,0 +1,1 @@
+"""hpcfsdp: fully sharded data parallel training on MPI, NumPy and CuPy."""

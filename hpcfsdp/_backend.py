@@ -1,0 +1,352 @@
+"""Array backends: dtypes, devices, the array module (NumPy or CuPy) and random generators."""
+import builtins
+import threading
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "double", "float", "half", "long", "int",
+    "to_dtype", "is_floating_dtype", "default_float_dtype", "device", "to_device", "default_device",
+    "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
+    "cupy_available", "generator", "manual_seed", "meta_array", "is_meta_array",
+]
+
+# ---------------------------------------------------------------------------------------------
+# dtypes: plain NumPy dtype objects (bfloat16 through ml_dtypes, also understood by CuPy).
+float64 = np.dtype("float64")
+float32 = np.dtype("float32")
+float16 = np.dtype("float16")
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+int64 = np.dtype("int64")
+int32 = np.dtype("int32")
+int16 = np.dtype("int16")
+int8 = np.dtype("int8")
+uint8 = np.dtype("uint8")
+bool = np.dtype(builtins.bool)  # noqa: A001  (PyTorch's name)
+double, float, half, long, int = float64, float32, float16, int64, int32  # noqa: A001
+
+_FLOAT_KINDS = frozenset([float64, float32, float16, bfloat16])
+_NAMES = {
+    "float64": float64, "double": float64, "float32": float32, "float": float32, "float16": float16,
+    "half": float16, "bfloat16": bfloat16, "int64": int64, "long": int64, "int32": int32, "int": int32,
+    "int16": int16, "int8": int8, "uint8": uint8, "bool": bool,
+}
+_SUPPORTED = frozenset(_NAMES.values())
+
+
+def default_float_dtype():
+    """The dtype of floating tensors built from Python floats (PyTorch's default dtype)."""
+    return float32
+
+
+def to_dtype(x):
+    """Normalise a dtype-like (hp dtype, NumPy dtype, string, Python type) to a NumPy dtype."""
+    if isinstance(x, np.dtype):
+        dt = x
+    elif isinstance(x, str):
+        name = x[6:] if x.startswith("torch.") else x
+        if name not in _NAMES:
+            raise TypeError(f"unknown dtype {x!r}; expected one of {sorted(_NAMES)}")
+        return _NAMES[name]
+    elif x is builtins.float:
+        return float32
+    elif x is builtins.int:
+        return int64
+    elif x is builtins.bool:
+        return bool
+    else:
+        try:
+            dt = np.dtype(x)
+        except TypeError:
+            raise TypeError(f"cannot interpret {x!r} as a dtype") from None
+    if dt not in _SUPPORTED:
+        raise TypeError(f"unsupported dtype {dt}; expected one of {sorted(str(d) for d in _SUPPORTED)}")
+    return dt
+
+
+def is_floating_dtype(dt):
+    return dt in _FLOAT_KINDS
+
+
+# ---------------------------------------------------------------------------------------------
+# CuPy, imported on first use.
+_cupy = None
+_cupy_checked = False
+
+
+def _try_cupy():
+    global _cupy, _cupy_checked
+    if not _cupy_checked:
+        _cupy_checked = True
+        try:
+            import cupy  # noqa: PLC0415
+
+            _cupy = cupy
+        except Exception:  # ImportError, or a broken CUDA install
+            _cupy = None
+    return _cupy
+
+
+def cupy_available():
+    return _try_cupy() is not None
+
+
+def _need_cupy():
+    cp = _try_cupy()
+    if cp is None:
+        raise RuntimeError(
+            "device 'cuda' needs CuPy, which is not importable; install hpcfsdp with the "
+            "'cuda12' or 'cuda13' extra (pip install 'hpcfsdp[cuda12]')")
+    return cp
+
+
+# ---------------------------------------------------------------------------------------------
+# devices
+_DEVICE_TYPES = ("cpu", "cuda", "meta")
+_tls = threading.local()
+
+
+class device:  # noqa: N801  (PyTorch's name)
+    """A device: ``device("cpu")``, ``device("cuda", 1)``, ``device("cuda:1")``, ``device("meta")``.
+
+    Also a context manager: ``with hp.device("meta"):`` makes creation functions default to it.
+    """
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type, index=None):  # noqa: A002
+        if isinstance(type, device):
+            if index is not None:
+                raise ValueError(f"device {type} already has an index; got index={index!r} too")
+            t, i = type.type, type.index
+        elif isinstance(type, str):
+            t, _, rest = type.partition(":")
+            if t not in _DEVICE_TYPES:
+                raise ValueError(f"unknown device {type!r}; expected 'cpu', 'cuda', 'cuda:N' or 'meta'")
+            i = None
+            if rest:
+                if not rest.isdigit():
+                    raise ValueError(f"bad device index in {type!r}; expected a non-negative integer")
+                if index is not None:
+                    raise ValueError(f"device {type!r} given an index twice")
+                i = builtins.int(rest)
+            if index is not None:
+                if not isinstance(index, builtins.int) or index < 0:
+                    raise ValueError(f"bad device index {index!r}; expected a non-negative integer")
+                i = index
+        else:
+            raise TypeError(f"expected a device string or hp.device, got {type!r}")
+        if t == "cpu" and i not in (None, 0):
+            raise ValueError(f"cpu device has no index {i}")
+        object.__setattr__(self, "type", t)
+        object.__setattr__(self, "index", None if t != "cuda" else i)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("hp.device is immutable")
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self):
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            try:
+                other = device(other)
+            except (ValueError, TypeError):
+                return False
+        if not isinstance(other, device):
+            return NotImplemented
+        return self.type == other.type and self.index == other.index
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    def __reduce__(self):
+        return (device, (self.type, self.index))
+
+    # context manager: default device for creation functions
+    def __enter__(self):
+        stack = getattr(_tls, "stack", None)
+        if stack is None:
+            stack = _tls.stack = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _tls.stack.pop()
+        return False
+
+
+_CPU = device("cpu")
+_META = device("meta")
+
+
+def default_device():
+    """The innermost ``with hp.device(...)`` device, else cpu."""
+    stack = getattr(_tls, "stack", None)
+    return stack[-1] if stack else _CPU
+
+
+def to_device(x):
+    """Normalise a device-like (hp.device, str, int CUDA ordinal, None -> default) to an hp.device."""
+    if x is None:
+        return default_device()
+    if isinstance(x, device):
+        d = x
+    elif isinstance(x, str):
+        d = device(x)
+    elif isinstance(x, builtins.int) and not isinstance(x, builtins.bool):
+        d = device("cuda", x)
+    else:
+        raise TypeError(f"expected a device (hp.device, 'cpu', 'cuda', 'cuda:N', 'meta'), got {x!r}")
+    if d.type == "cuda":
+        cp = _need_cupy()
+        if d.index is None:
+            d = device("cuda", cp.cuda.runtime.getDevice())
+    return d
+
+
+def is_cupy_array(a):
+    cp = _cupy
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def is_meta_array(a):
+    """True for meta storage (see meta_array)."""
+    return type(a) is _MetaArray
+
+
+class _MetaArray(np.ndarray):
+    """ndarray subclass marking meta storage: zero strides, no memory, values meaningless.
+
+    Element-wise ufuncs and matmul on meta arrays compute only the result's shape and dtype; in-place
+    ufuncs into a meta ``out`` do nothing. Views (reshape, transpose, slicing, broadcast) stay meta.
+    """
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        if out is not None and any(type(o) is _MetaArray for o in out):
+            return out[0] if len(out) == 1 else out
+        plain = [np.asarray(x).view(np.ndarray) if isinstance(x, np.ndarray) else x for x in inputs]
+        if method != "__call__":  # reductions etc.: small outputs, compute on the zero-strided data
+            res = getattr(ufunc, method)(*plain, **kwargs)
+        else:
+            probes = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in plain]
+            shapes = [np.shape(x) for x in plain]
+            if ufunc is np.matmul:
+                a, b = shapes
+                a2, b2 = (a if len(a) > 1 else (1,) + a), (b if len(b) > 1 else b + (1,))
+                if a2[-1] != b2[-2]:
+                    raise ValueError(f"matmul shape mismatch: {a} @ {b}")
+                shape = np.broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+                if len(b) == 1:
+                    shape = shape[:-1]
+                if len(a) == 1:
+                    shape = shape[:-2] + shape[-1:]
+                dt = np.result_type(*[p.dtype for p in probes])
+                return meta_array(shape, dt)
+            shape = np.broadcast_shapes(*shapes)
+            res0 = ufunc(*probes, **{k: v for k, v in kwargs.items() if k != "out"})
+            if isinstance(res0, tuple):
+                return tuple(meta_array(shape, np.asarray(r).dtype) for r in res0)
+            return meta_array(shape, np.asarray(res0).dtype)
+        if isinstance(res, tuple):
+            return tuple(np.asarray(r).view(_MetaArray) for r in res)
+        return np.asarray(res).view(_MetaArray)
+
+
+def meta_array(shape, dtype):
+    """Shape-and-dtype-only storage: a zero-strided read-only broadcast of one element."""
+    base = np.broadcast_to(np.zeros((), dtype=dtype), tuple(shape))
+    return base.view(_MetaArray)
+
+
+def array_module(x):
+    """numpy or cupy for a device-like or an array."""
+    if isinstance(x, np.ndarray):
+        return np
+    if isinstance(x, (device, str)):
+        d = x if isinstance(x, device) else device(x)
+        return _need_cupy() if d.type == "cuda" else np
+    if is_cupy_array(x):
+        return _cupy
+    return np
+
+
+def device_of_array(a):
+    if type(a) is _MetaArray:
+        return _META
+    if isinstance(a, np.ndarray) or np.isscalar(a):
+        return _CPU
+    if is_cupy_array(a):
+        return device("cuda", a.device.id)
+    raise TypeError(f"not an array of a known backend: {type(a).__name__}")
+
+
+def synchronize(dev=None):
+    """Wait for all work on a CUDA device (no-op on cpu/meta)."""
+    d = to_device(dev) if dev is not None else None
+    if d is not None and d.type != "cuda":
+        return
+    cp = _try_cupy()
+    if cp is None:
+        return
+    if d is None:
+        cp.cuda.Device().synchronize()
+    else:
+        cp.cuda.Device(d.index).synchronize()
+
+
+def pinned_empty(shape, dtype):
+    """A host ndarray in page-locked memory when CuPy is present (fast, async copies), else np.empty."""
+    dtype = np.dtype(dtype)
+    cp = _try_cupy()
+    if cp is None:
+        return np.empty(shape, dtype=dtype)
+    n = builtins.int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    mem = cp.cuda.alloc_pinned_memory(max(n, 1))
+    return np.frombuffer(mem, dtype=np.uint8, count=n).view(dtype).reshape(shape)
+
+
+def to_numpy(a):
+    """Host ndarray for any backend array (copy for CuPy, identity for NumPy)."""
+    if is_cupy_array(a):
+        return a.get()
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# random generators (one per backend, reseeded by manual_seed)
+_np_gen = np.random.default_rng(0)
+
+
+def generator(dev=None):
+    """The random generator of a device's backend: a numpy Generator or CuPy's RandomState."""
+    d = to_device(dev) if dev is not None else _CPU
+    if d.type == "cuda":
+        cp = _need_cupy()
+        with cp.cuda.Device(d.index):
+            return cp.random.get_random_state()
+    return _np_gen
+
+
+def manual_seed(seed):
+    """Seed NumPy's generator used by hp.randn/rand/randint/dropout, and CuPy's when present."""
+    global _np_gen
+    seed = builtins.int(seed)
+    _np_gen = np.random.default_rng(seed)
+    cp = _try_cupy()
+    if cp is not None:
+        try:
+            for i in range(cp.cuda.runtime.getDeviceCount()):
+                with cp.cuda.Device(i):
+                    cp.random.seed(seed)
+        except Exception:  # no visible GPU
+            pass
+    return seed

@@ -1,0 +1,44 @@
+"""The `hpcfsdp` command: a registry of subcommands, each a module with `add_parser(subparsers)`."""
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+# Subcommand modules, in the order `hpcfsdp --help` lists them. Each exposes
+# `add_parser(subparsers)`, which registers its parser and sets `func(args) -> int`.
+COMMANDS = (
+    "hpcfsdp.cli.info",
+    "hpcfsdp.cli.launch",
+    "hpcfsdp.cli.demo",
+    "hpcfsdp.cli.train",
+    "hpcfsdp.cli.bench",
+    "hpcfsdp.cli.slurm",
+    "hpcfsdp.cli.checkpoint",
+    "hpcfsdp.cli.plot",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcfsdp",
+        description="Fully sharded data-parallel training on MPI, NumPy and CuPy.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Arrays as MPI buffers: byte specs, reduction types, device-stream sync and host staging."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from hpcfsdp.distributed._mpi import cuda_aware, get_mpi, half_types
+
+__all__ = [
+    "INT_MAX",
+    "is_cupy_array",
+    "is_array",
+    "array_module",
+    "describe",
+    "check_buffer",
+    "byte_spec",
+    "reduce_plan",
+    "mpi_op_for",
+    "record_event",
+    "needs_staging",
+    "HostStager",
+]
+
+INT_MAX = 2**31 - 1
+
+# [Note: Message sizes]
+# mpi4py >= 4 passes counts as MPI_Count and calls the MPI-4 large-count routines (MPI_Bcast_c,
+# MPI_Allgather_c, ...) when a count does not fit in a C int; this was verified with a
+# 2**31 + 8 byte Bcast between two ranks on MPICH 5. With an MPI-3 library there are no such
+# routines: we raise a clear error naming the size instead of letting a count overflow.
+#
+# [Note: Half precision on the wire]
+# Gathers and broadcasts move bytes: every dtype, float16 and bfloat16 included, is sent as
+# MPI.BYTE with count = nbytes, so no MPI datatype is needed for them. Reductions need a typed
+# buffer: float16 uses MPI.FLOAT16_T and bfloat16 MPI.BFLOAT16_T when the library has them
+# (mpi4py may expose MPI.BFLOAT16_T as DATATYPE_NULL: checked in _mpi.half_types); otherwise the
+# comm thread converts to float32, reduces, and rounds back once (one rounding instead of one
+# per reduction step, so the fallback is at least as accurate as the native type).
+
+
+def is_cupy_array(a: Any) -> bool:
+    """True for a cupy.ndarray (without importing CuPy when it is not loaded)."""
+    cp = sys.modules.get("cupy")
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def is_array(a: Any) -> bool:
+    return isinstance(a, np.ndarray) or is_cupy_array(a)
+
+
+def array_module(a: Any):
+    if is_cupy_array(a):
+        return sys.modules["cupy"]
+    return np
+
+
+def describe(a: Any) -> str:
+    """'float32[1024] (cpu)'-style description of an array for error messages."""
+    dev = "cuda:%d" % a.device.id if is_cupy_array(a) else "cpu"
+    shape = ",".join(str(s) for s in a.shape)
+    return f"{np.dtype(a.dtype).name}[{shape}] ({dev})"
+
+
+def check_buffer(a: Any, name: str, *, writable: bool = False) -> None:
+    """Raise TypeError/ValueError unless ``a`` is a C-contiguous NumPy or CuPy array."""
+    if not is_array(a):
+        tname = type(a).__module__ + "." + type(a).__qualname__
+        if tname.startswith("cupy"):
+            raise RuntimeError(f"{name}: got a CuPy array but CuPy is not importable here")
+        raise TypeError(f"{name}: expected a numpy.ndarray or cupy.ndarray, got {tname}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} for {describe(a)}")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name}: expected a writable array, got a read-only {describe(a)}")
+    if a.dtype == object:
+        raise TypeError(f"{name}: object arrays cannot be communicated")
+
+
+def _check_count(count: int, what: str) -> None:
+    if count > INT_MAX and get_mpi().Get_version() < (4, 0):
+        raise RuntimeError(
+            f"{what}: {count} elements exceed 2**31-1 and this MPI library implements MPI "
+            f"{'%d.%d' % get_mpi().Get_version()} without large-count routines; use an MPI-4 library"
+        )
+
+
+def byte_spec(a: Any):
+    """[flat uint8 view, MPI.BYTE] for gathers and broadcasts. See [Note: Half precision on the wire]."""
+    MPI = get_mpi()
+    flat = a.reshape(-1)
+    b = flat.view(np.uint8) if flat.dtype.itemsize else flat
+    _check_count(b.size, "byte buffer")
+    return [b, MPI.BYTE]
+
+
+_INT_TYPES = {
+    np.dtype(np.int8): "INT8_T",
+    np.dtype(np.int16): "INT16_T",
+    np.dtype(np.int32): "INT32_T",
+    np.dtype(np.int64): "INT64_T",
+    np.dtype(np.uint8): "UINT8_T",
+    np.dtype(np.uint16): "UINT16_T",
+    np.dtype(np.uint32): "UINT32_T",
+    np.dtype(np.uint64): "UINT64_T",
+    np.dtype(np.float32): "FLOAT",
+    np.dtype(np.float64): "DOUBLE",
+    np.dtype(np.bool_): "C_BOOL",
+    np.dtype(np.complex64): "C_FLOAT_COMPLEX",
+    np.dtype(np.complex128): "C_DOUBLE_COMPLEX",
+}
+
+
+def _half_name(dtype: np.dtype) -> str | None:
+    if dtype == np.float16:
+        return "float16"
+    if dtype.name == "bfloat16":
+        return "bfloat16"
+    return None
+
+
+def reduce_plan(dtype: Any, *, force_fallback: bool = False):
+    """(MPI datatype, work dtype or None) for reducing arrays of ``dtype``.
+
+    work dtype None: reduce the array as is. float32: convert to float32, reduce, round back.
+    """
+    MPI = get_mpi()
+    dtype = np.dtype(dtype)
+    half = _half_name(dtype)
+    if half is not None:
+        t = None if force_fallback else half_types()[half]
+        if t is not None:
+            return t, None
+        return MPI.FLOAT, np.dtype(np.float32)
+    name = _INT_TYPES.get(dtype)
+    if name is None:
+        raise TypeError(f"cannot reduce arrays of dtype {dtype.name}: no MPI datatype for it")
+    return getattr(MPI, name), None
+
+
+def mpi_op_for(op_name: str):
+    """MPI.Op for 'SUM' / 'AVG' (a SUM followed by a division) / 'MAX' / 'MIN' / 'PRODUCT'."""
+    MPI = get_mpi()
+    return {"SUM": MPI.SUM, "AVG": MPI.SUM, "MAX": MPI.MAX, "MIN": MPI.MIN, "PRODUCT": MPI.PROD}[op_name]
+
+
+def record_event(a: Any):
+    """On the producing (calling) thread: an event recorded on CuPy's current stream, else None.
+
+    See [Note: Device arrays]: the communication thread synchronises on it before MPI touches
+    the array, so a kernel still writing the input is never raced.
+    """
+    if not is_cupy_array(a):
+        return None
+    cp = sys.modules["cupy"]
+    with cp.cuda.Device(a.device.id):
+        ev = cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(cp.cuda.get_current_stream())
+    return ev
+
+
+def needs_staging(a: Any) -> bool:
+    """True when ``a`` lives on a GPU and the MPI library is not CUDA-aware."""
+    return is_cupy_array(a) and not cuda_aware()[0]
+
+
+# [Note: Device arrays]
+# A CuPy array is handed to MPI only after the stream that produced it is done (event recorded
+# by the issuing thread, synchronised by the communication thread). With a CUDA-aware MPI the
+# device pointer goes to MPI directly (mpi4py reads __cuda_array_interface__/DLPack). Without
+# one, the communication thread copies device -> pinned host on a side stream, runs MPI on the
+# host copy, and copies the result back, waiting for that side stream before the Work completes.
+# Pinned buffers are kept per slot and grown, never shrunk, so steady-state training allocates
+# nothing.
+
+
+class HostStager:
+    """Reusable pinned host buffers (one per slot) for staging device arrays through host MPI."""
+
+    def __init__(self):
+        self._bufs: dict[tuple[str, int], Any] = {}
+        self._lock = threading.Lock()
+        self._streams: dict[int, Any] = {}
+
+    def host_buffer(self, slot: str, nbytes: int, device_id: int = 0) -> np.ndarray:
+        """A pinned uint8 host buffer of at least ``nbytes`` bytes for ``slot`` (reused)."""
+        key = (slot, device_id)
+        with self._lock:
+            buf = self._bufs.get(key)
+            if buf is None or buf.nbytes < nbytes:
+                buf = _pinned_bytes(max(nbytes, 1))
+                self._bufs[key] = buf
+            return buf[:nbytes]
+
+    def stream(self, device_id: int):
+        cp = sys.modules["cupy"]
+        s = self._streams.get(device_id)
+        if s is None:
+            with cp.cuda.Device(device_id):
+                s = cp.cuda.Stream(non_blocking=True)
+            self._streams[device_id] = s
+        return s
+
+    def to_host(self, a: Any, slot: str) -> np.ndarray:
+        """Copy device array ``a`` into the slot's pinned buffer; return a host view of a's dtype/shape."""
+        host = self.host_buffer(slot, a.nbytes, a.device.id).view(a.dtype).reshape(a.shape)
+        if a.size:
+            cp = sys.modules["cupy"]
+            with cp.cuda.Device(a.device.id):
+                s = self.stream(a.device.id)
+                a.get(stream=s, out=host)
+                s.synchronize()
+        return host
+
+    def empty_host(self, a: Any, slot: str) -> np.ndarray:
+        return self.host_buffer(slot, a.nbytes, a.device.id).view(a.dtype).reshape(a.shape)
+
+    def to_device(self, host: np.ndarray, a: Any) -> None:
+        """Copy host staging buffer ``host`` back into device array ``a`` (waits for the copy)."""
+        if not a.size:
+            return
+        cp = sys.modules["cupy"]
+        with cp.cuda.Device(a.device.id):
+            s = self.stream(a.device.id)
+            a.set(host, stream=s)
+            s.synchronize()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bufs.clear()
+
+
+def _pinned_bytes(nbytes: int) -> np.ndarray:
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        return np.empty(nbytes, np.uint8)
+    mem = cp.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(mem, np.uint8, nbytes)

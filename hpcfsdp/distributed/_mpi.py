@@ -1,0 +1,299 @@
+"""MPI initialisation and the capability probe (vendor, threads, nodes, CUDA-awareness, half types)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Any
+
+__all__ = [
+    "init_mpi",
+    "get_mpi",
+    "thread_level",
+    "thread_level_name",
+    "vendor",
+    "node_comm",
+    "cuda_aware",
+    "half_types",
+    "probe",
+]
+
+# [Note: MPI thread level]
+# Collectives run on one communication thread per process (see [Note: Communication thread] in
+# process_group.py) while the main thread computes. The main thread never calls MPI while that
+# thread does: every MPI call of the comm layer is funnelled through the communication thread,
+# so MPI_THREAD_SERIALIZED would be enough. We still request MPI_THREAD_MULTIPLE (mpi4py's
+# default) because user code may call mpi4py directly from the main thread. If the library
+# provides less than SERIALIZED, the process group runs every collective inline on the main
+# thread (no overlap, async_op returns completed Work) instead of failing.
+
+_MPI = None
+_CUDA_AWARE: tuple[bool, str] | None = None
+
+
+def init_mpi():
+    """Import and initialise mpi4py's MPI (idempotent); return the ``mpi4py.MPI`` module.
+
+    MPI_THREAD_MULTIPLE is requested through ``mpi4py.rc`` before the first import. When
+    ``mpi4py.MPI`` was already imported by someone else, its thread level is kept.
+    """
+    global _MPI
+    if _MPI is not None:
+        return _MPI
+    try:
+        import mpi4py
+    except ImportError as e:  # pragma: no cover - mpi4py is a hard dependency
+        raise RuntimeError("hpcfsdp.distributed needs mpi4py (pip install mpi4py mpich)") from e
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"
+        mpi4py.rc.initialize = True
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():  # rc.initialize=False set by the user: initialise ourselves
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    _MPI = MPI
+    return MPI
+
+
+def get_mpi():
+    """Return ``mpi4py.MPI``, initialising it on first use."""
+    return _MPI if _MPI is not None else init_mpi()
+
+
+_LEVEL_NAMES = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
+
+
+def thread_level() -> int:
+    """The thread level MPI provided (``MPI.THREAD_*`` value)."""
+    return get_mpi().Query_thread()
+
+
+def thread_level_name(level: int | None = None) -> str:
+    MPI = get_mpi()
+    level = thread_level() if level is None else level
+    names = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    return names.get(level, str(level))
+
+
+def vendor() -> tuple[str, str]:
+    """(vendor, version string): vendor in MPICH / Open MPI / Intel MPI / Cray MPICH / MVAPICH / other."""
+    MPI = get_mpi()
+    name, ver = MPI.get_vendor()
+    lib = MPI.Get_library_version()
+    low = lib.lower()
+    if "cray" in low:
+        name = "Cray MPICH"
+    elif "intel" in low:
+        name = "Intel MPI"
+    elif "mvapich" in low:
+        name = "MVAPICH"
+    elif "open mpi" in low:
+        name = "Open MPI"
+    elif "mpich" in low:
+        name = "MPICH"
+    elif not name:
+        name = "other"
+    version = ".".join(str(v) for v in ver) if ver else lib.splitlines()[0].strip() if lib else ""
+    return name, version
+
+
+def _ranks_per_node_override() -> int | None:
+    raw = os.environ.get("HPCFSDP_RANKS_PER_NODE", "").strip()
+    if not raw:
+        return None
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError(f"HPCFSDP_RANKS_PER_NODE={raw!r}: expected a positive integer") from None
+    if k <= 0:
+        raise ValueError(f"HPCFSDP_RANKS_PER_NODE={raw!r}: expected a positive integer")
+    return k
+
+
+def node_comm(comm=None):
+    """Split ``comm`` into per-node communicators (a new communicator the caller frees).
+
+    Ranks share a node when ``Split_type(COMM_TYPE_SHARED)`` says so, or, when
+    ``HPCFSDP_RANKS_PER_NODE=K`` is set, when their ``COMM_WORLD`` ranks agree on ``rank // K``
+    (one machine standing in for several nodes). Collective over ``comm``.
+    """
+    MPI = get_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    k = _ranks_per_node_override()
+    if k is not None:
+        return comm.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+def node_layout(comm=None) -> dict[str, Any]:
+    """Node of every rank of ``comm`` (collective): ids, local rank/size, node-major numbering."""
+    MPI = get_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    nc = node_comm(comm)
+    try:
+        leader = nc.bcast(comm.Get_rank(), root=0)  # comm rank of this node's first rank
+        local_rank, local_size = nc.Get_rank(), nc.Get_size()
+    finally:
+        nc.Free()
+    leaders = comm.allgather(leader)
+    order = sorted(set(leaders))
+    node_of_rank = [order.index(x) for x in leaders]
+    # node-major: the ranks of each node are contiguous and nodes appear in order
+    node_major = all(node_of_rank[i] <= node_of_rank[i + 1] for i in range(len(node_of_rank) - 1))
+    return {
+        "num_nodes": len(order),
+        "node_of_rank": node_of_rank,
+        "node_index": node_of_rank[comm.Get_rank()],
+        "local_rank": local_rank,
+        "local_size": local_size,
+        "node_major": node_major,
+        "ranks_per_node_override": _ranks_per_node_override(),
+    }
+
+
+def _loaded_libmpi() -> str | None:
+    """Path of the libmpi shared object loaded into this process (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                base = os.path.basename(path)
+                if base.startswith(("libmpi.so", "libmpi_cray", "libmpi_intel", "libmpich.so")):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _mpix_query_cuda_support() -> bool | None:
+    """MPIX_Query_cuda_support() of the loaded libmpi, or None when the symbol is absent."""
+    path = _loaded_libmpi()
+    handles = []
+    if path:
+        try:
+            handles.append(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+        except OSError:
+            pass
+    try:
+        handles.append(ctypes.CDLL(None))
+    except OSError:
+        pass
+    for h in handles:
+        fn = getattr(h, "MPIX_Query_cuda_support", None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            fn.argtypes = []
+            try:
+                return bool(fn())
+            except Exception:  # pragma: no cover - a broken symbol
+                return None
+    return None
+
+
+def cuda_aware(refresh: bool = False) -> tuple[bool, str]:
+    """(is the MPI CUDA-aware, how that was decided); cached after the first call.
+
+    Order: ``HPCFSDP_CUDA_AWARE=0|1`` > MPI info ``mpi_memory_alloc_kinds`` naming ``cuda`` >
+    ``MPIX_Query_cuda_support()`` > vendor variables ``MPICH_GPU_SUPPORT_ENABLED`` /
+    ``OMPI_MCA_opal_cuda_support`` > False.
+    """
+    global _CUDA_AWARE
+    if _CUDA_AWARE is not None and not refresh:
+        return _CUDA_AWARE
+    MPI = get_mpi()
+    raw = os.environ.get("HPCFSDP_CUDA_AWARE", "").strip()
+    if raw:
+        if raw not in ("0", "1"):
+            raise ValueError(f"HPCFSDP_CUDA_AWARE={raw!r}: expected 0 or 1")
+        _CUDA_AWARE = (raw == "1", "env HPCFSDP_CUDA_AWARE")
+        return _CUDA_AWARE
+    kinds = None
+    try:
+        info = MPI.COMM_WORLD.Get_info()
+        try:
+            kinds = info.Get("mpi_memory_alloc_kinds")
+        finally:
+            info.Free()
+    except Exception:
+        kinds = None
+    if kinds and "cuda" in kinds.lower():
+        _CUDA_AWARE = (True, f"mpi_memory_alloc_kinds={kinds}")
+        return _CUDA_AWARE
+    q = _mpix_query_cuda_support()
+    if q is not None:
+        _CUDA_AWARE = (q, f"MPIX_Query_cuda_support()={int(q)}")
+        return _CUDA_AWARE
+    for var in ("MPICH_GPU_SUPPORT_ENABLED", "OMPI_MCA_opal_cuda_support"):
+        val = os.environ.get(var)
+        if val is not None:
+            on = val.strip().lower() in ("1", "true", "yes", "on")
+            _CUDA_AWARE = (on, f"env {var}={val}")
+            return _CUDA_AWARE
+    _CUDA_AWARE = (False, "default (no evidence of CUDA support)")
+    return _CUDA_AWARE
+
+
+def _valid_type(name: str):
+    MPI = get_mpi()
+    t = getattr(MPI, name, None)
+    if t is None or t == MPI.DATATYPE_NULL:
+        return None
+    try:
+        if t.Get_size() <= 0:
+            return None
+    except Exception:
+        return None
+    return t
+
+
+def half_types() -> dict[str, Any]:
+    """{'float16': MPI.FLOAT16_T or None, 'bfloat16': MPI.BFLOAT16_T or None} (None when unusable)."""
+    return {"float16": _valid_type("FLOAT16_T"), "bfloat16": _valid_type("BFLOAT16_T")}
+
+
+def _cupy_info() -> dict[str, Any]:
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:
+        return {"cupy": False, "cupy_error": type(e).__name__, "gpu_count": 0}
+    try:
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        n = 0
+    return {"cupy": True, "cupy_version": getattr(cupy, "__version__", "?"), "gpu_count": n}
+
+
+def probe(comm=None) -> dict[str, Any]:
+    """Capability report as a JSON-serialisable dict (collective over ``comm``, default COMM_WORLD)."""
+    MPI = get_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    name, ver = vendor()
+    aware, how = cuda_aware()
+    halves = half_types()
+    lib = MPI.Get_library_version()
+    out: dict[str, Any] = {
+        "vendor": name,
+        "version": ver,
+        "library_version": lib.splitlines()[0].strip() if lib else "",
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi4py_version": __import__("mpi4py").__version__,
+        "thread_level": thread_level_name(),
+        "thread_multiple": thread_level() >= MPI.THREAD_MULTIPLE,
+        "world_size": comm.Get_size(),
+        "world_rank": comm.Get_rank(),
+        "processor_name": MPI.Get_processor_name(),
+        "cuda_aware": aware,
+        "cuda_aware_source": how,
+        "float16_type": halves["float16"] is not None,
+        "bfloat16_type": halves["bfloat16"] is not None,
+        "libmpi": _loaded_libmpi(),
+    }
+    out.update(node_layout(comm))
+    out.update(_cupy_info())
+    return out

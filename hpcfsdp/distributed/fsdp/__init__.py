@@ -1,0 +1,1 @@
+"""FSDP: fully sharded data parallel (FSDP2 fully_shard and the FSDP1 configuration API)."""

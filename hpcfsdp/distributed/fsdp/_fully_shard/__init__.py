@@ -1,0 +1,1 @@
+"""fully_shard: FSDP2 per-parameter sharding."""

@@ -1,0 +1,84 @@
+"""Run the whole test suite: serial tests, then MPI tests at 2 and at 4 ranks; fail if any part fails.
+
+Usage: python tests/run_all.py [--quick] [extra pytest args]
+Every test has a timeout (setup.cfg), and every MPI phase has an overall one, so a deadlock fails
+in seconds instead of hanging CI. pytest's exit code 5 (no tests collected) counts as a failure:
+each phase is expected to run tests.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PHASE_TIMEOUT = float(os.environ.get("HPCFSDP_TEST_PHASE_TIMEOUT", "1500"))
+
+
+def _counts(xml_path):
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for s in suites:
+        for k in tot:
+            tot[k] += int(s.get(k, 0))
+    return tot
+
+
+def _phase(name, argv, env, xml, logdir):
+    print(f"\n===== {name}: {' '.join(argv)}", flush=True)
+    t0 = time.time()
+    try:
+        rc = subprocess.run(argv, env=env, cwd=ROOT, timeout=PHASE_TIMEOUT).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124
+    print(f"===== {name}: exit {rc} in {time.time() - t0:.0f} s", flush=True)
+    if rc != 0 and logdir:
+        for f in sorted(os.listdir(logdir)):
+            text = open(os.path.join(logdir, f), errors="replace").read()
+            if "failed" in text or "Error" in text or "Timeout" in text:
+                print(f"----- {f} (tail)\n{text[-4000:]}", flush=True)
+    return rc, _counts(xml)
+
+
+def main() -> int:
+    extra = [a for a in sys.argv[1:] if a != "--quick"]
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    tmp = tempfile.mkdtemp(prefix="hpcfsdp-tests-")
+    py = sys.executable
+    phases = [("serial", [py, "-m", "pytest", "-m", "not mpi", "tests"], None)]
+    for n in (2, 4):
+        logdir = os.path.join(tmp, f"np{n}")
+        os.makedirs(logdir)
+        argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
+                py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi", "-q", "tests"]
+        phases.append((f"mpi-{n}", argv, logdir))
+    failed, totals = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for name, argv, logdir in phases:
+        xml = os.path.join(tmp, f"{name}.xml")
+        penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "")
+        argv = argv + [f"--junitxml={xml}", *extra]
+        rc, counts = _phase(name, argv, penv, xml, logdir)
+        if rc == 5:
+            print(f"===== {name}: pytest collected no tests (exit 5): counted as a failure", flush=True)
+        if rc != 0:
+            failed.append(name)
+        if counts:
+            for k in totals:
+                totals[k] += counts[k]
+    bad = totals["failures"] + totals["errors"]
+    passed = totals["tests"] - bad - totals["skipped"]
+    print(f"\nphases failed: {', '.join(failed) or 'none'}")
+    print(f"hpcfsdp-tests: {passed} passed, {bad} failed, {totals['skipped']} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
