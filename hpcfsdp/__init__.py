@@ -1,1 +1,35 @@
 """hpcfsdp: fully sharded data parallel training on MPI, NumPy and CuPy."""
+from . import _backend
+from ._backend import (bfloat16, bool, device, double, float, float16, float32, float64, half, int, int8,  # noqa: A004
+                       int16, int32, int64, long, manual_seed, uint8)
+from ._creation import (arange, as_tensor, cat, concat, concatenate, empty, empty_like, eye, from_dlpack,
+                        from_numpy, full, full_like, is_tensor, linspace, numel, ones, ones_like, rand, rand_like,
+                        randint, randn, randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like)
+from ._ops_api import (abs, allclose, amax, amin, argmax, argmin, clamp, clip, exp, log, matmul, max, maximum,  # noqa: A004
+                       mean, min, minimum, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
+                       get_default_dtype, is_floating_point, promote_types)
+from ._tensor import Size, Tensor
+from .autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from . import autograd  # noqa: E402
+
+dtype = _backend.np.dtype  # isinstance(x, hp.dtype) works: hp dtypes are NumPy dtypes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "double", "float", "half", "long", "int", "dtype", "device", "Size", "Tensor",
+    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "randperm", "arange",
+    "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
+    "from_numpy", "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu",
+    "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
+    "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
+    "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
+]
+
+# Submodules above the compute core (they import the names above).
+try:  # TODO(core helper): plain imports once nn/optim/models land
+    from . import nn, optim, models  # noqa: E402,F401
+except ImportError:
+    pass

@@ -25,7 +25,7 @@ import os
 import sys
 import tomllib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 __all__ = [
@@ -307,6 +307,12 @@ def _choice(name, value, allowed):
 
 
 def _check_keys(d, source):
+    tables = [k for k, v in d.items() if isinstance(v, dict)]
+    if tables:
+        raise ConfigError(
+            f"{source}: {tables[0]!r} is a table; nested tables are not supported, write the settings "
+            f"as flat top-level keys named as the fields (e.g. n_layer = 4)"
+        )
     unknown = [k for k in d if k not in _FIELDS]
     if unknown:
         parts = []

@@ -34,7 +34,7 @@ def run(args) -> int:
     from hpcfsdp.distributed import _mpi
 
     info = _mpi.probe()
-    comm = _mpi.world_comm()
+    comm = _mpi.get_mpi().COMM_WORLD
     if args.all_ranks:
         everyone = comm.gather(info, root=0)
         if comm.rank == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64 as _b64
+import json as _json
 import sys
 import threading
 from typing import Any
@@ -23,6 +25,11 @@ __all__ = [
     "record_event",
     "needs_staging",
     "HostStager",
+    "ptr",
+    "overlaps",
+    "check_same_kind",
+    "encode_object",
+    "decode_object",
 ]
 
 INT_MAX = 2**31 - 1
@@ -239,3 +246,97 @@ def _pinned_bytes(nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
     mem = cp.cuda.alloc_pinned_memory(nbytes)
     return np.frombuffer(mem, np.uint8, nbytes)
+
+
+def ptr(a: Any) -> int:
+    return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
+
+
+def overlaps(a, b) -> bool:
+    pa, pb = ptr(a), ptr(b)
+    return pa < pb + b.nbytes and pb < pa + a.nbytes
+
+
+def check_same_kind(a, b, what: str) -> None:
+    if is_cupy_array(a) != is_cupy_array(b):
+        raise TypeError(f"{what}: output {describe(a)} and input {describe(b)} are on different devices")
+    if is_cupy_array(a) and a.device.id != b.device.id:
+        raise TypeError(f"{what}: output {describe(a)} and input {describe(b)} are on different GPUs")
+
+
+# ---------------------------------------------------------------------------------------------
+# objects on the wire
+
+# [Note: Objects without pickle]
+# all_gather_object / broadcast_object move Python objects as UTF-8 JSON with tags for what
+# JSON lacks: tuples, dicts with non-string keys, sets, bytes, NumPy dtypes, scalars and arrays.
+# Decoding never runs code. Anything else (custom classes) raises TypeError naming its type.
+
+def _enc(o: Any) -> Any:
+    if o is None or isinstance(o, (bool, int, float, str)):
+        return o
+    if isinstance(o, np.generic):
+        return {"__np": [o.dtype.str if o.dtype.kind != "V" else o.dtype.name, _enc(o.item())]}
+    if isinstance(o, list):
+        return [_enc(x) for x in o]
+    if isinstance(o, tuple):
+        return {"__tuple": [_enc(x) for x in o]}
+    if isinstance(o, (set, frozenset)):
+        return {"__set": [_enc(x) for x in o], "frozen": isinstance(o, frozenset)}
+    if isinstance(o, dict):
+        return {"__dict": [[_enc(k), _enc(v)] for k, v in o.items()]}
+    if isinstance(o, (bytes, bytearray)):
+        return {"__bytes": _b64.b64encode(bytes(o)).decode("ascii")}
+    if isinstance(o, np.dtype):
+        return {"__dtype": o.name}
+    if isinstance(o, np.ndarray):
+        a = np.ascontiguousarray(o)
+        return {"__array": [a.dtype.name, list(a.shape), _b64.b64encode(a.tobytes()).decode("ascii")]}
+    raise TypeError(
+        f"cannot send an object of type {type(o).__module__}.{type(o).__qualname__}: collectives on "
+        "objects accept None, bool, int, float, str, list, tuple, dict, set, bytes, NumPy dtypes, "
+        "scalars and arrays (no pickle)"
+    )
+
+
+def _dtype_from_name(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _dec(o: Any) -> Any:
+    if isinstance(o, list):
+        return [_dec(x) for x in o]
+    if not isinstance(o, dict):
+        return o
+    if "__tuple" in o:
+        return tuple(_dec(x) for x in o["__tuple"])
+    if "__dict" in o:
+        return {_dec(k): _dec(v) for k, v in o["__dict"]}
+    if "__set" in o:
+        items = [_dec(x) for x in o["__set"]]
+        return frozenset(items) if o.get("frozen") else set(items)
+    if "__bytes" in o:
+        return _b64.b64decode(o["__bytes"])
+    if "__dtype" in o:
+        return _dtype_from_name(o["__dtype"])
+    if "__np" in o:
+        code, val = o["__np"]
+        return _dtype_from_name(code).type(val)
+    if "__array" in o:
+        name, shape, data = o["__array"]
+        return np.frombuffer(_b64.b64decode(data), _dtype_from_name(name)).reshape(shape).copy()
+    raise ValueError(f"malformed object encoding: unknown tag in {sorted(o)}")
+
+
+def encode_object(obj: Any) -> bytes:
+    """Tagged-JSON bytes of ``obj``. See [Note: Objects without pickle]."""
+    return _json.dumps(_enc(obj), separators=(",", ":")).encode("utf-8")
+
+
+def decode_object(data: bytes) -> Any:
+    return _dec(_json.loads(data.decode("utf-8"))) if data else None

@@ -1,1 +1,44 @@
 """FSDP: fully sharded data parallel (FSDP2 fully_shard and the FSDP1 configuration API)."""
+
+from ._fully_shard import (
+    AllGather,
+    Comm,
+    CPUOffloadPolicy,
+    DataParallelMeshDims,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ReduceScatter,
+    UnshardHandle,
+    disable_fsdp_module_new_init,
+    fully_shard,
+    get_cls_to_fsdp_cls,
+    register_fsdp_forward_method,
+    share_comm_ctx,
+)
+from .api import (
+    BackwardPrefetch,
+    CPUOffload,
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    LocalOptimStateDictConfig,
+    LocalStateDictConfig,
+    MixedPrecision,
+    OptimStateDictConfig,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    ShardingStrategy,
+    StateDictConfig,
+    StateDictSettings,
+    StateDictType,
+)
+
+__all__ = [
+    "AllGather", "Comm", "CPUOffloadPolicy", "DataParallelMeshDims", "FSDPModule", "MixedPrecisionPolicy",
+    "OffloadPolicy", "ReduceScatter", "UnshardHandle", "disable_fsdp_module_new_init", "fully_shard",
+    "get_cls_to_fsdp_cls", "register_fsdp_forward_method", "share_comm_ctx",
+    "BackwardPrefetch", "CPUOffload", "FullOptimStateDictConfig", "FullStateDictConfig",
+    "LocalOptimStateDictConfig", "LocalStateDictConfig", "MixedPrecision", "OptimStateDictConfig",
+    "ShardedOptimStateDictConfig", "ShardedStateDictConfig", "ShardingStrategy", "StateDictConfig",
+    "StateDictSettings", "StateDictType",
+]

@@ -1,0 +1,737 @@
+"""Primitive differentiable ops on raw arrays: one Op per primitive, backward right under forward.
+
+Each ``forward`` receives NumPy/CuPy arrays (Python scalars pass through) and saves on ``ctx`` only
+what its ``backward`` needs. ``backward`` must not write into the gradients it receives
+(See [Note: Gradient ownership] in engine.py).
+"""
+import numpy as np
+
+from .. import _backend
+from .function import Op
+
+__all__ = [
+    "Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Neg", "Exp", "Log", "Sqrt", "Rsqrt",
+    "Tanh", "Sigmoid", "Abs", "Relu", "Clamp", "Maximum", "Minimum", "Sum", "Mean", "Amax", "MaxDim",
+    "Var", "Softmax", "LogSoftmax", "Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack",
+    "Where", "MaskedFill", "Clone", "Contiguous", "Cast", "ToDevice", "Matmul", "xp_of", "sum_to",
+]
+
+
+def xp_of(a):
+    return np if isinstance(a, np.ndarray) else _backend.array_module(a)
+
+
+def sum_to(g, shape):
+    """Reduce a broadcast gradient back to ``shape`` (sum over broadcast dims)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and g.shape[i + lead] != 1)
+    if axes:
+        g = g.sum(axis=axes)
+    return g.reshape(shape)
+
+
+def _shape(a):
+    return a.shape if hasattr(a, "shape") else ()
+
+
+# -- binary element-wise -----------------------------------------------------------------------------
+class Add(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.sa, ctx.sb = _shape(a), _shape(b)
+        return a + b
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        return (sum_to(g, ctx.sa) if na else None, sum_to(g, ctx.sb) if nb else None)
+
+
+class Sub(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.sa, ctx.sb = _shape(a), _shape(b)
+        return a - b
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        return (sum_to(g, ctx.sa) if na else None, sum_to(-g, ctx.sb) if nb else None)
+
+
+class Mul(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.a, ctx.b = a, b
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        a, b = ctx.a, ctx.b
+        return (sum_to(g * b, _shape(a)) if na else None, sum_to(g * a, _shape(b)) if nb else None)
+
+
+class Div(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.a, ctx.b = a, b
+        return a / b
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        a, b = ctx.a, ctx.b
+        ga = g / b
+        gb = sum_to(-ga * a / b, _shape(b)) if nb else None
+        return (sum_to(ga, _shape(a)) if na else None, gb)
+
+
+class Pow(Op):
+    """a ** b with b a tensor."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        out = a ** b
+        ctx.a, ctx.b, ctx.out = a, b, out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        na, nb = ctx.needs_input_grad
+        a, b, out = ctx.a, ctx.b, ctx.out
+        xp = xp_of(out)
+        ga = sum_to(g * b * a ** (b - 1), _shape(a)) if na else None
+        gb = None
+        if nb:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                la = xp.where(a > 0, xp.log(xp.where(a > 0, a, 1)), xp.where(a == 0, -np.inf, np.nan))
+                t = g * out * la
+                t = xp.where(out == 0, 0, t).astype(out.dtype)  # PyTorch masks the 0 * inf case
+            gb = sum_to(t, _shape(b))
+        return ga, gb
+
+
+class PowScalar(Op):
+    """a ** c with c a Python number."""
+
+    @staticmethod
+    def forward(ctx, a, c):
+        ctx.a, ctx.c = a, c
+        if c == 2:
+            return a * a
+        if c == 0.5:
+            return xp_of(a).sqrt(a)
+        return a ** c
+
+    @staticmethod
+    def backward(ctx, g):
+        a, c = ctx.a, ctx.c
+        if c == 0:
+            return g * 0, None
+        if c == 2:
+            return g * (a + a), None
+        if c == 1:
+            return g, None
+        return g * (c * a ** (c - 1)), None
+
+
+class RPowScalar(Op):
+    """c ** a with c a Python number."""
+
+    @staticmethod
+    def forward(ctx, c, a):
+        out = xp_of(a).power(a.dtype.type(c), a)
+        ctx.c, ctx.out = c, out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g * ctx.out * np.log(ctx.c).astype(ctx.out.dtype)
+
+
+class Maximum(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.a, ctx.b = a, b
+        return xp_of(a).maximum(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.a, ctx.b
+        xp = xp_of(g)
+        # ties share the gradient equally, as PyTorch
+        w = (a > b) + 0.5 * (a == b)
+        w = w.astype(g.dtype)
+        na, nb = ctx.needs_input_grad
+        return (sum_to(g * w, _shape(a)) if na else None, sum_to(g * (1 - w), _shape(b)) if nb else None)
+
+
+class Minimum(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.a, ctx.b = a, b
+        return xp_of(a).minimum(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.a, ctx.b
+        w = ((a < b) + 0.5 * (a == b)).astype(g.dtype)
+        na, nb = ctx.needs_input_grad
+        return (sum_to(g * w, _shape(a)) if na else None, sum_to(g * (1 - w), _shape(b)) if nb else None)
+
+
+# -- unary element-wise ------------------------------------------------------------------------------
+class Neg(Op):
+    @staticmethod
+    def forward(ctx, a):
+        return -a
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class Exp(Op):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp_of(a).exp(a)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.out
+
+
+class Log(Op):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.a = a
+        return xp_of(a).log(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / ctx.a
+
+
+class Sqrt(Op):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp_of(a).sqrt(a)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / (2 * ctx.out)
+
+
+class Rsqrt(Op):
+    @staticmethod
+    def forward(ctx, a):
+        xp = xp_of(a)
+        out = xp.reciprocal(xp.sqrt(a))
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.out
+        return g * (-0.5 * out * out * out)
+
+
+class Tanh(Op):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp_of(a).tanh(a)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.out
+        return g * (1 - out * out)
+
+
+class Sigmoid(Op):
+    @staticmethod
+    def forward(ctx, a):
+        xp = xp_of(a)
+        # 1 / (1 + exp(-a)) overflows harmlessly to 0 for very negative a
+        with np.errstate(over="ignore"):
+            out = xp.exp(-a)
+            out += 1
+            xp.reciprocal(out, out=out)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.out
+        return g * (out * (1 - out))
+
+
+class Abs(Op):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.a = a
+        return xp_of(a).abs(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * xp_of(g).sign(ctx.a)
+
+
+class Relu(Op):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp_of(a).maximum(a, 0)
+        ctx.out = out
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (ctx.out > 0)
+
+
+class Clamp(Op):
+    """clamp(a, min, max); the gradient passes where min <= a <= max, as PyTorch."""
+
+    @staticmethod
+    def forward(ctx, a, lo, hi):
+        xp = xp_of(a)
+        out = a
+        if lo is not None:
+            out = xp.maximum(out, lo)
+        if hi is not None:
+            out = xp.minimum(out, hi)
+        if out is a:
+            out = a.copy()
+        ctx.a, ctx.lo, ctx.hi = a, lo, hi
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, lo, hi = ctx.a, ctx.lo, ctx.hi
+        ok = None
+        if lo is not None:
+            ok = a >= lo
+        if hi is not None:
+            ok = (a <= hi) if ok is None else ok & (a <= hi)
+        na, nlo, nhi = ctx.needs_input_grad
+        ga = sum_to(g * ok, a.shape) if ok is not None else g
+        glo = ghi = None
+        if nlo:  # tensor bound: gets the gradient where it was the result
+            glo = sum_to(g * (a < lo), lo.shape)
+        if nhi:
+            ghi = sum_to(g * (a > hi) if lo is None else g * ((a > hi) & (hi >= lo)), hi.shape)
+        return (ga if na else None), glo, ghi
+
+
+# -- reductions --------------------------------------------------------------------------------------
+def _axes(dim, ndim):
+    if dim is None:
+        return None
+    if isinstance(dim, (list, tuple)):
+        if len(dim) == 0:
+            return None
+        return tuple(sorted(d % max(ndim, 1) for d in dim))
+    return (dim % max(ndim, 1),)
+
+
+def _keep_shape(shape, axes):
+    if axes is None:
+        return (1,) * len(shape)
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+class Sum(Op):
+    @staticmethod
+    def forward(ctx, a, dim=None, keepdim=False, dtype=None):
+        axes = _axes(dim, a.ndim)
+        ctx.shape, ctx.axes = a.shape, axes
+        if dtype is None and a.dtype.kind in "biu":
+            dtype = np.int64
+        return a.sum(axis=axes, keepdims=keepdim, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.reshape(_keep_shape(ctx.shape, ctx.axes))
+        return xp_of(g).broadcast_to(g, ctx.shape), None, None, None
+
+
+class Mean(Op):
+    @staticmethod
+    def forward(ctx, a, dim=None, keepdim=False):
+        axes = _axes(dim, a.ndim)
+        ctx.shape, ctx.axes = a.shape, axes
+        n = a.size if axes is None else int(np.prod([a.shape[i] for i in axes]))
+        ctx.n = n
+        return a.mean(axis=axes, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.reshape(_keep_shape(ctx.shape, ctx.axes)) * (1.0 / ctx.n)
+        return xp_of(g).broadcast_to(g, ctx.shape), None, None
+
+
+class Amax(Op):
+    """amax/amin over dims; ties share the gradient evenly, as PyTorch."""
+
+    @staticmethod
+    def forward(ctx, a, dim=None, keepdim=False, is_min=False):
+        axes = _axes(dim, a.ndim)
+        out = a.min(axis=axes, keepdims=True) if is_min else a.max(axis=axes, keepdims=True)
+        ctx.a, ctx.outk, ctx.axes = a, out, axes
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(a.shape)
+                                                     if axes is not None and i not in axes))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, outk = ctx.a, ctx.outk
+        mask = a == outk
+        cnt = mask.sum(axis=ctx.axes, keepdims=True)
+        return (g.reshape(outk.shape) / cnt).astype(g.dtype) * mask, None, None, None
+
+
+class MaxDim(Op):
+    """max(dim)/min(dim) -> (values, indices); the gradient goes to the returned index."""
+
+    @staticmethod
+    def forward(ctx, a, dim, keepdim=False, is_min=False):
+        xp = xp_of(a)
+        d = dim % max(a.ndim, 1)
+        if a.ndim == 0:
+            return a.copy(), xp.zeros((), dtype=np.int64)
+        idx = (a.argmin if is_min else a.argmax)(axis=d, keepdims=True)
+        vals = xp.take_along_axis(a, idx, axis=d)
+        ctx.shape, ctx.d, ctx.idx = a.shape, d, idx
+        if not keepdim:
+            vals, idx = vals.squeeze(d), idx.squeeze(d)
+        return vals, idx.astype(np.int64, copy=False)
+
+    @staticmethod
+    def backward(ctx, g, _gi):
+        if g is None:
+            return None, None, None, None
+        xp = xp_of(g)
+        if ctx.__dict__.get("shape") is None:
+            return g, None, None, None
+        out = xp.zeros(ctx.shape, dtype=g.dtype)
+        xp.put_along_axis(out, ctx.idx, g.reshape(ctx.idx.shape), axis=ctx.d)
+        return out, None, None, None
+
+
+class Var(Op):
+    @staticmethod
+    def forward(ctx, a, dim=None, correction=1, keepdim=False):
+        axes = _axes(dim, a.ndim)
+        n = a.size if axes is None else int(np.prod([a.shape[i] for i in axes]))
+        xc = a - a.mean(axis=axes, keepdims=True)
+        denom = max(n - correction, 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = (xc * xc).sum(axis=axes, keepdims=keepdim) / a.dtype.type(denom)
+        ctx.xc, ctx.axes, ctx.denom = xc, axes, denom
+        return out.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        xc = ctx.xc
+        g = g.reshape(_keep_shape(xc.shape, ctx.axes))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (g * (2.0 / ctx.denom if ctx.denom else np.inf)).astype(xc.dtype) * xc, None, None, None
+
+
+class Softmax(Op):
+    @staticmethod
+    def forward(ctx, a, dim):
+        xp = xp_of(a)
+        out = a - a.max(axis=dim, keepdims=True)
+        xp.exp(out, out=out)
+        out /= out.sum(axis=dim, keepdims=True)
+        ctx.out, ctx.dim = out, dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out, dim = ctx.out, ctx.dim
+        gx = g * out
+        s = gx.sum(axis=dim, keepdims=True)
+        gx -= out * s
+        return gx, None
+
+
+class LogSoftmax(Op):
+    @staticmethod
+    def forward(ctx, a, dim):
+        xp = xp_of(a)
+        out = a - a.max(axis=dim, keepdims=True)
+        e = xp.exp(out)
+        out -= xp.log(e.sum(axis=dim, keepdims=True))
+        ctx.out, ctx.dim = out, dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out, dim = ctx.out, ctx.dim
+        gx = xp_of(g).exp(out)
+        gx *= -g.sum(axis=dim, keepdims=True)
+        gx += g
+        return gx, None
+
+
+# -- shape ops (views where the array library gives them) ---------------------------------------------
+class Reshape(Op):
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.shape
+        return a.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape), None
+
+
+class Permute(Op):
+    @staticmethod
+    def forward(ctx, a, dims):
+        ctx.dims = dims
+        return a.transpose(dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.transpose(tuple(np.argsort(ctx.dims))), None
+
+
+class Expand(Op):
+    @staticmethod
+    def forward(ctx, a, shape):
+        ctx.shape = a.shape
+        return xp_of(a).broadcast_to(a, shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return sum_to(g, ctx.shape), None
+
+
+def _is_basic(idx):
+    items = idx if isinstance(idx, tuple) else (idx,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, slice, np.integer)) for i in items)
+
+
+class GetItem(Op):
+    @staticmethod
+    def forward(ctx, a, idx):
+        ctx.shape, ctx.dtype, ctx.idx = a.shape, a.dtype, idx
+        return a[idx]
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = xp_of(g)
+        out = xp.zeros(ctx.shape, dtype=g.dtype)
+        if _is_basic(ctx.idx):
+            out[ctx.idx] = g
+        else:
+            xp.add.at(out, ctx.idx, g)
+        return out, None
+
+
+class Split(Op):
+    """Split along dim at the given section sizes: several outputs, each a view."""
+
+    @staticmethod
+    def forward(ctx, a, sizes, dim):
+        xp = xp_of(a)
+        bounds = np.cumsum(sizes)[:-1].tolist()
+        ctx.shape, ctx.dim, ctx.sizes = a.shape, dim, sizes
+        return tuple(xp.split(a, bounds, axis=dim))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ref = next(g for g in grads if g is not None)
+        xp = xp_of(ref)
+        parts = []
+        for g, s in zip(grads, ctx.sizes):
+            if g is None:
+                shp = list(ctx.shape)
+                shp[ctx.dim] = s
+                g = xp.zeros(shp, dtype=ref.dtype)
+            parts.append(g)
+        return xp.concatenate(parts, axis=ctx.dim), None, None
+
+
+class Cat(Op):
+    @staticmethod
+    def forward(ctx, dim, *arrays):
+        ctx.dim = dim
+        ctx.sizes = [a.shape[dim] for a in arrays]
+        return xp_of(arrays[0]).concatenate(arrays, axis=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        bounds = np.cumsum(ctx.sizes)[:-1].tolist()
+        return (None,) + tuple(xp_of(g).split(g, bounds, axis=ctx.dim))
+
+
+class Stack(Op):
+    @staticmethod
+    def forward(ctx, dim, *arrays):
+        ctx.dim = dim
+        return xp_of(arrays[0]).stack(arrays, axis=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = xp_of(g).moveaxis(g, ctx.dim, 0)
+        return (None,) + tuple(g[i] for i in range(g.shape[0]))
+
+
+class Where(Op):
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        ctx.cond, ctx.sa, ctx.sb = cond, _shape(a), _shape(b)
+        return xp_of(cond).where(cond, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        _, na, nb = ctx.needs_input_grad
+        xp = xp_of(g)
+        zero = g.dtype.type(0)
+        ga = sum_to(xp.where(ctx.cond, g, zero), ctx.sa) if na else None
+        gb = sum_to(xp.where(ctx.cond, zero, g), ctx.sb) if nb else None
+        return None, ga, gb
+
+
+class MaskedFill(Op):
+    @staticmethod
+    def forward(ctx, a, mask, value):
+        xp = xp_of(a)
+        ctx.mask = mask
+        if hasattr(value, "shape"):
+            value = value.astype(a.dtype)
+        else:
+            value = a.dtype.type(value)
+        out = xp.where(mask, value, a)
+        if out.shape != a.shape:
+            raise RuntimeError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input "
+                               f"shape {a.shape}")
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return xp_of(g).where(ctx.mask, g.dtype.type(0), g), None, None
+
+
+class Clone(Op):
+    @staticmethod
+    def forward(ctx, a):
+        if _backend.is_meta_array(a):
+            return a
+        return a.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Contiguous(Op):
+    @staticmethod
+    def forward(ctx, a):
+        return xp_of(a).ascontiguousarray(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Cast(Op):
+    @staticmethod
+    def forward(ctx, a, dtype):
+        ctx.src = a.dtype
+        if _backend.is_meta_array(a):
+            return _backend.meta_array(a.shape, dtype)
+        return a.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.astype(ctx.src), None
+
+
+class ToDevice(Op):
+    @staticmethod
+    def forward(ctx, a, dev):
+        src = _backend.device_of_array(a)
+        ctx.src = src
+        return _move(a, src, dev)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _move(g, _backend.device_of_array(g), ctx.src), None
+
+
+def _move(a, src, dev):
+    if dev.type == "meta":
+        return _backend.meta_array(a.shape, a.dtype)
+    if src.type == "meta":
+        raise NotImplementedError(f"Cannot copy out of meta tensor; use to_empty() / hp.empty_like on {dev}")
+    if dev.type == "cpu":
+        return _backend.to_numpy(a) if src.type == "cuda" else a
+    cp = _backend.array_module(dev)
+    with cp.cuda.Device(dev.index):
+        return cp.asarray(a)
+
+
+# -- matmul ----------------------------------------------------------------------------------------
+_LOWP = (_backend.float16, _backend.bfloat16)
+
+
+def mm(a, b):
+    """a @ b; half precision on NumPy is computed in float32 and rounded (NumPy has no half BLAS)."""
+    if a.dtype in _LOWP and isinstance(a, np.ndarray):
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    return xp_of(a).matmul(a, b)
+
+
+class Matmul(Op):
+    @staticmethod
+    def forward(ctx, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
+        ka = a.shape[-1]
+        kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+        if ka != kb:
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_mshape(a)} and {_mshape(b)}): "
+                               f"inner dimensions {ka} and {kb} differ")
+        ctx.a, ctx.b = a, b
+        try:
+            return mm(a, b)
+        except ValueError as e:
+            raise RuntimeError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast: {e}") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.a, ctx.b
+        na, nb = ctx.needs_input_grad
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        if a.ndim == 1 or b.ndim == 1:  # restore the dims that matmul dropped for vector operands
+            g = g.reshape(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1]))
+        ga = gb = None
+        if na:
+            ga = mm(g, b2.swapaxes(-1, -2))
+            ga = sum_to(ga, a2.shape).reshape(a.shape)
+        if nb:
+            if b2.ndim == 2 and a2.ndim > 2:
+                # fold the batch into rows: one GEMM instead of a batch of them and a sum
+                k = a2.shape[-1]
+                gb = mm(a2.reshape(-1, k).T, g.reshape(-1, g.shape[-1]))
+            else:
+                gb = sum_to(mm(a2.swapaxes(-1, -2), g), b2.shape)
+            gb = gb.reshape(b.shape)
+        return ga, gb
+
+
+def _mshape(a):
+    return "x".join(str(s) for s in a.shape)

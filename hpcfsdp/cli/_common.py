@@ -1,0 +1,94 @@
+"""What the trainer, the demo and the benchmarks share: building and sharding the GPT, memory readings."""
+
+import os
+import resource
+import sys
+
+import hpcfsdp as hp
+from hpcfsdp import _backend
+from hpcfsdp.distributed.device_mesh import init_device_mesh
+from hpcfsdp.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy, fully_shard
+from hpcfsdp.distributed.fsdp._strategy import strategy_mesh
+from hpcfsdp.models import GPT, GPTConfig
+
+__all__ = ["mp_policy_for", "build_gpt", "shard_gpt", "peak_memory_bytes", "make_optimizer", "compute_device"]
+
+
+def mp_policy_for(name: str):
+    if name in (None, "none", "fp32"):
+        return None
+    dt = {"bf16": hp.bfloat16, "fp16": hp.float16}.get(name)
+    if dt is None:
+        raise ValueError(f"mixed precision {name!r}: expected bf16, fp16 or none")
+    return MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=hp.float32)
+
+
+def compute_device(kind: str) -> str:
+    """cpu, or cuda:<node-local rank> (one GPU per rank, bound by node-local rank)."""
+    if kind != "cuda":
+        return kind
+    from hpcfsdp.cli.config import node_local_rank
+
+    local = node_local_rank()
+    if local is None:
+        from hpcfsdp.distributed import _mpi
+
+        local = _mpi.node_layout()["local_rank"]
+    cp = _backend._need_cupy()
+    return f"cuda:{local % max(1, cp.cuda.runtime.getDeviceCount())}"
+
+
+def build_gpt(cfg, device: str = "cpu") -> GPT:
+    """The same GPT on every rank: initialised from ``cfg.seed``."""
+    hp.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
+                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias,
+                          tie_weights=cfg.tie_weights))
+    return model.to(device) if device != "cpu" else model
+
+
+def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
+    """fully_shard every block, then the root, as ``cfg.strategy`` says. Returns the mesh."""
+    strategy = ShardingStrategy[cfg.strategy]
+    user_mesh = None
+    if cfg.mesh is not None and len(cfg.mesh) == 2:
+        user_mesh = init_device_mesh(device_type, tuple(cfg.mesh), mesh_dim_names=("replicate", "shard"))
+    elif cfg.mesh is not None:
+        user_mesh = init_device_mesh(device_type, tuple(cfg.mesh),
+                                     mesh_dim_names=("replicate",) if strategy == ShardingStrategy.NO_SHARD
+                                     else ("shard",))
+    mesh, dims = strategy_mesh(strategy, device_type, user_mesh)
+    reshard = cfg.effective_reshard_after_forward()
+    kw = dict(mesh=mesh, dp_mesh_dims=dims, mp_policy=mp_policy_for(cfg.mixed_precision),
+              offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
+    for block in model.blocks:
+        fully_shard(block, reshard_after_forward=reshard, **kw)
+    fully_shard(model, reshard_after_forward=None if reshard else False, **kw)
+    return mesh
+
+
+def make_optimizer(cfg, params):
+    params = list(params)
+    if cfg.optimizer == "adamw":
+        return hp.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return hp.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return hp.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def peak_memory_bytes(device: str = "cpu") -> int:
+    """Peak resident memory of this process (CPU), or the CuPy pool's bytes in use (GPU)."""
+    if device.startswith("cuda"):
+        import cupy
+
+        return int(cupy.get_default_memory_pool().total_bytes())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def current_rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_memory_bytes()

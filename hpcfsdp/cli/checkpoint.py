@@ -1,0 +1,107 @@
+"""`hpcfsdp checkpoint`: inspect, verify and consolidate sharded checkpoint directories."""
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["add_parser", "run_inspect", "run_verify", "run_consolidate", "main"]
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "checkpoint",
+        help="inspect, verify or consolidate a sharded checkpoint",
+        description="Work on a checkpoint directory written by hpcfsdp.distributed.checkpoint "
+        "(metadata.json + one safetensors file per rank). No MPI needed.",
+    )
+    sub = p.add_subparsers(dest="checkpoint_command", metavar="SUBCOMMAND", required=True)
+    q = sub.add_parser("inspect", help="list entries, shapes, dtypes, ranks, sizes and extras",
+                       description="Print what a checkpoint holds (reads metadata.json only).")
+    q.add_argument("dir", metavar="DIR", help="checkpoint directory")
+    q.add_argument("--json", action="store_true", help="print the metadata as JSON")
+    q.set_defaults(func=run_inspect)
+    q = sub.add_parser("verify", help="check every file, header and checksum",
+                       description="Read every byte of every shard file and check it against metadata.json. "
+                       "Exit status 1 with the reason on the first fault.")
+    q.add_argument("dir", metavar="DIR", help="checkpoint directory")
+    q.set_defaults(func=run_verify)
+    q = sub.add_parser("consolidate", help="write all entries, unsharded, to one safetensors file",
+                       description="Assemble every entry in full from its pieces and write one safetensors file "
+                       "(entry names unchanged; extras and mesh as JSON in the file's metadata).")
+    q.add_argument("dir", metavar="DIR", help="checkpoint directory")
+    q.add_argument("out", metavar="OUT.safetensors", help="output file")
+    q.set_defaults(func=run_consolidate)
+    return p
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fail(what: str, e: Exception) -> int:
+    print(f"hpcfsdp checkpoint {what}: error: {e}", file=sys.stderr)
+    return 1
+
+
+def run_inspect(args) -> int:
+    from hpcfsdp.distributed.checkpoint import _format
+
+    try:
+        md = _format.read_metadata(args.dir)
+    except ValueError as e:
+        return _fail("inspect", e)
+    if args.json:
+        print(json.dumps(md.to_json(), indent=1, sort_keys=True))
+        return 0
+    print(f"checkpoint: {args.dir}" + (f" -> {md.path}" if os.path.realpath(args.dir) != os.path.abspath(args.dir) else ""))
+    print(f"format version {md.version}, saved by {md.world_size} rank(s), {len(md.files)} shard file(s), "
+          f"checksum block {_fmt_bytes(md.block_size)}")
+    print(f"mesh: {json.dumps(md.mesh)}")
+    print(f"entries: {len(md.entries)}, total {md.total_bytes} bytes ({_fmt_bytes(md.total_bytes)})")
+    width = max((len(n) for n in md.entries), default=4)
+    for name, e in md.entries.items():
+        ranks = sorted({p.rank for p in e.pieces})
+        shown = ",".join(map(str, ranks)) if len(ranks) <= 16 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
+        print(f"  {name:<{width}}  {e.dtype.name:<9} {str(list(e.shape)):<18} {len(e.pieces):>4} piece(s)  "
+              f"ranks [{shown}]  {_fmt_bytes(e.nbytes)}")
+    print(f"extras: {json.dumps(md.extras, sort_keys=True)}")
+    return 0
+
+
+def run_verify(args) -> int:
+    from hpcfsdp.distributed.checkpoint import _format
+
+    try:
+        md = _format.verify_checkpoint(args.dir)
+    except ValueError as e:
+        return _fail("verify", e)
+    npieces = sum(len(e.pieces) for e in md.entries.values())
+    print(f"OK: {len(md.entries)} entries, {npieces} pieces in {len(md.files)} file(s), {md.total_bytes} bytes verified")
+    return 0
+
+
+def run_consolidate(args) -> int:
+    from hpcfsdp.distributed.checkpoint import _format
+
+    try:
+        _format.consolidate(args.dir, args.out)
+    except (ValueError, TypeError, OSError) as e:
+        return _fail("consolidate", e)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hpcfsdp")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""`hpcfsdp slurm`: render sbatch job scripts from the templates and the trainer's configuration.
+
+[Note: Slurm templates]
+The templates in `hpcfsdp/slurm_templates/*.sbatch` are `string.Template` text: `${name}` is a
+placeholder filled here and `$$` is a literal `$` for bash. `render_script` resolves the training
+configuration exactly as `hpcfsdp train` does (`config_from_args`: defaults, `--config FILE`,
+flags), validates it for the job's world size (nodes x ranks per node), and writes it into the
+script as explicit `hpcfsdp train` flags, so a job script is self-contained and fails at render
+time, not after waiting in the queue. GPUs are requested with `--gpus-per-node` and never with
+`--gpus-per-task`; each template's header explains why. `slurm/` at the top of the repository
+holds the templates rendered with example settings (`render_examples`); a test keeps them equal.
+"""
+
+import argparse
+import importlib.resources
+import re
+import shlex
+import string
+import sys
+
+from hpcfsdp.cli.config import (
+    ConfigError,
+    TrainConfig,
+    add_config_arguments,
+    config_from_args,
+    exit_with_config_error,
+    format_mesh,
+    load_config_file,
+)
+
+__all__ = [
+    "add_parser",
+    "render_script",
+    "render_examples",
+    "template_text",
+    "TEMPLATES",
+    "MPI_PLUGINS",
+    "LAUNCHERS",
+]
+
+# template name -> (file in hpcfsdp/slurm_templates, one-line description)
+TEMPLATES = {
+    "single-node": ("single_node.sbatch", "one node, one rank per GPU, any strategy (FULL_SHARD default)"),
+    "multi-node": ("multi_node_fsdp.sbatch", "several nodes, FULL_SHARD (or SHARD_GRAD_OP / NO_SHARD) over all ranks"),
+    "hsdp": ("multi_node_hsdp.sbatch", "several nodes, HYBRID_SHARD: shard inside a node, replicate across nodes"),
+    "bench-comm": ("bench_comm.sbatch", "collective benchmark (`hpcfsdp bench comm`) over the allocation"),
+}
+MPI_PLUGINS = ("default", "pmix", "pmi2", "cray_shasta", "none")  # srun --mpi=...; default = site's MpiDefault
+LAUNCHERS = ("srun", "mpiexec")
+ENTRIES = ("module", "script")  # python -m mpi4py -m hpcfsdp.cli.main | the `hpcfsdp` console script
+
+_COMMON_DOC = """\
+#
+# GPU binding: the job asks for --gpus-per-node, so every task on a node sees all of
+#   the node's GPUs and each rank uses the GPU numbered by its node-local rank
+#   (SLURM_LOCALID under srun; the trainer falls back to MPI's shared-memory split).
+#   Do not use --gpus-per-task: it fences each task into its own GPU (cgroup and
+#   CUDA_VISIBLE_DEVICES), the peers' GPUs vanish from the process, and CUDA IPC,
+#   the on-node fast path of CUDA-aware MPI, breaks.
+# CUDA-aware MPI: probed at start (see `hpcfsdp info`); HPCFSDP_CUDA_AWARE=0|1 forces
+#   it. On Cray (HPE Cray MPICH, srun --mpi=cray_shasta) MPICH_GPU_SUPPORT_ENABLED=1 must
+#   be set or Cray MPICH rejects GPU buffers; `--mpi cray_shasta` exports it.
+# Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS follow --cpus-per-task (1 if unset)
+#   so the ranks of a node do not oversubscribe its cores; SRUN_CPUS_PER_TASK hands
+#   --cpus-per-task on to srun (Slurm >= 22.05 no longer passes it by itself).
+# Failure: srun --kill-on-bad-exit=1 ends the step when a rank fails, and
+#   `python -m mpi4py` aborts MPI on an uncaught exception: no rank is left in a collective.
+# Interpreter: PYTHON=/path/to/venv/bin/python sbatch <this file>  (default: python3).
+# Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
+#   `train` or render again.
+#"""
+
+_TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_NAME_RE = re.compile(r"^[A-Za-z0-9._+%-]+$")
+_LIST_RE = re.compile(r"^[A-Za-z0-9._,:&|()\[\]-]+$")
+
+
+def template_text(name: str) -> str:
+    """Raw text of template `name` (a key of TEMPLATES)."""
+    if name not in TEMPLATES:
+        raise ValueError(f"template {name!r}: expected one of {', '.join(TEMPLATES)}")
+    res = importlib.resources.files("hpcfsdp").joinpath("slurm_templates", TEMPLATES[name][0])
+    return res.read_text(encoding="utf-8")
+
+
+def _format_args(tokens, indent="    "):
+    """Train flags one per line (a flag with its values), each line ending in a bash continuation."""
+    lines, cur = [], []
+    for tok in tokens:
+        if tok.startswith("--") and cur:
+            lines.append(cur)
+            cur = []
+        cur.append(shlex.quote(tok))
+    if cur:
+        lines.append(cur)
+    if not lines:
+        return ""
+    out = [indent + indent + " ".join(line) for line in lines]
+    return " \\\n".join(out)
+
+
+def render_script(
+    template=None,
+    *,
+    nodes=1,
+    gpus_per_node=4,
+    ntasks_per_node=None,
+    config=None,
+    config_explicit=(),
+    mesh_auto=False,
+    partition=None,
+    account=None,
+    time="00:30:00",
+    job_name=None,
+    output="%x-%j.out",
+    cpus_per_task=None,
+    exclusive=False,
+    qos=None,
+    constraint=None,
+    mpi="default",
+    launcher="srun",
+    entry="module",
+    cuda_aware="auto",
+    bench_args="",
+) -> str:
+    """Fill a template; returns the sbatch script. Bad settings raise ConfigError naming the field.
+
+    `config` is the TrainConfig to run (default TrainConfig()); `config_explicit` names the fields
+    the user set (flags or file), which render leaves alone: an unset `device` follows
+    `gpus_per_node`, an unset `strategy` follows the template, and an unset `mesh` (or `mesh_auto`)
+    becomes (nodes, ranks per node) for HYBRID_SHARD.
+    """
+    cfg = TrainConfig(**vars(config)) if config is not None else TrainConfig()
+    explicit = set(config_explicit)
+    for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "nodes" else 0):
+            raise ConfigError(f"{name}={value!r}: expected an integer >= {1 if name == 'nodes' else 0}")
+    if ntasks_per_node is None:
+        ntasks_per_node = gpus_per_node if gpus_per_node > 0 else 1
+    if isinstance(ntasks_per_node, bool) or not isinstance(ntasks_per_node, int) or ntasks_per_node < 1:
+        raise ConfigError(f"ntasks_per_node={ntasks_per_node!r}: expected a positive integer")
+    if gpus_per_node > 0 and ntasks_per_node > gpus_per_node:
+        raise ConfigError(
+            f"ntasks_per_node={ntasks_per_node}: expected <= gpus_per_node={gpus_per_node} (one GPU per rank)"
+        )
+    if cpus_per_task is not None and (isinstance(cpus_per_task, bool) or not isinstance(cpus_per_task, int)
+                                      or cpus_per_task < 1):
+        raise ConfigError(f"cpus_per_task={cpus_per_task!r}: expected a positive integer")
+    for name, value, allowed in (("mpi", mpi, MPI_PLUGINS), ("launcher", launcher, LAUNCHERS),
+                                 ("entry", entry, ENTRIES), ("cuda_aware", cuda_aware, ("auto", "0", "1"))):
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+    if not _TIME_RE.match(str(time)):
+        raise ConfigError(f"time={time!r}: expected a Slurm time limit such as 30, 01:00:00 or 1-12:00:00")
+    for name, value, rx in (("job_name", job_name, _NAME_RE), ("output", output, _NAME_RE),
+                            ("partition", partition, _LIST_RE), ("account", account, _NAME_RE),
+                            ("qos", qos, _NAME_RE), ("constraint", constraint, _LIST_RE)):
+        if value is not None and not rx.match(str(value).replace("/", "")):
+            raise ConfigError(f"{name}={value!r}: expected no spaces or shell characters")
+
+    # Template and the configuration it implies.
+    if template is None:
+        if cfg.strategy == "HYBRID_SHARD":
+            template = "hsdp"
+        else:
+            template = "single-node" if nodes == 1 else "multi-node"
+    if template not in TEMPLATES:
+        raise ConfigError(f"template={template!r}: expected one of {', '.join(TEMPLATES)}")
+    if template == "single-node" and nodes != 1:
+        raise ConfigError(f"nodes={nodes}: template single-node runs on exactly 1 node (use multi-node or hsdp)")
+    if template == "hsdp":
+        if cfg.strategy != "HYBRID_SHARD":
+            if "strategy" in explicit:
+                raise ConfigError(f"strategy={cfg.strategy!r}: template hsdp runs HYBRID_SHARD")
+            cfg.strategy = "HYBRID_SHARD"
+    elif template != "bench-comm" and cfg.strategy == "HYBRID_SHARD":
+        raise ConfigError(f"strategy='HYBRID_SHARD': use --template hsdp, not {template}")
+    if mesh_auto or ("mesh" not in explicit and cfg.mesh is None):
+        cfg.mesh = (nodes, ntasks_per_node) if cfg.strategy == "HYBRID_SHARD" else None
+    if "device" not in explicit:
+        cfg.device = "cuda" if gpus_per_node > 0 else "cpu"
+    elif cfg.device == "cuda" and gpus_per_node == 0:
+        raise ConfigError("device='cuda': needs --gpus-per-node >= 1")
+    elif cfg.device == "cpu" and gpus_per_node > 0:
+        raise ConfigError(f"device='cpu': the job requests --gpus-per-node {gpus_per_node}; use --device cuda "
+                          f"or --gpus-per-node 0")
+    world_size = nodes * ntasks_per_node
+    if template != "bench-comm":
+        cfg.validate(world_size)
+
+    # Pieces of the script.
+    gpu_directive = (f"#SBATCH --gpus-per-node={gpus_per_node}" if gpus_per_node > 0
+                     else "# CPU-only job: no GPUs requested (--gpus-per-node 0).")
+    extra = []
+    if cpus_per_task is not None:
+        extra.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+    for opt, value in (("partition", partition), ("account", account), ("qos", qos), ("constraint", constraint)):
+        if value is not None:
+            extra.append(f"#SBATCH --{opt}={value}")
+    if exclusive:
+        extra.append("#SBATCH --exclusive")
+    env = [
+        'PYTHON="${PYTHON:-python3}"',
+        'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
+        'export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS"',
+        'export MKL_NUM_THREADS="$OMP_NUM_THREADS"',
+        'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
+    ]
+    if mpi == "cray_shasta" and gpus_per_node > 0:
+        env.append("export MPICH_GPU_SUPPORT_ENABLED=1  # HPE Cray MPICH: accept GPU buffers")
+    else:
+        env.append("# export MPICH_GPU_SUPPORT_ENABLED=1  # HPE Cray MPICH with GPUs (render with --mpi cray_shasta)")
+    if cuda_aware != "auto":
+        env.append(f"export HPCFSDP_CUDA_AWARE={cuda_aware}")
+    else:
+        env.append("# export HPCFSDP_CUDA_AWARE=1  # skip the probe: 1 = MPI takes GPU buffers, 0 = stage via host")
+    if launcher == "srun":
+        launch = ["srun"]
+        if mpi != "default":
+            launch.append(f"--mpi={mpi}")
+        launch += [f"--nodes={nodes}", f"--ntasks-per-node={ntasks_per_node}", "--kill-on-bad-exit=1"]
+        if template == "hsdp":
+            launch.append("--distribution=block")
+    else:  # MPICH Hydra inside the allocation; Open MPI: mpiexec -n N --map-by ppr:P:node
+        launch = ["mpiexec", "-n", str(world_size), "-ppn", str(ntasks_per_node)]
+    entry_text = '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp"
+    bench_tokens = shlex.split(bench_args) if bench_args else []
+    values = {
+        "common_doc": _COMMON_DOC.format(template=template),
+        "job_name": job_name or f"hpcfsdp-{template}",
+        "nodes": nodes,
+        "ntasks_per_node": ntasks_per_node,
+        "mesh": format_mesh(cfg.mesh) if cfg.mesh is not None else str(world_size),
+        "gpu_directive": gpu_directive,
+        "time": time,
+        "output": output,
+        "extra_directives": "\n".join(extra),
+        "env_setup": "\n".join(env),
+        "launch": " ".join(launch),
+        "entry": entry_text,
+        "train_args": _format_args(cfg.to_args()),
+        "bench_args": "".join(" " + shlex.quote(t) for t in bench_tokens),
+    }
+    text = string.Template(template_text(template)).substitute(values)
+    while "\n\n\n" in text:  # an empty placeholder line
+        text = text.replace("\n\n\n", "\n\n")
+    assert "--gpus-per-task" not in text.replace("Do not use --gpus-per-task", ""), "template requests --gpus-per-task"
+    return text
+
+
+def render_examples() -> dict:
+    """The scripts kept in the repository's slurm/ directory: file name -> text."""
+    return {
+        "single_node.sbatch": render_script("single-node", nodes=1, gpus_per_node=4),
+        "multi_node_fsdp.sbatch": render_script("multi-node", nodes=2, gpus_per_node=4),
+        "multi_node_hsdp.sbatch": render_script("hsdp", nodes=2, gpus_per_node=4),
+        "bench_comm.sbatch": render_script("bench-comm", nodes=2, gpus_per_node=4),
+    }
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "slurm",
+        help="render sbatch job scripts",
+        description="Render sbatch job scripts for hpcfsdp from templates and the trainer's configuration.",
+    )
+    sub = p.add_subparsers(dest="slurm_command", metavar="ACTION")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    ls = sub.add_parser("list", help="list the templates", description="List the sbatch templates.")
+    ls.set_defaults(func=_run_list)
+
+    r = sub.add_parser(
+        "render",
+        help="print a filled sbatch script",
+        description="Print an sbatch script that runs `hpcfsdp train` (or `bench comm`) with the given "
+        "configuration, validated for the job's world size (nodes x ranks per node). "
+        "--mesh auto (the default for HYBRID_SHARD) makes a (nodes x ranks per node) mesh. "
+        "Example: hpcfsdp slurm render --nodes 2 --gpus-per-node 4 --strategy HYBRID_SHARD > job.sbatch",
+    )
+    j = r.add_argument_group("job")
+    j.add_argument("--template", choices=tuple(TEMPLATES), default=None,
+                   help="template (default: single-node for 1 node, hsdp for HYBRID_SHARD, else multi-node)")
+    j.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
+    j.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node; 0 = CPU-only job (default: 4)")
+    j.add_argument("--ntasks-per-node", type=int, default=None,
+                   help="ranks per node (default: --gpus-per-node, or 1 for CPU-only)")
+    j.add_argument("--cpus-per-task", type=int, default=None, help="CPU cores per rank (default: Slurm's)")
+    j.add_argument("--partition", default=None, help="Slurm partition")
+    j.add_argument("--account", default=None, help="Slurm account to charge")
+    j.add_argument("--qos", default=None, help="Slurm quality of service")
+    j.add_argument("--constraint", default=None, help="node features, e.g. gpu&a100")
+    j.add_argument("--time", default="00:30:00", help="time limit (default: 00:30:00)")
+    j.add_argument("--job-name", default=None, help="job name (default: hpcfsdp-<template>)")
+    j.add_argument("--sbatch-output", default="%x-%j.out", help="sbatch --output pattern (default: %%x-%%j.out)")
+    j.add_argument("--exclusive", action="store_true", help="request whole nodes")
+    j.add_argument("--mpi", choices=MPI_PLUGINS, default="default",
+                   help="srun --mpi plugin; 'default' leaves the site's MpiDefault (default: default)")
+    j.add_argument("--launcher", choices=LAUNCHERS, default="srun", help="srun, or mpiexec (MPICH Hydra) (default: srun)")
+    j.add_argument("--entry", choices=ENTRIES, default="module",
+                   help="module: \"$PYTHON\" -m mpi4py -m hpcfsdp.cli.main; script: the hpcfsdp command (default: module)")
+    j.add_argument("--cuda-aware", choices=("auto", "0", "1"), default="auto",
+                   help="export HPCFSDP_CUDA_AWARE (default: auto = probe at run time)")
+    j.add_argument("--bench-args", default="", help="arguments for `hpcfsdp bench comm` (bench-comm template)")
+    # The `hpcfsdp train` flags, in their groups; here --mesh also takes 'auto'.
+    add_config_arguments(r)
+    r.set_defaults(func=_run_render)
+
+
+def _run_list(args) -> int:
+    width = max(len(n) for n in TEMPLATES)
+    for name, (fname, desc) in TEMPLATES.items():
+        print(f"{name:<{width}}  {fname:<24}  {desc}")
+    return 0
+
+
+def _run_render(args) -> int:
+    prog = "hpcfsdp slurm render"
+    ns = argparse.Namespace(**vars(args))
+    mesh_auto = isinstance(getattr(ns, "mesh", None), str) and ns.mesh.strip().lower() == "auto"
+    if mesh_auto:
+        del ns.mesh
+    try:
+        cfg = config_from_args(ns)
+        explicit = {k for k in vars(cfg) if k in vars(ns)}
+        if getattr(ns, "config", None):
+            explicit |= set(load_config_file(ns.config))
+        text = render_script(
+            args.template, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            ntasks_per_node=args.ntasks_per_node, config=cfg, config_explicit=explicit, mesh_auto=mesh_auto,
+            partition=args.partition, account=args.account, time=args.time, job_name=args.job_name,
+            output=args.sbatch_output, cpus_per_task=args.cpus_per_task, exclusive=args.exclusive,
+            qos=args.qos, constraint=args.constraint, mpi=args.mpi, launcher=args.launcher, entry=args.entry,
+            cuda_aware=args.cuda_aware, bench_args=args.bench_args,
+        )
+    except ConfigError as err:
+        return exit_with_config_error(err, prog)
+    sys.stdout.write(text)
+    return 0

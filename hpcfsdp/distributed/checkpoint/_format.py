@@ -1,0 +1,590 @@
+"""Sharded checkpoint storage: collective save and resharding load of N-D array pieces, on NumPy and mpi4py.
+
+API (raw arrays; the state-dict layer in ``checkpoint/__init__.py`` builds on it)::
+
+    Piece(global_shape, dtype, offsets, array)            # a namedtuple; plain 4-tuples work too
+    save_pieces(path, pieces, *, comm=None, extras=None, mesh_info=None, block_size=1 MiB, fsync=True) -> None
+        pieces: {entry name: Piece | [Piece, ...]}. Collective over `comm` (default MPI.COMM_WORLD).
+        Every rank passes the pieces it holds: sharded entries as their local boxes (empty boxes are fine),
+        replicated entries on every rank holding them. Identical boxes are written once, by the lowest rank.
+        The pieces of every entry must tile its global shape (disjoint + complete) or every rank raises
+        ValueError before anything is written. `extras` and `mesh_info` (JSON values) are taken from rank 0.
+    load_pieces(path, requests, *, comm=None, strict=True) -> LoadResult(metadata, missing_keys, unexpected_keys)
+        requests: {entry name: Request | [Request, ...]}, Request = (global_shape, dtype, offsets, out):
+        fills `out` (numpy, or cupy via a host buffer) with entry[offsets : offsets + out.shape]. Any world
+        size; any box: reads only the byte ranges of the saved pieces that intersect it, verifying their CRCs.
+        comm=None: this rank alone. With a comm: rank 0 reads metadata.json and broadcasts it, and an error on
+        any rank is raised on every rank. strict=False: entries missing from the checkpoint are skipped and
+        reported in `missing_keys` instead of raising.
+    read_metadata(path) -> CheckpointMetadata (.entries[name].shape/.dtype/.pieces, .extras, .mesh, .world_size,
+        .files, .total_bytes)
+    verify_checkpoint(path) -> CheckpointMetadata   # reads every byte, checks every CRC and header
+    consolidate(path, out_file) -> None            # one safetensors file with the full entries, names unchanged
+    benchmark_io(path, total_bytes, comm=None) -> dict   # save/load throughput vs raw tofile/fromfile
+
+Errors: ValueError for anything wrong on disk or in the request (IncompleteCheckpointError, a ValueError,
+for an interrupted save), TypeError for a dtype a checkpoint cannot hold, RuntimeError on every rank when a
+rank failed to write during a save.
+
+Layout on disk (see [Note: Atomic commit])::
+
+    PATH -> PATH.ckpt-<id>/            PATH is a symlink to the committed directory
+              metadata.json            format, version, world_size, mesh, extras, checksum block size,
+                                       files {name: {rank, size}}, entries {name: {shape, dtype, pieces:
+                                       [{rank, file, tensor, offsets, lengths, byte_offset, byte_length, crc32}]}}
+              rank_00000.safetensors   one per rank that owns a piece; tensor "<entry>|<offsets>" = local box
+              rank_00001.safetensors
+
+[Note: Atomic commit]
+A save writes into ``PATH.tmp-<id>/``: every rank writes and fsyncs its shard file, a gather to rank 0 proves
+all of them finished (and carries their piece index), rank 0 writes metadata.json last and fsyncs it and the
+directory, renames the directory to ``PATH.ckpt-<id>`` and atomically swaps the symlink ``PATH`` onto it
+(symlink to a temporary name + rename(2), which replaces the old link in one step), then deletes the previous
+``PATH.ckpt-*`` target. A crash at any point leaves PATH pointing to a complete checkpoint (the previous one
+until the swap, the new one after): at worst an orphan ``.tmp-`` or ``.ckpt-`` sibling stays behind. Loading
+a ``.tmp-`` directory, or a directory without metadata.json that holds shard files, raises
+IncompleteCheckpointError ("incomplete checkpoint ..."). If PATH is a plain directory holding a checkpoint
+(copied by hand), it is first renamed aside to ``PATH.ckpt-<id>``: only in that case there is a short window
+without PATH, and the error for a missing PATH names the sibling that holds the data. PATH may not be a
+non-checkpoint file or non-empty directory (ValueError, nothing is touched).
+
+[Note: Partial reads and checksums]
+Each piece carries a CRC32 per `block_size` block of its bytes. A load reads, for every saved piece that
+intersects the requested box, the dim-0 slab of rows it needs, widened to whole blocks, checks those blocks'
+CRCs and copies the box out: in bounded chunks (~32 MiB) through a scratch buffer, or straight into the
+output when the slab is block-aligned and the output contiguous (the same-world-size reload). Resharding to
+another dim reads whole rows, so at most the full piece.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import re
+import shutil
+import time
+import uuid
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ._metadata import (
+    DTYPES, FORMAT_VERSION, METADATA_FILE, MAX_METADATA_BYTES, CheckpointMetadata, EntryInfo, FileInfo,
+    IncompleteCheckpointError, PieceInfo, dtype_name, dump_metadata, parse_metadata, shard_file_name,
+)
+from ._storage import Reader as _Reader
+from ._storage import READ_CHUNK, check_disjoint_cover, fsync_dir, intersect, pread_exact, verify_blocks, write_shard_file
+
+__all__ = [
+    "Piece",
+    "LoadResult",
+    "CheckpointMetadata",
+    "EntryInfo",
+    "PieceInfo",
+    "IncompleteCheckpointError",
+    "save_pieces",
+    "load_pieces",
+    "read_metadata",
+    "verify_checkpoint",
+    "consolidate",
+    "benchmark_io",
+]
+
+DEFAULT_BLOCK_SIZE = 1 << 20
+_TMP_RE = re.compile(r"\.tmp-[0-9a-f]{32}\Z")
+
+
+class Piece(NamedTuple):
+    global_shape: tuple
+    dtype: Any
+    offsets: tuple
+    array: Any
+
+
+class LoadResult(NamedTuple):
+    metadata: CheckpointMetadata
+    missing_keys: list  # requested entries the checkpoint lacks (only with strict=False)
+    unexpected_keys: list  # checkpoint entries nobody requested
+
+
+class _SimulatedCrash(BaseException):
+    """Test-only: raised by a fault hook to stop a save dead at a stage, with no cleanup (like a killed job)."""
+
+
+# Test hook: called as _fault_hook(stage) at "write" (every rank, after writing its file), and on rank 0 at
+# "metadata" (metadata.json written), "rename" (directory renamed, link not yet swapped), "swap" (link
+# swapped, old checkpoint not yet deleted).
+_fault_hook: Callable[[str], None] | None = None
+
+
+def _hook(stage: str) -> None:
+    if _fault_hook is not None:
+        _fault_hook(stage)
+
+
+# --------------------------------------------------------------------------------------------- comm helpers
+
+
+def _world(comm):
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    return comm
+
+
+def _gather(comm, obj) -> list | None:
+    if comm is None or comm.Get_size() == 1:
+        return [obj]
+    return comm.gather(obj, root=0)
+
+
+def _scatter(comm, objs):
+    if comm is None or comm.Get_size() == 1:
+        return objs[0]
+    return comm.scatter(objs, root=0)
+
+
+def _bcast(comm, obj):
+    if comm is None or comm.Get_size() == 1:
+        return obj
+    return comm.bcast(obj, root=0)
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+# ------------------------------------------------------------------------------------------------------ save
+
+
+def _as_list(spec) -> list:
+    if isinstance(spec, (tuple, list)) and len(spec) == 4 and hasattr(spec[3], "shape") and hasattr(spec[3], "dtype"):
+        return [spec]
+    if isinstance(spec, (tuple, list)):
+        return list(spec)
+    raise TypeError(f"expected a Piece (global_shape, dtype, offsets, array) or a list of them, got {type(spec).__name__}")
+
+
+def _shape(x, what: str) -> tuple[int, ...]:
+    try:
+        t = tuple(x)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of ints, got {x!r}") from None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in t):
+        raise ValueError(f"{what} must be non-negative ints, got {x!r}")
+    return tuple(int(v) for v in t)
+
+
+def _normalise(name: str, piece, what: str, array_key: str = "array") -> tuple:
+    """-> (shape, dtype name, offsets, lengths, array) after checking the piece against itself."""
+    if not isinstance(piece, (tuple, list)) or len(piece) != 4:
+        raise TypeError(f"{what} of entry {name!r}: expected (global_shape, dtype, offsets, {array_key}), got {piece!r:.100}")
+    shape = _shape(piece[0], f"global_shape of entry {name!r}")
+    dt = dtype_name(piece[1])
+    offsets = _shape(piece[2], f"offsets of entry {name!r}")
+    arr = piece[3]
+    if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+        raise TypeError(f"{what} of entry {name!r}: {array_key} must be an ndarray, got {type(arr).__name__}")
+    lengths = tuple(int(n) for n in arr.shape)
+    if np.dtype(arr.dtype) != DTYPES[dt]:
+        raise TypeError(f"{what} of entry {name!r}: {array_key} dtype {np.dtype(arr.dtype).name} != declared dtype {dt}")
+    if not len(shape) == len(offsets) == len(lengths):
+        raise ValueError(f"{what} of entry {name!r}: global shape {shape}, offsets {offsets} and {array_key} shape "
+                         f"{lengths} must have the same number of dims")
+    for d, (o, n, s) in enumerate(zip(offsets, lengths, shape)):
+        if o + n > s:
+            raise ValueError(f"{what} of entry {name!r}: box offsets {offsets} + shape {lengths} exceeds global shape "
+                             f"{shape} on dim {d}")
+    return shape, dt, offsets, lengths, arr
+
+
+def _to_host(arr) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        arr = arr.get() if hasattr(arr, "get") else np.asarray(arr)  # cupy -> host
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")  # np.ascontiguousarray would make 0-d 1-d
+
+
+def _tensor_name(entry: str, offsets: Sequence[int]) -> str:
+    return f"{entry}|{','.join(map(str, offsets))}"
+
+
+def _plan(plans: list, world: int):
+    """Rank 0: check every rank's pieces agree and tile their entries; pick the owner of each distinct box.
+
+    Returns ({entry: (shape, dtype)}, owned) where owned[r] lists indices into rank r's plan it must write.
+    """
+    entries: dict[str, tuple] = {}
+    boxes: dict[str, dict[tuple, int]] = {}  # entry -> {(offsets, lengths): owner rank}
+    owned: list[list[int]] = [[] for _ in range(world)]
+    for r, plan in enumerate(plans):
+        for i, (name, shape, dt, offsets, lengths) in enumerate(plan):
+            if name not in entries:
+                entries[name] = (shape, dt)
+                boxes[name] = {}
+            elif entries[name] != (shape, dt):
+                raise ValueError(f"entry {name!r}: ranks disagree on its global shape/dtype: {entries[name]} on an "
+                                 f"earlier rank, {(shape, dt)} on rank {r}")
+            if math.prod(lengths) == 0 or (offsets, lengths) in boxes[name]:
+                continue  # empty box, or a replica of a box a lower rank writes
+            boxes[name][(offsets, lengths)] = r
+            owned[r].append(i)
+    for name, (shape, _) in entries.items():
+        check_disjoint_cover(name, shape, list(boxes[name]))
+    return entries, owned
+
+
+def _prepare_target(path: str) -> None:
+    """Rank 0: refuse to clobber something that is not a checkpoint."""
+    if os.path.islink(path):
+        return
+    if os.path.isdir(path):
+        content = os.listdir(path)
+        if content and METADATA_FILE not in content:
+            raise ValueError(f"{path!r} exists and is not a checkpoint directory; refusing to replace it")
+        if not content:
+            os.rmdir(path)
+    elif os.path.exists(path):
+        raise ValueError(f"{path!r} exists and is not a checkpoint directory; refusing to replace it")
+
+
+def save_pieces(path, pieces: Mapping[str, Any], *, comm=None, extras: Any = None, mesh_info: Any = None,
+                block_size: int = DEFAULT_BLOCK_SIZE, fsync: bool = True) -> None:
+    """Collectively save array pieces as a sharded checkpoint directory at `path`. See the module docstring."""
+    comm = _world(comm)
+    rank, world = comm.Get_rank(), comm.Get_size()
+    if type(block_size) is not int or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    # Phase 1: local checks, then rank 0 plans and creates the temporary directory.
+    err, plan, arrays = None, [], []
+    try:
+        if not isinstance(pieces, Mapping):
+            raise TypeError(f"pieces must be a mapping of entry name -> pieces, got {type(pieces).__name__}")
+        for name, spec in pieces.items():
+            if not isinstance(name, str) or not name or name == "__metadata__":
+                raise ValueError(f"entry names must be non-empty strings other than '__metadata__', got {name!r}")
+            for k, p in enumerate(_as_list(spec)):
+                shape, dt, offsets, lengths, arr = _normalise(name, p, f"piece {k}")
+                plan.append((name, shape, dt, offsets, lengths))
+                arrays.append(arr)
+    except Exception as e:  # reported, not raised: every rank must reach the gather
+        kind = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
+        err = (kind, f"rank {rank}: {e}" if world > 1 else str(e))
+    gathered = _gather(comm, (err, plan))
+    decisions = None
+    if rank == 0:
+        try:
+            errs = [g[0] for g in gathered if g[0] is not None]
+            if errs:
+                raise errs[0][0](errs[0][1])
+            entries, owned = _plan([g[1] for g in gathered], world)
+            target = os.path.abspath(os.fspath(path))
+            parent, base = os.path.split(target)
+            if not base:
+                raise ValueError(f"invalid checkpoint path {path!r}")
+            _prepare_target(target)
+            tmp = os.path.join(parent, f"{base}.tmp-{uuid.uuid4().hex}")
+            os.makedirs(parent, exist_ok=True)
+            os.mkdir(tmp)
+            decisions = [(None, tmp, owned[r]) for r in range(world)]
+        except Exception as e:
+            kind = type(e) if isinstance(e, (TypeError, ValueError, RuntimeError)) else RuntimeError
+            decisions = [((kind, str(e) if kind is type(e) else _describe(e)), None, None)] * world
+    err, tmp, mine = _scatter(comm, decisions)
+    if err is not None:
+        raise err[0](err[1])
+
+    # Phase 2: every rank writes its own shard file. See [Note: Atomic commit].
+    err, records, finfo = None, [], None
+    try:
+        if mine:
+            fname = shard_file_name(rank)
+            tensors = [(_tensor_name(plan[i][0], plan[i][3]), _to_host(arrays[i])) for i in mine]
+            size, placed = write_shard_file(os.path.join(tmp, fname), tensors, block_size, fsync)
+            finfo = (fname, size)
+            for i, (tname, _), (boff, blen, crcs) in zip(mine, tensors, placed):
+                records.append((plan[i][0], fname, tname, plan[i][3], plan[i][4], boff, blen, crcs))
+        _hook("write")
+    except Exception as e:  # reported to rank 0 so that every rank fails together, none hangs
+        err = f"rank {rank}: {_describe(e)}"
+    results = _gather(comm, (err, finfo, records))
+
+    # Phase 3: rank 0 writes metadata.json last and commits.
+    status = None
+    if rank == 0:
+        errs = [r[0] for r in results if r[0] is not None]
+        try:
+            if errs:
+                raise RuntimeError("checkpoint save failed, nothing was committed: " + "; ".join(errs))
+            md = _build_metadata(entries, results, world, block_size, mesh_info, extras)
+            _write_metadata(tmp, md, fsync)
+            _hook("metadata")
+            _commit(tmp, target, fsync)
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            status = (RuntimeError if not isinstance(e, ValueError) else ValueError, str(e))
+    status = _bcast(comm, status)
+    if status is not None:
+        raise status[0](status[1])
+
+
+def _build_metadata(entries, results, world, block_size, mesh_info, extras) -> CheckpointMetadata:
+    files, pieces = {}, {name: [] for name in entries}
+    for r, (_, finfo, records) in enumerate(results):
+        if finfo is not None:
+            files[finfo[0]] = FileInfo(finfo[0], r, finfo[1])
+        for name, fname, tname, offsets, lengths, boff, blen, crcs in records:
+            pieces[name].append(PieceInfo(r, fname, tname, offsets, lengths, boff, blen, tuple(crcs)))
+    ents = {
+        name: EntryInfo(name, shape, DTYPES[dt], tuple(sorted(pieces[name], key=lambda p: p.offsets)))
+        for name, (shape, dt) in entries.items()
+    }
+    md = CheckpointMetadata(FORMAT_VERSION, world, block_size, ents, files, mesh_info, extras)
+    parse_metadata(dump_metadata(md), "(being written)")  # the writer obeys its own reader
+    return md
+
+
+def _write_metadata(tmp: str, md: CheckpointMetadata, fsync: bool) -> None:
+    with open(os.path.join(tmp, METADATA_FILE), "wb") as f:
+        f.write(dump_metadata(md))
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    if fsync:
+        fsync_dir(tmp)
+
+
+def _commit(tmp: str, target: str, fsync: bool) -> None:
+    parent, base = os.path.split(target)
+    uid = tmp.rsplit("-", 1)[1]
+    final = os.path.join(parent, f"{base}.ckpt-{uid}")
+    os.rename(tmp, final)
+    if fsync:
+        fsync_dir(parent)
+    _hook("rename")
+    old = None
+    if os.path.islink(target):
+        dest = os.readlink(target)
+        if os.path.dirname(dest) in ("", parent) and os.path.basename(dest).startswith(f"{base}.ckpt-"):
+            old = os.path.join(parent, os.path.basename(dest))
+    elif os.path.isdir(target):  # a plain checkpoint directory: move it aside first (see the Note)
+        old = os.path.join(parent, f"{base}.ckpt-{uuid.uuid4().hex}")
+        os.rename(target, old)
+    link = os.path.join(parent, f"{base}.link-{uid}")
+    os.symlink(os.path.basename(final), link)
+    os.replace(link, target)
+    if fsync:
+        fsync_dir(parent)
+    _hook("swap")
+    if old is not None and old != final:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------------ load
+
+
+def _resolve(path) -> str:
+    p = os.path.abspath(os.fspath(path))
+    if not os.path.lexists(p):
+        hint = sorted(glob.glob(glob.escape(p) + ".ckpt-*"))
+        extra = f" (an interrupted commit left {hint[-1]!r}, which holds a complete checkpoint)" if hint else ""
+        raise ValueError(f"checkpoint {p!r} does not exist{extra}")
+    real = os.path.realpath(p)
+    if not os.path.isdir(real):
+        raise ValueError(f"{p!r} is not a checkpoint directory")
+    if _TMP_RE.search(os.path.basename(real)):
+        raise IncompleteCheckpointError(
+            f"incomplete checkpoint {p!r}: an uncommitted temporary directory of an interrupted save")
+    if not os.path.isfile(os.path.join(real, METADATA_FILE)):
+        if glob.glob(os.path.join(glob.escape(real), "rank_*.safetensors")):
+            raise IncompleteCheckpointError(f"incomplete checkpoint {p!r}: shard files but no {METADATA_FILE}")
+        raise ValueError(f"{p!r} is not a checkpoint directory (no {METADATA_FILE})")
+    return real
+
+
+def _read_metadata_bytes(real: str) -> bytes:
+    mpath = os.path.join(real, METADATA_FILE)
+    with open(mpath, "rb") as f:
+        data = f.read(MAX_METADATA_BYTES + 1)
+    return data
+
+
+def read_metadata(path) -> CheckpointMetadata:
+    """Read and validate a checkpoint's metadata.json (no shard file is opened)."""
+    real = _resolve(path)
+    md = parse_metadata(_read_metadata_bytes(real), os.path.join(real, METADATA_FILE))
+    return dataclasses.replace(md, path=real)
+
+
+def _load_local(md: CheckpointMetadata, requests: Mapping[str, Any], strict: bool) -> LoadResult:
+    if not isinstance(requests, Mapping):
+        raise TypeError(f"requests must be a mapping of entry name -> requests, got {type(requests).__name__}")
+    missing = sorted(n for n in requests if n not in md.entries)
+    if missing and strict:
+        raise ValueError(f"entries missing from checkpoint {md.path!r}: {missing}")
+    reader = _Reader(md)
+    try:
+        for name, spec in requests.items():
+            if name not in md.entries:
+                continue
+            e = md.entries[name]
+            for k, req in enumerate(_as_list(spec)):
+                shape, dt, offsets, lengths, out = _normalise(name, req, f"request {k}", "out")
+                if shape != e.shape or DTYPES[dt] != e.dtype:
+                    raise ValueError(f"entry {name!r}: requested global shape {shape} dtype {dt}, but the checkpoint "
+                                     f"has shape {e.shape} dtype {e.dtype.name}")
+                host = out if isinstance(out, np.ndarray) else np.empty(lengths, e.dtype)
+                if not host.flags.writeable:
+                    raise ValueError(f"request {k} of entry {name!r}: the output array is read-only")
+                for p in e.pieces:
+                    box = intersect(p.offsets, p.lengths, offsets, lengths)
+                    if box is None:
+                        continue
+                    io, il = box
+                    a = tuple(x - y for x, y in zip(io, p.offsets))
+                    idx = tuple(slice(x - y, x - y + n) for x, y, n in zip(io, offsets, il))
+                    dest = host[idx] if idx else host  # a 0-d index would return a scalar, not a view
+                    reader.read_box(p, e.dtype, a, il, dest)
+                if host is not out:
+                    out.set(host) if hasattr(out, "set") else out.__setitem__(Ellipsis, host)
+    finally:
+        reader.close()
+    unexpected = sorted(n for n in md.entries if n not in requests)
+    return LoadResult(md, missing, unexpected)
+
+
+def load_pieces(path, requests: Mapping[str, Any], *, comm=None, strict: bool = True) -> LoadResult:
+    """Fill the requested boxes from a checkpoint saved at any world size. See the module docstring."""
+    if comm is None or comm.Get_size() == 1:
+        return _load_local(read_metadata(path), requests, strict)
+    rank = comm.Get_rank()
+    shared = None
+    if rank == 0:
+        try:
+            real = _resolve(path)
+            shared = (None, real, _read_metadata_bytes(real))
+        except Exception as e:
+            shared = ((type(e) if isinstance(e, ValueError) else ValueError, str(e)), None, None)
+    err, real, data = comm.bcast(shared, root=0)
+    if err is not None:
+        raise err[0](err[1])
+    result, err = None, None
+    try:
+        md = dataclasses.replace(parse_metadata(data, os.path.join(real, METADATA_FILE)), path=real)
+        result = _load_local(md, requests, strict)
+    except Exception as e:  # reported, not raised: every rank must reach the allgather
+        err = e
+    errs = comm.allgather(None if err is None else f"rank {rank}: {err}")
+    if err is not None:
+        raise err
+    bad = [m for m in errs if m is not None]
+    if bad:
+        raise ValueError("checkpoint load failed on another rank: " + "; ".join(bad))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------- tools
+
+
+def verify_checkpoint(path) -> CheckpointMetadata:
+    """Read every piece of every file and check sizes, headers and all CRCs; ValueError naming the first fault."""
+    md = read_metadata(path)
+    reader = _Reader(md)
+    try:
+        for fname in md.files:
+            reader._open(fname)
+        for e in md.entries.values():
+            for p in e.pieces:
+                fd = reader.check_piece(p, e.dtype)
+                where = f"{os.path.join(md.path, p.file)} tensor {p.tensor!r}"
+                step = max(1, READ_CHUNK // md.block_size) * md.block_size
+                for off in range(0, p.byte_length, step):
+                    buf = np.empty(min(step, p.byte_length - off), np.uint8)
+                    pread_exact(fd, buf, p.byte_offset + off, where)
+                    verify_blocks(buf, off // md.block_size, p.crc32, md.block_size, where)
+    finally:
+        reader.close()
+    return md
+
+
+def consolidate(path, out_file) -> None:
+    """Assemble every entry in full, piece by piece, and write them to one safetensors file (names unchanged)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    md = read_metadata(path)
+    for f in md.files.values():  # allocate only what the files really hold
+        fpath = os.path.join(md.path, f.name)
+        size = os.path.getsize(fpath) if os.path.exists(fpath) else None
+        if size != f.size:
+            raise ValueError(f"{fpath} has {size} bytes, the metadata says {f.size}: truncated, damaged or missing")
+    full = {name: np.empty(e.shape, e.dtype) for name, e in md.entries.items()}
+    _load_local(md, {name: (e.shape, e.dtype, (0,) * len(e.shape), full[name]) for name, e in md.entries.items()}, True)
+    meta = {"format": "np", "hpcfsdp.extras": json.dumps(md.extras), "hpcfsdp.mesh": json.dumps(md.mesh)}
+    save_file(full, os.fspath(out_file), metadata=meta)
+
+
+def benchmark_io(path, total_bytes: int, comm=None, *, fsync: bool = True) -> dict:
+    """Time save_pieces/load_pieces of a float32 vector of `total_bytes`, sharded on dim 0 over `comm`, against
+    raw ndarray.tofile/np.fromfile of the same per-rank bytes. Collective. Returns seconds (max over ranks) and
+    GB/s. Reads are likely served from the page cache; the comparison is like for like."""
+    comm = _world(comm)
+    rank, world = comm.Get_rank(), comm.Get_size()
+    n = max(1, int(total_bytes) // 4)
+    c = -(-n // world)
+    lo, hi = min(rank * c, n), min((rank + 1) * c, n)
+    local = np.random.default_rng(rank).standard_normal(hi - lo, dtype=np.float32)
+    base = os.path.abspath(os.fspath(path))
+    if rank == 0:
+        os.makedirs(base, exist_ok=True)
+    _bcast(comm, None)
+
+    def timed(fn):
+        if world > 1:
+            comm.Barrier()
+        t = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t
+        return comm.allreduce(dt, op=_max_op()) if world > 1 else dt
+
+    ck = os.path.join(base, "bench_ckpt")
+    raw = os.path.join(base, f"bench_raw_{rank:05d}.bin")
+    out = np.empty_like(local)
+
+    def raw_write():
+        with open(raw, "wb") as f:
+            local.tofile(f)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+
+    def raw_read():
+        out[...] = np.fromfile(raw, dtype=np.float32)
+
+    t_save = timed(lambda: save_pieces(ck, {"x": Piece((n,), np.float32, (lo,), local)}, comm=comm, fsync=fsync))
+    t_load = timed(lambda: load_pieces(ck, {"x": ((n,), np.float32, (lo,), out)}, comm=comm))
+    ok = bool(np.array_equal(out, local))
+    t_wr = timed(raw_write)
+    t_rd = timed(raw_read)
+    os.remove(raw)
+    if world > 1:
+        comm.Barrier()
+    if rank == 0:
+        real = os.path.realpath(ck)
+        os.remove(ck)
+        shutil.rmtree(real, ignore_errors=True)
+    nbytes = n * 4
+    gbps = lambda t: nbytes / t / 1e9 if t > 0 else float("inf")  # noqa: E731
+    return {
+        "world_size": world, "bytes": nbytes, "roundtrip_ok": ok,
+        "save_s": t_save, "load_s": t_load, "raw_write_s": t_wr, "raw_read_s": t_rd,
+        "save_GBps": gbps(t_save), "load_GBps": gbps(t_load), "raw_write_GBps": gbps(t_wr), "raw_read_GBps": gbps(t_rd),
+    }
+
+
+def _max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX

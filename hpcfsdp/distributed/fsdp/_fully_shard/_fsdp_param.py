@@ -1,0 +1,163 @@
+"""FSDPParam: one parameter's sharding — its place in the group's flat buffers, sharded and unsharded tensors."""
+
+import math
+
+from .... import _backend
+from ...._tensor import Tensor
+from ....nn import Parameter
+from ...tensor import DTensor, Replicate, Shard
+from ._fsdp_common import chunk_rows
+
+__all__ = ["FSDPParam", "ParamLayout", "local_grad_from"]
+
+
+class ParamLayout:
+    """Where one parameter's rows sit in a rank-major flat buffer over a group of ``world`` ranks.
+
+    [Note: Flat layout]
+    A parameter is viewed with its shard dim moved to the front, as (rows, *row_shape). Over a group of
+    W ranks every rank holds ``padded`` = ceil(rows / W) rows (FSDP2's chunking; the last ranks hold
+    padding, or nothing real). A group's flat buffer on one rank is the concatenation of its parameters'
+    padded shards; the all-gather output is W such buffers back to back, so parameter p's rows from
+    rank r sit at ``out[r*S + offset : r*S + offset + padded*row_numel]``.
+    """
+
+    def __init__(self, rows: int, row_shape: tuple, world: int, rank: int):
+        self.rows, self.row_shape, self.world = rows, row_shape, world
+        self.row_numel = math.prod(row_shape)
+        self.padded, self.start, self.stop = chunk_rows(rows, world, rank)
+        self.numel = self.padded * self.row_numel
+        self.offset = 0  # set by the group
+
+    def segment(self, flat):
+        """This rank's padded shard inside a flat (S,) buffer, shaped (padded, *row_shape)."""
+        return flat[self.offset:self.offset + self.numel].reshape((self.padded,) + self.row_shape)
+
+    def gathered(self, out, total, xp, dtype):
+        """Copy this parameter out of an all-gather output (world*total,) into a fresh (rows, ...) array."""
+        seg = out.reshape(self.world, total)[:, self.offset:self.offset + self.numel]
+        full = xp.empty((self.world * self.padded,) + self.row_shape, dtype=dtype)
+        full.reshape((self.world, self.padded) + self.row_shape)[...] = seg.reshape(
+            (self.world, self.padded) + self.row_shape)
+        return full[:self.rows]
+
+    def scatter_into(self, dst, total, full):
+        """Write a full (rows, ...) array into a rank-major (world*total,) buffer, zero-padded."""
+        seg = dst.reshape(self.world, total)[:, self.offset:self.offset + self.numel].reshape(
+            (self.world, self.padded) + self.row_shape)
+        if self.padded == 0:
+            return
+        whole, rem = divmod(self.rows, self.padded)
+        seg[:whole] = full[:whole * self.padded].reshape((whole, self.padded) + self.row_shape)
+        if whole < self.world:
+            seg[whole, :rem] = full[whole * self.padded:]
+            seg[whole, rem:] = 0
+            seg[whole + 1:] = 0
+
+
+def np_moveaxis(a, src, dst):
+    xp = _backend.array_module(a)
+    return xp.moveaxis(a, src, dst)
+
+
+class FSDPParam:
+    """Sharding of one parameter; see [Note: Flat layout]."""
+
+    def __init__(self, param, module_infos, mesh_info, post_forward_mesh_info, shard_dim, mp_policy):
+        shape = tuple(param.shape)
+        owner = f"{type(module_infos[0][0]).__name__}.{module_infos[0][1]}"
+        if not shape:
+            raise ValueError(f"fully_shard cannot shard the 0-dim parameter {owner}; pass it in ignored_params")
+        if not -len(shape) <= shard_dim < len(shape):
+            raise ValueError(f"shard_placement_fn returned Shard({shard_dim}) for {owner} of shape {shape}")
+        self.name = owner
+        self.shard_dim = shard_dim % len(shape)
+        self.global_shape = shape
+        self.dtype = param.dtype
+        self.requires_grad = param.requires_grad
+        self.module_infos = module_infos
+        moved = (shape[self.shard_dim],) + shape[:self.shard_dim] + shape[self.shard_dim + 1:]
+        self.moved_shape = moved
+        self.layout = ParamLayout(moved[0], moved[1:], mesh_info.shard_world_size, mesh_info.shard_mesh_rank)
+        self.rs_layout = ParamLayout(moved[0], moved[1:], mesh_info.shard_world_size, mesh_info.shard_mesh_rank)
+        self.pf_layout = None
+        if post_forward_mesh_info is not None and post_forward_mesh_info is not mesh_info:
+            self.pf_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
+                                         post_forward_mesh_info.shard_mesh_rank)
+        self.param_dtype = _backend.to_dtype(mp_policy.param_dtype) if mp_policy.param_dtype is not None else self.dtype
+        rd = mp_policy.reduce_dtype
+        self.reduce_dtype = _backend.to_dtype(rd) if rd is not None else self.param_dtype
+        self.mesh_info = mesh_info
+        placements = [Replicate()] * mesh_info.mesh.ndim
+        if mesh_info.shard_mesh_dim is not None:
+            placements[mesh_info.shard_mesh_dim] = Shard(self.shard_dim)
+        self.placements = tuple(placements)
+        self.sharded_param = None
+        self.unsharded_param = None
+        self._local = None  # this rank's real rows, a view into the group's flat buffer (shard dim in place)
+
+    # -- sharded side -----------------------------------------------------------------------------
+    def local_rows(self) -> int:
+        return self.layout.stop - self.layout.start
+
+    def bind_flat(self, flat, source=None):
+        """Point the sharded parameter at its rows of ``flat``; copy ``source`` (full array) in if given."""
+        seg = self.layout.segment(flat)
+        local_front = seg[:self.local_rows()]
+        if source is not None:
+            src = np_moveaxis(source, self.shard_dim, 0) if self.shard_dim else source
+            local_front[...] = src[self.layout.start:self.layout.stop]
+        local = np_moveaxis(local_front, 0, self.shard_dim) if self.shard_dim else local_front
+        self._local = local
+        if self.sharded_param is None:
+            dt = DTensor.from_local(Tensor._wrap(local), self.mesh_info.mesh, self.placements,
+                                    shape=self.global_shape)
+            self.sharded_param = Parameter(dt, requires_grad=self.requires_grad)
+        else:
+            self.sharded_param._data = local
+
+    def views_intact(self) -> bool:
+        return self.sharded_param._data is self._local
+
+    def repack(self, flat):
+        """Someone replaced the sharded parameter's data: copy it back into the flat buffer."""
+        new = self.sharded_param._data
+        if tuple(new.shape) != tuple(self._local.shape):
+            raise RuntimeError(
+                f"the sharded parameter {self.name} was given data of shape {tuple(new.shape)}, "
+                f"expected its local shard shape {tuple(self._local.shape)}")
+        seg = self.layout.segment(flat)[:self.local_rows()]
+        seg[...] = np_moveaxis(new, self.shard_dim, 0) if self.shard_dim else new
+        self.sharded_param._data = self._local
+
+    def sharded_grad(self, local_grad):
+        """Wrap a local gradient array as a DTensor like the sharded parameter."""
+        return DTensor.from_local(Tensor._wrap(local_grad), self.mesh_info.mesh, self.placements,
+                                  shape=self.global_shape)
+
+    # -- unsharded side ---------------------------------------------------------------------------
+    def init_unsharded(self):
+        if self.unsharded_param is None:
+            ph = _backend.meta_array(self.global_shape, self.param_dtype)
+            self.unsharded_param = Parameter(Tensor._wrap(ph), requires_grad=self.requires_grad)
+
+    def set_unsharded_data(self, front):
+        """``front``: the full parameter with the shard dim in front."""
+        self.unsharded_param._data = np_moveaxis(front, 0, self.shard_dim) if self.shard_dim else front
+
+    def free_unsharded(self):
+        self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+
+    def unsharded_front(self):
+        d = self.unsharded_param._data
+        return np_moveaxis(d, self.shard_dim, 0) if self.shard_dim else d
+
+    # -- module attributes ------------------------------------------------------------------------
+    def set_on_modules(self, param):
+        for module, name in self.module_infos:
+            module._parameters[name] = param
+
+
+def local_grad_from(layout: ParamLayout, flat, shard_dim: int):
+    g = layout.segment(flat)[:layout.stop - layout.start]
+    return np_moveaxis(g, 0, shard_dim) if shard_dim else g

@@ -1,0 +1,274 @@
+"""FSDPState: the hooks of one fully_shard call, the root's lazy init, prefetch order and the end-of-backward callback.
+
+[Note: Hook order]
+forward pre-hook: (root: lazy init) -> unshard own group, wait -> prefetch the next group's all-gather
+    -> wrap inputs that require grad in RegisterPostBackward (its backward is "this module's backward is done").
+forward hook: reshard per reshard_after_forward -> register a pre-backward hook on every output requiring grad.
+pre-backward (first output gradient to arrive): queue the end-of-backward callback once per backward,
+    unshard again if resharded, prefetch the group that runs next in backward.
+post-backward: reduce-scatter gradients, reshard.
+end of backward (root callback): reduce what did not run (unused parameters, inputs without grad), wait for
+    every reduction, write sharded gradients, reset.
+Every rank runs the same modules in the same order, so every rank issues the same collectives in the same
+order on its communication thread; prefetch only changes when they are issued, never their order.
+"""
+
+from typing import Any
+
+from .... import _backend
+from ...._tensor import Tensor
+from ....autograd import engine as _engine
+from ....autograd.function import Function
+from ....autograd.grad_mode import is_grad_enabled
+from ._fsdp_common import TrainingState
+
+__all__ = ["FSDPState", "FSDPStateContext"]
+
+
+class FSDPStateContext:
+    """Shared by all states under one root."""
+
+    def __init__(self):
+        self.all_states: list = []
+        self.final_callback_queued = False
+        self.is_last_backward = True
+        self.post_optim_event = None
+        self.forward_order: list = []  # states in pre-forward order (recorded on the first iteration)
+        self.forward_order_frozen = False
+        self.post_forward_order: list = []  # states in post-forward order, this iteration
+
+
+class RegisterPostBackward(Function):
+    """Identity on a module's inputs; its backward runs once the module's backward is done."""
+
+    @staticmethod
+    def forward(ctx, state, *inputs):
+        ctx.state = state
+        return inputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.state._post_backward()
+        return (None,) + grads
+
+
+def _tensors_in(obj, out):
+    if isinstance(obj, Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors_in(x, out)
+    return out
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_tensors(x, fn) for x in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+class FSDPState:
+    def __init__(self, modules, device, mp_policy):
+        self._modules = modules
+        self._device = _backend.to_device(device)
+        self._mp_policy = mp_policy
+        self._param_group = None
+        self._is_root = None
+        self._ctx = None
+        self._states_to_forward_prefetch = None
+        self._states_to_backward_prefetch = None
+        self._training_state = TrainingState.IDLE
+        self._handles = []
+        self._pre_backward_hook_ran = False
+        self._backward_prefetch_post = False  # FSDP1 BACKWARD_POST: prefetch after this module's backward
+
+    # -- hooks ----------------------------------------------------------------------------------------
+    def register_hooks(self):
+        for m in self._modules:
+            self._handles.append(m.register_forward_pre_hook(self._pre_forward_hook, prepend=True, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._post_forward_hook, prepend=False))
+
+    def _pre_forward_hook(self, module, args, kwargs):
+        return self._pre_forward(module, args, kwargs)
+
+    def _post_forward_hook(self, module, args, output):
+        return self._post_forward(module, args, output)
+
+    def _all_param_groups(self):
+        return [self._param_group] if self._param_group is not None else []
+
+    # -- lazy init ------------------------------------------------------------------------------------
+    def _lazy_init(self):
+        if self._is_root is not None:
+            return
+        self._is_root = True
+        ctx = FSDPStateContext()
+        seen = set()
+        for root in self._modules:
+            for m in root.modules():
+                st = _state_of(m)
+                if st is None or id(st) in seen:
+                    continue
+                seen.add(id(st))
+                if st is not self:
+                    if st._is_root is not None and st._ctx is not None and st._is_root:
+                        raise RuntimeError("FSDP found a nested root: a sharded submodule ran forward on its own "
+                                           "before its parent; run the outermost module first")
+                    st._is_root = False
+                ctx.all_states.append(st)
+        for st in ctx.all_states:
+            st._ctx = ctx
+            if st._param_group is not None:
+                st._param_group.lazy_init()
+        # The root keeps its parameters after forward when the user left the choice to FSDP (None).
+        g = self._param_group
+        if g is not None and getattr(self, "_auto_reshard_after_forward", False):
+            g.post_forward_mesh_info = None
+
+    # -- forward --------------------------------------------------------------------------------------
+    def _pre_forward(self, module, args, kwargs):
+        self._lazy_init()
+        ctx = self._ctx
+        if self._is_root:
+            self._root_pre_forward()
+        args, kwargs = self._cast_inputs(args, kwargs)
+        if not ctx.forward_order_frozen and self not in ctx.forward_order:
+            ctx.forward_order.append(self)
+        g = self._param_group
+        if g is not None:
+            g.pre_forward()
+        self._prefetch_forward()
+        if is_grad_enabled():
+            ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
+            if ts and g is not None:
+                g.uses_left += 1
+                g.needs_post_backward = True
+                new = RegisterPostBackward.apply(self, *ts)
+                new = new if isinstance(new, tuple) else (new,)
+                swap = {id(t): n for t, n in zip(ts, new)}
+                args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
+            elif g is not None and any(p.requires_grad for p in g.fsdp_params):
+                g.needs_post_backward = True
+        return args, kwargs
+
+    def _root_pre_forward(self):
+        ctx = self._ctx
+        # A new iteration: whatever the last backward left (e.g. no backward ran) is finished first.
+        for st in ctx.all_states:
+            g = st._param_group
+            if g is not None and g._pending:
+                g.finalize()
+        if ctx.forward_order:
+            ctx.forward_order_frozen = True
+        ctx.post_forward_order = []
+
+    def _cast_inputs(self, args, kwargs):
+        dt = self._mp_policy.param_dtype
+        if dt is None or not self._mp_policy.cast_forward_inputs:
+            return args, kwargs
+        dt = _backend.to_dtype(dt)
+
+        def cast(t):
+            if _backend.is_floating_dtype(t.dtype) and t.dtype != dt:
+                return t.to(dtype=dt)
+            return t
+
+        return _map_tensors(args, cast), _map_tensors(kwargs, cast)
+
+    def _prefetch_forward(self):
+        targets = self._states_to_forward_prefetch
+        if targets is None:
+            order = self._ctx.forward_order
+            if not self._ctx.forward_order_frozen or self not in order:
+                return
+            i = order.index(self)
+            targets = order[i + 1:i + 2]
+        for st in targets:
+            if st._param_group is not None:
+                st._param_group.unshard(async_op=True)
+
+    def _post_forward(self, module, args, output):
+        g = self._param_group
+        if g is not None:
+            g.post_forward()
+        self._ctx.post_forward_order.append(self)
+        if is_grad_enabled():
+            for t in _tensors_in(output, []):
+                if t.requires_grad:
+                    t.register_hook(self._pre_backward)
+        if self._is_root and self._mp_policy.output_dtype is not None:
+            odt = _backend.to_dtype(self._mp_policy.output_dtype)
+            output = _map_tensors(output, lambda t: t.to(dtype=odt) if _backend.is_floating_dtype(t.dtype) else t)
+        return output
+
+    # -- backward -------------------------------------------------------------------------------------
+    def _pre_backward(self, grad):
+        ctx = self._ctx
+        if not ctx.final_callback_queued:
+            ctx.final_callback_queued = True
+            root = ctx.all_states[0]
+            _engine.queue_callback(root._root_post_backward_final_callback)
+        if self._pre_backward_hook_ran:
+            return None
+        self._pre_backward_hook_ran = True
+        g = self._param_group
+        if g is not None:
+            g.pre_backward()
+        if not self._backward_prefetch_post:
+            self._prefetch_backward()
+        return None
+
+    def _prefetch_backward(self):
+        targets = self._states_to_backward_prefetch
+        if targets is None:
+            order = self._ctx.post_forward_order
+            if self not in order:
+                return
+            i = len(order) - 1 - order[::-1].index(self)
+            targets = order[i - 1:i] if i > 0 else []
+        for st in targets:
+            if st._param_group is not None:
+                st._param_group.unshard(async_op=True)
+
+    def _post_backward(self):
+        g = self._param_group
+        if g is not None:
+            g.post_backward()
+        if self._backward_prefetch_post:
+            self._prefetch_backward()
+
+    def _root_post_backward_final_callback(self):
+        ctx = self._ctx
+        for st in ctx.all_states:
+            if st._param_group is not None:
+                st._param_group.finalize(wait=ctx.is_last_backward)
+            st._pre_backward_hook_ran = False
+            st._training_state = TrainingState.IDLE
+        ctx.final_callback_queued = False
+        ctx.post_forward_order = []
+
+    def _reset_iter_state(self):
+        ctx = self._ctx
+        if ctx is None:
+            return
+        for st in ctx.all_states:
+            st._pre_backward_hook_ran = False
+            if st._param_group is not None:
+                st._param_group.uses_left = 0
+        ctx.final_callback_queued = False
+        ctx.post_forward_order = []
+
+
+def _state_of(module):
+    from ._fsdp_common import get_module_fsdp_state
+
+    return get_module_fsdp_state(module)

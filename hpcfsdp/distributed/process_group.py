@@ -1,0 +1,705 @@
+"""ProcessGroup over one MPI communicator; Work; the communication thread; raw-array collectives.
+
+Raw-array API (what FSDP calls; arrays are C-contiguous NumPy or CuPy arrays of any shape, only
+their element counts matter; ``op`` is a ``ReduceOp`` or its name; ``src`` is a rank *in the
+group*; every call returns ``Work`` when ``async_op`` is true, else None after completion):
+
+    pg.rank() -> int;  pg.size() -> int;  pg.comm (the duplicated mpi4py communicator)
+    pg.world_ranks -> tuple[int, ...]   (COMM_WORLD rank of every group rank)
+    pg.all_gather_into(out_flat, in_flat, async_op=False)
+        out_flat.size == in_flat.size * pg.size(), same dtype; rank r's input lands at
+        out_flat[r*k:(r+1)*k]. in_flat may be exactly that slot of out_flat (in place).
+    pg.reduce_scatter_into(out_flat, in_flat, op=ReduceOp.SUM, async_op=False)
+        in_flat.size == out_flat.size * pg.size(); rank r gets op over ranks of in[r*k:(r+1)*k].
+    pg.all_reduce_(arr, op=ReduceOp.SUM, async_op=False)        in place
+    pg.broadcast_(arr, src=0, async_op=False)                    in place, src = group rank
+    pg.barrier(async_op=False)
+    pg.all_gather_object(obj) -> list;  pg.broadcast_object(obj, src=0) -> obj   (blocking;
+        objects travel as tagged JSON (_buffers.encode_object): no pickle)
+    pg.split(color, key=None) -> ProcessGroup | None    (collective; None for color None)
+    Work.wait(timeout=None) -> True (re-raises the comm thread's exception);
+    Work.is_completed(); Work.exception(); Work.result()
+
+Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
+``reset_collective_counts()``; ``pg.stats`` is the same Counter per group. Kinds: "all_gather",
+"reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object".
+Size-1 groups count too (they make no MPI call).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import enum
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from hpcfsdp.distributed import _buffers as B
+from hpcfsdp.distributed._mpi import get_mpi, thread_level
+
+__all__ = [
+    "ReduceOp",
+    "ProcessGroup",
+    "Work",
+    "collective_counts",
+    "collective_bytes",
+    "reset_collective_counts",
+    "comm_timeout",
+    "set_default_timeout",
+    "progress_mode",
+]
+
+
+class ReduceOp(enum.Enum):
+    """Reduction applied by all_reduce / reduce_scatter."""
+
+    SUM = "SUM"  # elementwise sum
+    AVG = "AVG"  # sum, then divide by the group size (floor division for integer dtypes)
+    MAX = "MAX"  # elementwise maximum
+    MIN = "MIN"  # elementwise minimum
+    PRODUCT = "PRODUCT"  # elementwise product
+
+    def __repr__(self) -> str:
+        return f"<ReduceOp.{self.name}>"
+
+
+def _as_op(op: Any) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str) and op.upper() in ReduceOp.__members__:
+        return ReduceOp[op.upper()]
+    raise ValueError(f"op={op!r}: expected a ReduceOp (SUM, AVG, MAX, MIN, PRODUCT)")
+
+
+# ---------------------------------------------------------------------------------------------
+# counters
+
+_COUNTS: collections.Counter = collections.Counter()
+_BYTES: collections.Counter = collections.Counter()
+
+
+def collective_counts() -> dict[str, int]:
+    """Collectives issued by this process since the last reset, by kind."""
+    return dict(_COUNTS)
+
+
+def collective_bytes() -> dict[str, int]:
+    """Bytes of the local input of the collectives issued since the last reset, by kind."""
+    return dict(_BYTES)
+
+
+def reset_collective_counts() -> None:
+    _COUNTS.clear()
+    _BYTES.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# settings
+
+_TIMEOUT_OVERRIDE: float | None = None
+
+
+def set_default_timeout(seconds: float | None) -> None:
+    """Watchdog deadline set by init_process_group(timeout=...); None returns to the environment."""
+    global _TIMEOUT_OVERRIDE
+    _TIMEOUT_OVERRIDE = None if seconds is None else float(seconds)
+
+
+def comm_timeout() -> float:
+    """Watchdog deadline in seconds: init_process_group(timeout=) > HPCFSDP_COMM_TIMEOUT > 600.
+
+    A value <= 0 disables the watchdog. See [Note: Watchdog].
+    """
+    if _TIMEOUT_OVERRIDE is not None:
+        return _TIMEOUT_OVERRIDE
+    raw = os.environ.get("HPCFSDP_COMM_TIMEOUT", "").strip()
+    if not raw:
+        return 600.0
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"HPCFSDP_COMM_TIMEOUT={raw!r}: expected a number of seconds") from None
+
+
+_MODES = ("blocking", "test")
+
+
+def progress_mode() -> str:
+    """How the comm thread drives MPI: HPCFSDP_COMM_PROGRESS = blocking (default) | test.
+
+    See [Note: Progress and busy polling].
+    """
+    raw = os.environ.get("HPCFSDP_COMM_PROGRESS", "blocking").strip().lower() or "blocking"
+    if raw not in _MODES:
+        raise ValueError(f"HPCFSDP_COMM_PROGRESS={raw!r}: expected one of {_MODES}")
+    return raw
+
+
+# [Note: Communication thread]
+# One thread per process runs every MPI call of the comm layer, in the order the main thread
+# issued them (a FIFO), for all process groups together. This is the analogue of the one NCCL
+# stream FSDP2 uses per kind: because all ranks issue collectives in the same order, they reach
+# MPI in the same order, on every communicator, and no two collectives of this process are ever
+# inside MPI at once. The main thread only enqueues and waits on a threading.Event, so it keeps
+# computing (NumPy and CuPy release the GIL in their kernels, mpi4py releases it inside MPI).
+# Communicator management (Dup, Split, Free) goes through the same queue, so it is ordered
+# with the collectives and MPI_THREAD_SERIALIZED would suffice. With less than SERIALIZED the
+# thread is not started and every call runs inline on the calling thread (no overlap).
+#
+# [Note: Progress and busy polling]
+# MPICH progresses a collective only while a thread is inside MPI, and its blocking calls
+# busy-poll (yielding with sched_yield every MPIR_CVAR_POLLS_BEFORE_YIELD=1000 polls). On a
+# rank without a spare core the polling comm thread competes with the compute thread. Mode
+# "blocking" (default) calls the blocking collective; mode "test" starts the nonblocking
+# collective and polls MPI_Test with a sleeping back-off (time.sleep releases the core).
+# Measurements on this 2-core machine are in the comm helper's report and in
+# tests/test_distributed_process_group.py::test_overlap_*; launcher knobs that make MPICH's
+# waiting cheaper: MPIR_CVAR_CH4_PROGRESS_THROTTLE=1, MPIR_CVAR_POLLS_BEFORE_YIELD=<small>,
+# MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (nanosleep instead of sched_yield).
+#
+# [Note: Watchdog]
+# A rank waiting on a Work polls its Event with a short timeout. When it has waited longer
+# than HPCFSDP_COMM_TIMEOUT, it prints which collective (kind, group size and world ranks,
+# buffer sizes and dtypes) it is waiting for and which one the comm thread is stuck in, then
+# calls MPI.COMM_WORLD.Abort(1) so that no other rank hangs. Work.wait(timeout=t) with an
+# explicit timeout raises TimeoutError instead (the caller asked for it).
+
+
+class Work:
+    """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
+
+    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb")
+
+    def __init__(self, desc: str, fn: Callable[[], Any] | None = None):
+        self._desc = desc
+        self._fn = fn
+        self._done = threading.Event()
+        self._exc: BaseException | None = None
+        self._result: Any = None
+        self._issued = time.monotonic()
+        self._tb = ""
+
+    @classmethod
+    def _completed(cls, desc: str, result: Any = None) -> "Work":
+        w = cls(desc)
+        w._result = result
+        w._done.set()
+        return w
+
+    def _run(self) -> None:
+        try:
+            self._result = self._fn()
+        except BaseException as e:  # re-raised at wait()
+            self._exc = e
+            self._tb = traceback.format_exc()
+        finally:
+            self._fn = None
+            self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        """Block until done; re-raise the comm thread's exception. See [Note: Watchdog]."""
+        if not self._done.is_set():
+            if isinstance(timeout, datetime.timedelta):
+                timeout = timeout.total_seconds()
+            self._wait_loop(timeout)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def _wait_loop(self, timeout: float | None) -> None:
+        limit = comm_timeout()
+        start = time.monotonic()
+        step = 0.001
+        while not self._done.wait(step):
+            step = min(step * 2, 0.1)
+            waited = time.monotonic() - start
+            if timeout is not None and waited >= timeout:
+                raise TimeoutError(f"{self._desc} did not complete within timeout={timeout} s")
+            if 0 < limit <= waited:
+                _watchdog_abort(self, limit)
+
+    def __repr__(self) -> str:
+        state = "completed" if self.is_completed() else "pending"
+        return f"Work({self._desc}, {state})"
+
+
+def _watchdog_abort(work: Work, limit: float) -> None:
+    busy = _COMM_THREAD.current if _COMM_THREAD is not None else None
+    MPI = get_mpi()
+    msg = (
+        f"hpcfsdp: [world rank {MPI.COMM_WORLD.Get_rank()}] collective timed out after "
+        f"{limit:g} s (HPCFSDP_COMM_TIMEOUT): {work._desc}"
+    )
+    if busy is not None and busy is not work:
+        msg += f"; the communication thread is blocked in: {busy._desc}"
+    msg += ". Another rank did not join this collective (or joined a different one). Aborting the job."
+    print(msg, file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(1)
+
+
+class _CommThread:
+    """The per-process FIFO executor of MPI calls. See [Note: Communication thread]."""
+
+    def __init__(self):
+        self._q: collections.deque[Work] = collections.deque()
+        self._cv = threading.Condition()
+        self.current: Work | None = None
+        self._thread = threading.Thread(target=self._loop, name="hpcfsdp-comm", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Work) -> Work:
+        with self._cv:
+            self._q.append(work)
+            self._cv.notify()
+        return work
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._q and self.current is None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q:
+                    self._cv.wait()
+                work = self._q.popleft()
+                self.current = work
+            work._run()
+            with self._cv:
+                self.current = None
+
+
+_COMM_THREAD: _CommThread | None = None
+_THREAD_LOCK = threading.Lock()
+
+
+def _comm_thread() -> _CommThread | None:
+    """The communication thread, started on first use; None when MPI forbids threads."""
+    global _COMM_THREAD
+    if _COMM_THREAD is None:
+        with _THREAD_LOCK:
+            if _COMM_THREAD is None:
+                if thread_level() < get_mpi().THREAD_SERIALIZED:
+                    return None
+                _COMM_THREAD = _CommThread()
+    return _COMM_THREAD
+
+
+def _submit(desc: str, fn: Callable[[], Any], async_op: bool) -> Work | Any:
+    work = Work(desc, fn)
+    t = _comm_thread()
+    if t is None:
+        work._run()
+    else:
+        t.submit(work)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _call_sync(desc: str, fn: Callable[[], Any]) -> Any:
+    """Run fn on the comm thread (ordered after everything issued before) and return its result."""
+    work = Work(desc, fn)
+    t = _comm_thread()
+    if t is None:
+        work._run()
+    else:
+        t.submit(work)
+    return work.result()
+
+
+def _progress(req) -> None:
+    """Complete an MPI request by polling Test with a sleeping back-off (mode 'test')."""
+    spins = 0
+    delay = 0.0
+    while not req.Test():
+        spins += 1
+        if spins < 32:
+            time.sleep(0)
+        else:
+            delay = min(max(delay * 2, 2e-5), 5e-4)
+            time.sleep(delay)
+
+
+class ProcessGroup:
+    """A group of ranks over one (duplicated) MPI intracommunicator.
+
+    ``ProcessGroup(comm)`` duplicates ``comm`` (collective over it) so that hpcfsdp traffic never
+    matches user messages; ``dup=False`` adopts ``comm`` (the group frees it on ``destroy``).
+    """
+
+    def __init__(self, comm=None, *, dup: bool = True, name: str | None = None):
+        MPI = get_mpi()
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
+        self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
+        self._rank = self.comm.Get_rank()
+        self._size = self.comm.Get_size()
+        wg = MPI.COMM_WORLD.Get_group()
+        g = self.comm.Get_group()
+        try:
+            self.world_ranks: tuple[int, ...] = tuple(
+                int(r) for r in MPI.Group.Translate_ranks(g, list(range(self._size)), wg)
+            )
+        finally:
+            g.Free()
+            wg.Free()
+        self.name = name
+        self.stats: collections.Counter = collections.Counter()
+        self._mode = progress_mode()
+
+    # -- basic queries -----------------------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        ranks = list(self.world_ranks)
+        if len(ranks) > 8:
+            ranks = ranks[:8] + ["..."]
+        nm = f"{self.name!r}, " if self.name else ""
+        return f"ProcessGroup({nm}size={self._size}, rank={self._rank}, world_ranks={ranks})"
+
+    def _gdesc(self) -> str:
+        ranks = list(self.world_ranks)
+        shown = ranks if len(ranks) <= 16 else ranks[:16] + ["..."]
+        nm = f" {self.name!r}" if self.name else ""
+        return f"group{nm} (size {self._size}, world ranks {shown})"
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        self.stats[kind] += 1
+        _COUNTS[kind] += 1
+        _BYTES[kind] += int(nbytes)
+
+    def _check_alive(self) -> None:
+        if self.comm is None:
+            raise RuntimeError(f"{self!r} was destroyed")
+
+    def _issue(self, desc: str, fn: Callable[[], Any], async_op: bool, trivial: Callable[[], Any] | None):
+        """Size-1 fast path inline when nothing is queued; else through the comm thread."""
+        if trivial is not None:
+            t = _COMM_THREAD
+            if t is None or t.idle():
+                trivial()
+                return Work._completed(desc) if async_op else None
+            fn = trivial
+        return _submit(desc, fn, async_op)
+
+    # -- collectives on raw arrays -----------------------------------------------------------
+    def all_gather_into(self, out_flat, in_flat, async_op: bool = False):
+        """Gather every rank's ``in_flat`` into ``out_flat`` (rank-major). See module docstring."""
+        self._check_alive()
+        B.check_buffer(in_flat, "all_gather_into: input")
+        B.check_buffer(out_flat, "all_gather_into: output", writable=True)
+        if in_flat.dtype != out_flat.dtype:
+            raise TypeError(
+                f"all_gather_into: output dtype {out_flat.dtype} != input dtype {in_flat.dtype}"
+            )
+        n, k = self._size, in_flat.size
+        if out_flat.size != k * n:
+            raise ValueError(
+                f"all_gather_into: output has {out_flat.size} elements, expected input size {k} x "
+                f"group size {n} = {k * n} ({self._gdesc()})"
+            )
+        B.check_same_kind(out_flat, in_flat, "all_gather_into")
+        desc = (f"all_gather_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}) "
+                f"on {self._gdesc()}")
+        self._count("all_gather", in_flat.nbytes)
+        out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
+        if n == 1:
+            def trivial():
+                if B.ptr(out1) != B.ptr(in1):
+                    out1[...] = in1
+            return self._issue(desc, None, async_op, trivial)
+        ev = B.record_event(in_flat)
+        rank, mode = self._rank, self._mode
+        itemsize = in1.dtype.itemsize
+        in_place = k > 0 and B.ptr(in1) == B.ptr(out1) + rank * k * itemsize
+        if not in_place and k > 0 and B.overlaps(in1, out1):
+            in1 = in1.copy()
+        comm = self.comm
+
+        def fn():
+            MPI = get_mpi()
+            if ev is not None:
+                ev.synchronize()
+            if B.needs_staging(out1):
+                st = _stager()
+                hout = st.empty_host(out1, "recv")
+                hin = st.to_host(out1[rank * k:(rank + 1) * k] if in_place else in1, "send")
+                _allgather(comm, hin, hout, False, rank, k, mode, MPI)
+                st.to_device(hout, out1)
+            else:
+                _allgather(comm, in1, out1, in_place, rank, k, mode, MPI)
+
+        return self._issue(desc, fn, async_op, None)
+
+    def reduce_scatter_into(self, out_flat, in_flat, op: Any = ReduceOp.SUM, async_op: bool = False):
+        """Reduce ``in_flat`` over the group and scatter equal pieces into ``out_flat``."""
+        self._check_alive()
+        op = _as_op(op)
+        B.check_buffer(in_flat, "reduce_scatter_into: input")
+        B.check_buffer(out_flat, "reduce_scatter_into: output", writable=True)
+        if in_flat.dtype != out_flat.dtype:
+            raise TypeError(
+                f"reduce_scatter_into: output dtype {out_flat.dtype} != input dtype {in_flat.dtype}"
+            )
+        n, k = self._size, out_flat.size
+        if in_flat.size != k * n:
+            raise ValueError(
+                f"reduce_scatter_into: input has {in_flat.size} elements, expected output size {k} x "
+                f"group size {n} = {k * n} ({self._gdesc()})"
+            )
+        B.check_same_kind(out_flat, in_flat, "reduce_scatter_into")
+        mpi_type, work_dtype = B.reduce_plan(in_flat.dtype)
+        desc = (f"reduce_scatter_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}, "
+                f"op={op.name}) on {self._gdesc()}")
+        self._count("reduce_scatter", in_flat.nbytes)
+        out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
+        if n == 1:
+            def trivial():
+                if B.ptr(out1) != B.ptr(in1):
+                    out1[...] = in1
+            return self._issue(desc, None, async_op, trivial)
+        ev = B.record_event(in_flat)
+        if k > 0 and B.overlaps(in1, out1):
+            in1 = in1.copy()
+        comm, mode = self.comm, self._mode
+
+        def fn():
+            MPI = get_mpi()
+            if ev is not None:
+                ev.synchronize()
+            staged = B.needs_staging(out1)
+            st = _stager() if staged else None
+            src = st.to_host(in1, "send") if staged else in1
+            dst = st.empty_host(out1, "recv") if staged else out1
+            if work_dtype is not None:
+                src_w = src.astype(work_dtype)
+                dst_w = np.empty(dst.shape, work_dtype) if not B.is_cupy_array(dst) else \
+                    B.array_module(dst).empty(dst.shape, work_dtype)
+            else:
+                src_w, dst_w = src, dst
+            if k > 0:
+                _call(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+                      [src_w, mpi_type], [dst_w, mpi_type], B.mpi_op_for(op.name))
+            _finish_reduce(dst_w, dst, op, n)
+            if staged:
+                st.to_device(dst, out1)
+
+        return self._issue(desc, fn, async_op, None)
+
+    def all_reduce_(self, arr, op: Any = ReduceOp.SUM, async_op: bool = False):
+        """In-place all-reduce of ``arr`` over the group."""
+        self._check_alive()
+        op = _as_op(op)
+        B.check_buffer(arr, "all_reduce_: array", writable=True)
+        mpi_type, work_dtype = B.reduce_plan(arr.dtype)
+        desc = f"all_reduce_({B.describe(arr)}, op={op.name}) on {self._gdesc()}"
+        self._count("all_reduce", arr.nbytes)
+        n = self._size
+        if n == 1:
+            return self._issue(desc, None, async_op, lambda: None)
+        ev = B.record_event(arr)
+        a1 = arr.reshape(-1)
+        comm, mode = self.comm, self._mode
+
+        def fn():
+            MPI = get_mpi()
+            if ev is not None:
+                ev.synchronize()
+            staged = B.needs_staging(a1)
+            buf = _stager().to_host(a1, "send") if staged else a1
+            w = buf.astype(work_dtype) if work_dtype is not None else buf
+            if buf.size:
+                _call(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
+                      B.mpi_op_for(op.name))
+            _finish_reduce(w, buf, op, n)
+            if staged:
+                _stager().to_device(buf, a1)
+
+        return self._issue(desc, fn, async_op, None)
+
+    def broadcast_(self, arr, src: int = 0, async_op: bool = False):
+        """In-place broadcast of ``arr`` from group rank ``src``."""
+        self._check_alive()
+        B.check_buffer(arr, "broadcast_: array", writable=True)
+        src = self._check_rank(src, "broadcast_: src")
+        desc = f"broadcast_({B.describe(arr)}, src={src}) on {self._gdesc()}"
+        self._count("broadcast", arr.nbytes)
+        if self._size == 1:
+            return self._issue(desc, None, async_op, lambda: None)
+        ev = B.record_event(arr)
+        comm, mode = self.comm, self._mode
+
+        def fn():
+            if ev is not None:
+                ev.synchronize()
+            staged = B.needs_staging(arr)
+            buf = _stager().to_host(arr, "send") if staged else arr
+            if buf.size:
+                _call(mode, comm.Bcast, comm.Ibcast, B.byte_spec(buf), src)
+            if staged:
+                _stager().to_device(buf, arr)
+
+        return self._issue(desc, fn, async_op, None)
+
+    def barrier(self, async_op: bool = False):
+        self._check_alive()
+        desc = f"barrier() on {self._gdesc()}"
+        self._count("barrier", 0)
+        if self._size == 1:
+            return self._issue(desc, None, async_op, lambda: None)
+        comm, mode = self.comm, self._mode
+        return self._issue(desc, lambda: _call(mode, comm.Barrier, comm.Ibarrier), async_op, None)
+
+    # -- objects (blocking) ------------------------------------------------------------------
+    def all_gather_object(self, obj: Any) -> list:
+        """Every rank's ``obj`` in group-rank order (tagged JSON on the wire; no pickle)."""
+        self._check_alive()
+        data = B.encode_object(obj)
+        self._count("all_gather_object", len(data))
+        if self._size == 1:
+            return [B.decode_object(data)]
+        comm = self.comm
+
+        def fn():
+            blobs = comm.allgather(data)  # bytes objects only
+            return [B.decode_object(b) for b in blobs]
+
+        return _call_sync(f"all_gather_object on {self._gdesc()}", fn)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` of group rank ``src`` on every rank (tagged JSON on the wire; no pickle)."""
+        self._check_alive()
+        src = self._check_rank(src, "broadcast_object: src")
+        data = B.encode_object(obj) if self._rank == src else b""
+        self._count("broadcast_object", len(data))
+        if self._size == 1:
+            return B.decode_object(data)
+        comm = self.comm
+
+        def fn():
+            MPI = get_mpi()
+            nb = np.array([len(data)], np.int64)
+            comm.Bcast([nb, MPI.INT64_T], src)
+            buf = np.frombuffer(data, np.uint8).copy() if self._rank == src else np.empty(int(nb[0]), np.uint8)
+            if nb[0]:
+                comm.Bcast([buf, MPI.BYTE], src)
+            return B.decode_object(buf.tobytes())
+
+        return _call_sync(f"broadcast_object on {self._gdesc()}", fn)
+
+    # -- communicators -----------------------------------------------------------------------
+    def split(self, color: int | None, key: int | None = None, name: str | None = None):
+        """Collective Comm.Split: a new ProcessGroup per color (None for ``color=None``)."""
+        self._check_alive()
+        MPI = get_mpi()
+        c = MPI.UNDEFINED if color is None else int(color)
+        k = self._rank if key is None else int(key)
+        comm = self.comm
+        new = _call_sync(f"Comm.Split on {self._gdesc()}", lambda: comm.Split(c, k))
+        if new == MPI.COMM_NULL:
+            return None
+        return ProcessGroup(new, dup=False, name=name)
+
+    def create_subgroup(self, ranks, name: str | None = None):
+        """Collective over this group: a ProcessGroup of ``ranks`` (group ranks) or None outside it."""
+        ranks = [self._check_rank(r, "new_group: ranks") for r in ranks]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"new_group: ranks {ranks} contain duplicates")
+        MPI = get_mpi()
+        comm = self.comm
+
+        def fn():
+            g = comm.Get_group()
+            sub = g.Incl(ranks)
+            try:
+                return comm.Create(sub)
+            finally:
+                sub.Free()
+                g.Free()
+
+        new = _call_sync(f"Comm.Create on {self._gdesc()}", fn)
+        if new == MPI.COMM_NULL:
+            return None
+        return ProcessGroup(new, dup=False, name=name)
+
+    def destroy(self) -> None:
+        """Free the communicator (after everything issued on it has run)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            MPI = get_mpi()
+            if not MPI.Is_finalized():
+                _call_sync("Comm.Free", comm.Free)
+
+    def _check_rank(self, r: Any, what: str) -> int:
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+            raise TypeError(f"{what}={r!r}: expected an int rank")
+        if not 0 <= int(r) < self._size:
+            raise ValueError(f"{what}={r}: outside the {self._gdesc()}, expected 0 <= rank < {self._size}")
+        return int(r)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers run on the comm thread
+
+_STAGER: B.HostStager | None = None
+
+
+def _stager() -> B.HostStager:
+    global _STAGER
+    if _STAGER is None:
+        _STAGER = B.HostStager()
+    return _STAGER
+
+
+def _call(mode: str, blocking, nonblocking, *args) -> None:
+    if mode == "blocking":
+        blocking(*args)
+    else:
+        _progress(nonblocking(*args))
+
+
+def _allgather(comm, src, dst, in_place: bool, rank: int, k: int, mode: str, MPI) -> None:
+    if k == 0:
+        return
+    recv = B.byte_spec(dst)
+    send = MPI.IN_PLACE if in_place else B.byte_spec(src)
+    _call(mode, comm.Allgather, comm.Iallgather, send, recv)
+
+
+def _finish_reduce(work, dst, op: ReduceOp, n: int) -> None:
+    """AVG division and the cast back from the float32 work buffer (in place into ``dst``)."""
+    if op is ReduceOp.AVG:
+        if np.issubdtype(work.dtype, np.integer):
+            work //= n
+        elif work.dtype == np.bool_:
+            raise TypeError("ReduceOp.AVG is not defined for bool arrays")
+        else:
+            work /= n
+    if work is not dst:
+        dst[...] = work.astype(dst.dtype)

@@ -1,0 +1,310 @@
+"""DTensor: a Tensor whose storage is this rank's piece of a global tensor laid out on a DeviceMesh."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from hpcfsdp._backend import is_meta_array
+from hpcfsdp._tensor import Size, Tensor
+from hpcfsdp.distributed.device_mesh import DeviceMesh
+from hpcfsdp.distributed.process_group import ReduceOp
+from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard
+
+__all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds"]
+
+# [Note: DTensor storage]
+# A DTensor's ``_data`` is the LOCAL piece (what optimizers update in place and what the
+# checkpoint writes); ``_spec`` holds the mesh, the placements (one per mesh dimension) and the
+# global shape, stride and dtype. ``shape``/``size()``/``numel()``/``stride()`` report the global
+# tensor, as in PyTorch; everything else a Tensor does on ``_data`` (in-place updates, ``.grad``)
+# acts on the local piece. Sharding follows torch.chunk (FSDP2): Shard(d) over n ranks gives rank
+# r the indices [r*c, min((r+1)*c, size)) with c = ceil(size/n), so the last ranks may hold fewer
+# rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order.
+
+
+def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
+    """(start, stop) of rank ``rank``'s torch.chunk piece of ``n`` indices over ``world`` ranks."""
+    if world <= 0 or not 0 <= rank < world:
+        raise ValueError(f"_chunk_bounds: rank {rank} outside 0..{world - 1}")
+    c = -(-n // world) if n else 0
+    return min(rank * c, n), min((rank + 1) * c, n)
+
+
+@dataclass(frozen=True)
+class DTensorSpec:
+    """Mesh, placements and global metadata of a DTensor."""
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: Any
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(st))
+
+
+def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
+    if placements is None:
+        placements = [Replicate()] * mesh.ndim
+    placements = tuple(placements)
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"placements {placements} have {len(placements)} entries for a {mesh.ndim}-d mesh")
+    out = []
+    for p in placements:
+        if isinstance(p, Shard):
+            d = p.dim + ndim if p.dim < 0 else p.dim
+            if not 0 <= d < ndim:
+                raise ValueError(f"{p!r} is out of range for a {ndim}-d tensor")
+            out.append(Shard(d))
+        elif isinstance(p, Replicate):
+            out.append(p)
+        else:
+            raise TypeError(f"placement {p!r}: expected Shard(dim) or Replicate()")
+    return tuple(out)
+
+
+def _local_bounds(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[tuple[int, int]]:
+    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in mesh-dim order)."""
+    bounds = [(0, int(s)) for s in shape]
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            lo, hi = bounds[p.dim]
+            a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
+            bounds[p.dim] = (lo + a, lo + b)
+    return bounds
+
+
+class DTensor(Tensor):
+    """A distributed tensor: ``_data`` is the local piece, ``_spec`` the layout. See [Note: DTensor storage]."""
+
+    _spec: DTensorSpec
+
+    @classmethod
+    def _from_array(cls, local, spec: DTensorSpec, requires_grad: bool = False) -> "DTensor":
+        t = Tensor._make_subclass(cls, local, requires_grad)
+        t._spec = spec
+        return t
+
+    # -- construction ----------------------------------------------------------------------------
+    @staticmethod
+    def from_local(local_tensor, device_mesh: DeviceMesh | None = None, placements=None, *,
+                   run_check: bool = False, shape=None, stride=None) -> "DTensor":
+        """A DTensor over ``local_tensor`` (shares its storage). Without ``shape`` the global shape
+        assumes even shards (local size x mesh size per Shard dim), as PyTorch does."""
+        if not isinstance(local_tensor, Tensor):
+            raise TypeError(f"from_local: expected a Tensor, got {type(local_tensor).__name__}")
+        if device_mesh is None:
+            raise ValueError("from_local: device_mesh is required")
+        if not isinstance(device_mesh, DeviceMesh):
+            raise TypeError(f"from_local: device_mesh must be a DeviceMesh, got {type(device_mesh).__name__}")
+        local = local_tensor._data
+        pl = _norm_placements(placements, device_mesh, local.ndim)
+        if shape is None:
+            gshape = list(local.shape)
+            for i, p in enumerate(pl):
+                if isinstance(p, Shard):
+                    gshape[p.dim] *= device_mesh.size(i)
+            shape = tuple(gshape)
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != local.ndim:
+            raise ValueError(f"from_local: shape {shape} has {len(shape)} dims, the local tensor {local.ndim}")
+        stride = tuple(stride) if stride is not None else _contiguous_stride(shape)
+        spec = DTensorSpec(device_mesh, pl, shape, stride, local.dtype)
+        if run_check:
+            _run_check(local, spec)
+        return DTensor._from_array(local, spec, local_tensor.requires_grad)
+
+    # -- local / global views ----------------------------------------------------------------------
+    def to_local(self, *, grad_placements=None) -> Tensor:
+        """The local piece as a plain Tensor sharing storage (no autograd link to the DTensor)."""
+        return Tensor._wrap(self._data)
+
+    def full_tensor(self, *, grad_placements=None) -> Tensor:
+        """The global tensor on every rank (all-gathers over each Shard mesh dimension; collective)."""
+        spec = self._spec
+        mesh, pl = spec.mesh, spec.placements
+        coord = mesh.get_coordinate()
+        if coord is None:
+            raise RuntimeError(f"full_tensor: rank {mesh.get_rank()} is not part of {mesh!r}")
+        if is_meta_array(self._data):
+            raise RuntimeError("full_tensor: a meta DTensor has no data")
+        # sizes of the nested pieces, outermost first: extent[i] = piece size along dim before level i
+        cur = self._data
+        shards = [i for i, p in enumerate(pl) if isinstance(p, Shard)]
+        extents = {}
+        bounds = [(0, s) for s in spec.shape]
+        for i in shards:
+            d = pl[i].dim
+            lo, hi = bounds[d]
+            extents[i] = hi - lo
+            a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
+            bounds[d] = (lo + a, lo + b)
+        for i in reversed(shards):
+            cur = _gather_dim(cur, mesh, i, pl[i].dim, extents[i])
+        if tuple(cur.shape) != spec.shape:  # pragma: no cover - internal invariant
+            raise AssertionError(f"full_tensor produced {cur.shape}, expected {spec.shape}")
+        return Tensor._wrap(cur)
+
+    # -- global metadata -----------------------------------------------------------------------------
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        return self._spec.placements
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._spec.mesh
+
+    @property
+    def shape(self) -> Size:
+        return Size(self._spec.shape)
+
+    def size(self, dim=None):
+        if dim is None:
+            return Size(self._spec.shape)
+        n = len(self._spec.shape)
+        if not -n <= dim < n:
+            raise IndexError(f"dimension {dim} out of range for a {n}-d DTensor")
+        return self._spec.shape[dim]
+
+    @property
+    def ndim(self) -> int:
+        return len(self._spec.shape)
+
+    def dim(self) -> int:
+        return len(self._spec.shape)
+
+    def numel(self) -> int:
+        return math.prod(self._spec.shape)
+
+    nelement = numel
+
+    def stride(self, dim=None):
+        return self._spec.stride if dim is None else self._spec.stride[dim]
+
+    def __len__(self) -> int:
+        if not self._spec.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._spec.shape[0]
+
+    def __repr__(self) -> str:
+        local = Tensor._wrap(self._data)
+        return (f"DTensor(local_tensor={local!r}, device_mesh={self._spec.mesh!r}, "
+                f"placements={self._spec.placements})")
+
+    # -- gradient norm over shards (nn.utils.clip_grad_norm_) ----------------------------------------
+    @classmethod
+    def __hp_reduce_norm__(cls, grads, local_value: float, norm_type: float) -> float:
+        """Reduce the local partial norm (sum |x|^p, or max |x| for inf) over the mesh groups of the
+        Shard dimensions of ``grads`` (one all-reduce per such dimension; collective)."""
+        grads = list(grads)
+        if not grads:
+            return float(local_value)
+        first = grads[0]._spec
+        key = _shard_key(first)
+        for g in grads[1:]:
+            if _shard_key(g._spec) != key:
+                raise RuntimeError(
+                    f"clip_grad_norm_: DTensor gradients on different meshes or shardings ({first.mesh!r} "
+                    f"{first.placements} vs {g._spec.mesh!r} {g._spec.placements}) cannot share one reduction"
+                )
+        inf = math.isinf(float(norm_type))
+        op = ReduceOp.MAX if inf else ReduceOp.SUM
+        buf = np.array([local_value], np.float64)
+        for i in sorted({i for i, p in enumerate(first.placements) if isinstance(p, Shard)}):
+            first.mesh.get_group(i).all_reduce_(buf, op)
+        return float(buf[0])
+
+
+def _shard_key(spec: DTensorSpec):
+    return (id(spec.mesh._root), tuple(spec.mesh._dims),
+            tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard)))
+
+
+def _gather_dim(local, mesh: DeviceMesh, mesh_dim: int, tdim: int, extent: int):
+    """All-gather ``local`` pieces along tensor dim ``tdim`` over mesh dim ``mesh_dim``; unpad to ``extent``."""
+    from hpcfsdp.distributed._buffers import array_module
+
+    xp = array_module(local)
+    n = mesh.size(mesh_dim)
+    c = -(-extent // n) if extent else 0
+    moved = xp.moveaxis(local, tdim, 0)
+    rest = moved.shape[1:]
+    padded = xp.zeros((c,) + rest, local.dtype)
+    padded[: moved.shape[0]] = moved
+    out = xp.empty((n * c,) + rest, local.dtype)
+    mesh.get_group(mesh_dim).all_gather_into(out, padded)
+    return xp.ascontiguousarray(xp.moveaxis(out[:extent], 0, tdim))
+
+
+def _run_check(local, spec: DTensorSpec) -> None:
+    """Check every rank's local shape and dtype against the global spec (collective: all ranks
+    learn every rank's metadata, so they all raise together)."""
+    mesh = spec.mesh
+    coord = mesh.get_coordinate()
+    b = _local_bounds(spec.shape, mesh, spec.placements, coord)
+    expect = tuple(hi - lo for lo, hi in b)
+    g = mesh._flatten().get_group() if mesh.ndim > 1 else mesh.get_group()
+    meta = g.all_gather_object((mesh.get_rank(), coord, tuple(local.shape), expect, np.dtype(local.dtype).name))
+    for rank, c, got, want, _ in meta:
+        if tuple(got) != tuple(want):
+            raise ValueError(
+                f"from_local(run_check=True): rank {rank} at mesh coordinate {list(c)} has local shape "
+                f"{tuple(got)}, which does not match the piece {tuple(want)} of global shape {spec.shape} "
+                f"under {spec.placements}"
+            )
+    dts = sorted({m[4] for m in meta})
+    if len(dts) != 1:
+        raise ValueError(f"from_local(run_check=True): ranks hold different dtypes {dts}")
+
+
+# [Note: Broadcast over a mesh]
+# To give every mesh rank the data of the rank at coordinate s, broadcast along mesh dim 0 from
+# local rank s[0], then along dim 1 from s[1], and so on. After step i every rank whose
+# coordinates in dims > i equal s's holds the data; a broadcast in a group with no holder sends
+# stale data that a later step overwrites. After the last step every rank holds it.
+
+
+def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=None, *,
+                      src_data_rank: int | None = 0) -> DTensor:
+    """Shard/replicate ``tensor`` over ``device_mesh`` by local slicing (collective).
+
+    With ``src_data_rank`` (default-group rank, default 0) the data of that rank is broadcast first,
+    so ranks may pass different values; with None every rank must pass the same tensor.
+    """
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"distribute_tensor: expected a Tensor, got {type(tensor).__name__}")
+    if isinstance(tensor, DTensor):
+        raise ValueError("distribute_tensor: the input is already a DTensor")
+    if device_mesh is None:
+        raise ValueError("distribute_tensor: device_mesh is required")
+    full = tensor._data
+    pl = _norm_placements(placements, device_mesh, full.ndim)
+    coord = device_mesh.get_coordinate()
+    if coord is None:
+        raise RuntimeError(f"distribute_tensor: rank {device_mesh.get_rank()} is not part of {device_mesh!r}")
+    if src_data_rank is not None and device_mesh.size() > 1 and not is_meta_array(full):
+        src = np.argwhere(device_mesh.mesh == src_data_rank)
+        if not len(src):
+            raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank} is not in {device_mesh!r}")
+        from hpcfsdp.distributed._buffers import array_module
+
+        full = array_module(full).ascontiguousarray(full).copy()
+        for i, c in enumerate(src[0]):  # See [Note: Broadcast over a mesh]
+            if device_mesh.size(i) > 1:
+                device_mesh.get_group(i).broadcast_(full, int(c))
+    bounds = _local_bounds(full.shape, device_mesh, pl, coord)
+    local = full[tuple(slice(lo, hi) for lo, hi in bounds)]
+    if not is_meta_array(local):
+        local = local.copy()
+    spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)
+    return DTensor._from_array(local, spec, tensor.requires_grad)

@@ -1,0 +1,4 @@
+"""Reference models."""
+from hpcfsdp.models.gpt import GPT, Block, GPTConfig
+
+__all__ = ["GPT", "GPTConfig", "Block"]

@@ -1,0 +1,252 @@
+"""Functional neural-network ops (PyTorch's torch.nn.functional): thin wrappers over fused autograd ops."""
+import math
+
+import numpy as np
+
+from .._tensor import Tensor, _category
+from ..autograd import ops, ops_nn
+
+__all__ = [
+    "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "nll_loss",
+    "mse_loss", "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "silu",
+]
+
+
+def _check(x, name, argname="input"):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}(): argument '{argname}' must be Tensor, not {type(x).__name__}")
+    return x
+
+
+def _float(x, name):
+    _check(x, name)
+    if _category(x.dtype) != 2:
+        raise RuntimeError(f"{name}(): expected a floating point input, got dtype {x.dtype}")
+    return x
+
+
+def linear(input, weight, bias=None):  # noqa: A002
+    """y = input @ weight.T + bias."""
+    _check(input, "linear")
+    _check(weight, "linear", "weight")
+    if input.dtype != weight.dtype:
+        raise RuntimeError(f"linear(): mat1 and mat2 must have the same dtype, but got {input.dtype} and {weight.dtype}")
+    if bias is None:
+        return ops_nn.Linear.apply(input, weight)
+    return ops_nn.Linear.apply(input, weight, bias)
+
+
+def relu(input, inplace=False):  # noqa: A002
+    return ops.Relu.apply(_check(input, "relu"))
+
+
+def gelu(input, approximate="none"):  # noqa: A002
+    """GELU: exact x * Phi(x) (approximate='none') or the tanh approximation (approximate='tanh')."""
+    _float(input, "gelu")
+    if approximate == "none":
+        return ops_nn.Gelu.apply(input)
+    if approximate == "tanh":
+        return ops_nn.GeluTanh.apply(input)
+    raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def tanh(input):  # noqa: A002
+    return _check(input, "tanh").tanh()
+
+
+def sigmoid(input):  # noqa: A002
+    return _check(input, "sigmoid").sigmoid()
+
+
+def silu(input, inplace=False):  # noqa: A002
+    return input * input.sigmoid()
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    _check(input, "softmax")
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1  # PyTorch's legacy implicit choice
+    return input.softmax(dim, dtype=dtype)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    _check(input, "log_softmax")
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    return input.log_softmax(dim, dtype=dtype)
+
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(reduction, name):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{name}(): reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+                  reduction="mean", label_smoothing=0.0):
+    """Cross entropy of logits (N, C) or (N, C, d1, ...) or (C,) against class indices or class probabilities."""
+    _float(input, "cross_entropy")
+    _check(target, "cross_entropy", "target")
+    _check_reduction(reduction, "cross_entropy")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy(): label_smoothing must be in [0, 1], got {label_smoothing}")
+    x = input
+    if x.ndim == 0:
+        raise RuntimeError("cross_entropy(): input must have at least 1 dimension (classes)")
+    c = x.shape[0] if x.ndim == 1 else x.shape[1]
+    if weight is not None:
+        _check(weight, "cross_entropy", "weight")
+        if tuple(weight.shape) != (c,):
+            raise RuntimeError(f"cross_entropy(): weight must be a 1-D tensor of {c} class weights, "
+                               f"got shape {tuple(weight.shape)}")
+    if _category(target.dtype) == 2:
+        return _cross_entropy_probs(x, target, weight, reduction, label_smoothing)
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy(): target must hold integer class indices (int64) or float class "
+                        f"probabilities, got dtype {target.dtype}")
+    unbatched = x.ndim == 1
+    if unbatched:
+        x = x.unsqueeze(0)
+        target = target.reshape(1)
+    spatial = tuple(x.shape[2:])
+    if tuple(target.shape) != (x.shape[0],) + spatial:
+        raise ValueError(f"cross_entropy(): expected target of shape {(x.shape[0],) + spatial} for input of "
+                         f"shape {tuple(input.shape)}, got {tuple(target.shape)}")
+    if spatial:  # (N, C, d1, ...) -> (N * d1 * ..., C)
+        nd = x.ndim
+        x = x.permute(0, *range(2, nd), 1).reshape(-1, c)
+    t = target._data.reshape(-1)
+    w = weight._data if weight is not None else None
+    out = ops_nn.CrossEntropy.apply(x, t, w, int(ignore_index), reduction, float(label_smoothing))
+    if reduction == "none":
+        out = out.reshape(()) if unbatched else out.reshape((input.shape[0],) + spatial)
+    return out
+
+
+def _cross_entropy_probs(x, target, weight, reduction, label_smoothing):
+    """Cross entropy with class-probability targets (same shape as the input)."""
+    if target.shape != x.shape:
+        raise RuntimeError(f"cross_entropy(): probability target must have the input's shape {tuple(x.shape)}, "
+                           f"got {tuple(target.shape)}")
+    cdim = 0 if x.ndim == 1 else 1
+    c = x.shape[cdim]
+    if label_smoothing > 0:
+        target = target * (1 - label_smoothing) + label_smoothing / c
+    logp = x.log_softmax(cdim)
+    prod = logp * target
+    if weight is not None:
+        shape = [1] * x.ndim
+        shape[cdim] = c
+        prod = prod * weight.reshape(shape)
+    loss = -prod.sum(cdim)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / float(loss.numel())  # mean over samples (and spatial positions)
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+             reduction="mean"):
+    """Negative log likelihood of log-probabilities (N, C) against class indices."""
+    _check_reduction(reduction, "nll_loss")
+    if input.ndim != 2:
+        raise RuntimeError(f"nll_loss(): expected a 2-D input (N, C), got shape {tuple(input.shape)}")
+    t = target._data
+    n = input.shape[0]
+    xp = input._xp()
+    valid = t != ignore_index
+    tsafe = xp.where(valid, t, 0)
+    picked = input[Tensor._wrap(xp.arange(n)), Tensor._wrap(tsafe)]
+    wt = weight[Tensor._wrap(tsafe)] * Tensor._wrap(valid.astype(input.dtype)) if weight is not None \
+        else Tensor._wrap(valid.astype(input.dtype))
+    loss = -(picked * wt)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / wt.sum()
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
+    _check(input, "mse_loss")
+    _check(target, "mse_loss", "target")
+    _check_reduction(reduction, "mse_loss")
+    if input.shape != target.shape:
+        try:
+            np.broadcast_shapes(tuple(input.shape), tuple(target.shape))
+        except ValueError:
+            raise RuntimeError(f"mse_loss(): input shape {tuple(input.shape)} and target shape "
+                               f"{tuple(target.shape)} do not broadcast") from None
+    if target.dtype != input.dtype:
+        target = target.to(input.dtype)
+    return ops_nn.MseLoss.apply(input, target, reduction)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    _float(input, "layer_norm")
+    ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    nd = len(ns)
+    if tuple(input.shape[input.ndim - nd:]) != ns or nd > input.ndim:
+        raise RuntimeError(f"layer_norm(): given normalized_shape={list(ns)}, expected input with shape "
+                           f"[*, {', '.join(map(str, ns))}], but got input of size {list(input.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != ns:
+            raise RuntimeError(f"layer_norm(): {name} of shape {tuple(p.shape)} does not match "
+                               f"normalized_shape {ns}")
+    return ops_nn.LayerNorm.apply(input, nd, weight, bias, float(eps))
+
+
+def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    _check(input, "dropout")
+    if not training or p == 0.0:
+        return input
+    return ops_nn.Dropout.apply(input, float(p))
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,  # noqa: A002
+              sparse=False):
+    """Rows of ``weight`` selected by integer indices ``input``."""
+    _check(weight, "embedding", "weight")
+    idx = input._data if isinstance(input, Tensor) else np.asarray(input)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"embedding(): indices must be an integer tensor (int64 or int32), got dtype {idx.dtype}")
+    if weight.ndim != 2:
+        raise RuntimeError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), got {tuple(weight.shape)}")
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += weight.shape[0]
+    return ops_nn.Embedding.apply(idx, weight, padding_idx)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """softmax(q @ k^T * scale + mask) @ v; bool masks mark allowed positions, float masks are added."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _float(t, "scaled_dot_product_attention")
+    if query.shape[-1] != key.shape[-1]:
+        raise RuntimeError(f"scaled_dot_product_attention(): query and key embedding sizes differ: "
+                           f"{tuple(query.shape)} vs {tuple(key.shape)}")
+    if key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"scaled_dot_product_attention(): key and value sequence lengths differ: "
+                           f"{tuple(key.shape)} vs {tuple(value.shape)}")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention(): explicit attn_mask should not be set when is_causal=True")
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask._data if isinstance(attn_mask, Tensor) else attn_mask
+        if mask.dtype != np.bool_ and mask.dtype != query.dtype:
+            mask = mask.astype(query.dtype)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    if enable_gqa and query.shape[-3] != key.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key = key.unsqueeze(-3).expand(*key.shape[:-2], rep, *key.shape[-2:]).reshape(query.shape[:-2] + key.shape[-2:])
+        value = value.unsqueeze(-3).expand(*value.shape[:-2], rep, *value.shape[-2:]).reshape(
+            query.shape[:-2] + value.shape[-2:])
+    return ops_nn.ScaledDotProductAttention.apply(query, key, value, mask, float(dropout_p), bool(is_causal),
+                                                  float(scale))
+

@@ -1,0 +1,206 @@
+"""Parameter initialisation in place (``torch.nn.init``): PyTorch's formulas, no-ops on meta tensors."""
+import math
+import warnings
+
+import numpy as np
+
+from hpcfsdp import _backend
+from hpcfsdp._tensor import Tensor
+
+__all__ = [
+    "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+]
+
+# [Note: Initialising local storage]
+# Every function here writes the tensor's local array (``tensor._data``) in place, outside autograd
+# (PyTorch runs init under no_grad). A sharded parameter (DTensor) therefore fills its own local piece,
+# while fan-in/fan-out come from the global ``tensor.shape``. Meta tensors have no storage: the call
+# is a no-op that returns the tensor, so `with hp.device("meta"): model = GPT(cfg)` is free.
+
+
+def _check(tensor, fn_name):
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{fn_name} expects an hpcfsdp Tensor, got {type(tensor).__name__}")
+    return not _backend.is_meta_array(tensor._data)
+
+
+def _gen_dtype(arr):
+    return np.float64 if arr.dtype == np.float64 else np.float32
+
+
+def _generator(arr, generator):
+    if generator is not None:
+        return generator
+    return _backend.generator(_backend.device_of_array(arr))
+
+
+def _rand01(gen, shape, dtype):
+    if isinstance(gen, np.random.Generator):
+        return gen.random(shape, dtype=dtype)
+    if isinstance(gen, np.random.RandomState):
+        return gen.random_sample(shape).astype(dtype)
+    return gen.random_sample(shape, dtype=dtype)  # CuPy RandomState
+
+
+def _randn(gen, shape, dtype):
+    if isinstance(gen, np.random.RandomState):
+        return gen.standard_normal(shape).astype(dtype)
+    return gen.standard_normal(shape, dtype=dtype)  # NumPy Generator, CuPy RandomState
+
+
+def _write(tensor, values):
+    tensor._data[...] = values
+    return tensor
+
+
+def calculate_gain(nonlinearity, param=None):
+    """The recommended gain for a nonlinearity (PyTorch's table)."""
+    linear_fns = ["linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                  "conv_transpose3d"]
+    if nonlinearity in linear_fns or nonlinearity == "sigmoid":
+        return 1
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        if param is None:
+            negative_slope = 0.01
+        elif not isinstance(param, bool) and isinstance(param, (int, float)):
+            negative_slope = param
+        else:
+            raise ValueError(f"negative_slope {param} not a valid number")
+        return math.sqrt(2.0 / (1 + negative_slope**2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
+
+
+def _calculate_fan_in_and_fan_out(tensor):
+    shape = tuple(tensor.shape)
+    if len(shape) < 2:
+        raise ValueError("Fan in and fan out can not be computed for tensor with fewer than 2 dimensions")
+    receptive_field_size = 1
+    for s in shape[2:]:
+        receptive_field_size *= s
+    return shape[1] * receptive_field_size, shape[0] * receptive_field_size
+
+
+def _calculate_correct_fan(tensor, mode):
+    mode = mode.lower()
+    valid_modes = ["fan_in", "fan_out"]
+    if mode not in valid_modes:
+        raise ValueError(f"Mode {mode} not supported, please use one of {valid_modes}")
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    return fan_in if mode == "fan_in" else fan_out
+
+
+def uniform_(tensor, a=0.0, b=1.0, generator=None):
+    """Fill with U(a, b)."""
+    if not _check(tensor, "uniform_"):
+        return tensor
+    arr = tensor._data
+    u = _rand01(_generator(arr, generator), arr.shape, _gen_dtype(arr))
+    return _write(tensor, u * (b - a) + a)
+
+
+def normal_(tensor, mean=0.0, std=1.0, generator=None):
+    """Fill with N(mean, std^2)."""
+    if not _check(tensor, "normal_"):
+        return tensor
+    arr = tensor._data
+    z = _randn(_generator(arr, generator), arr.shape, _gen_dtype(arr))
+    return _write(tensor, z * std + mean)
+
+
+def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+    """Fill with N(mean, std^2) truncated to [a, b] (a, b in absolute units, as PyTorch)."""
+    if not _check(tensor, "trunc_normal_"):
+        return tensor
+    if not a < b:
+        raise ValueError(f"trunc_normal_ needs a < b, got a={a}, b={b}")
+    if mean < a - 2 * std or mean > b + 2 * std:
+        warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
+                      "The distribution of values may be incorrect.", stacklevel=2)
+    arr = tensor._data
+    xp = _backend.array_module(arr)
+    gen = _generator(arr, generator)
+    dt = _gen_dtype(arr)
+    lo, hi = (a - mean) / std, (b - mean) / std
+    # Rejection sampling of the standard normal on [lo, hi]: exact; the acceptance probability is
+    # Phi(hi) - Phi(lo), so the loop is short unless the window is a far tail.
+    p_accept = 0.5 * (math.erf(hi / math.sqrt(2)) - math.erf(lo / math.sqrt(2)))
+    flat = xp.empty(arr.size, dtype=dt)
+    todo = xp.arange(arr.size)
+    for _ in range(64 if p_accept > 1e-3 else 0):
+        if todo.size == 0:
+            break
+        z = _randn(gen, (int(todo.size),), dt)
+        flat[todo] = z
+        todo = todo[(z < lo) | (z > hi)]
+    if todo.size:  # far-tail window: uniform fill is a sound fallback inside the bounds
+        flat[todo] = _rand01(gen, (int(todo.size),), dt) * (hi - lo) + lo
+    vals = flat.reshape(arr.shape) * std + mean
+    return _write(tensor, xp.clip(vals, a, b))
+
+
+def constant_(tensor, val):
+    """Fill with ``val``."""
+    if not _check(tensor, "constant_"):
+        return tensor
+    return _write(tensor, val)
+
+
+def ones_(tensor):
+    return constant_(tensor, 1.0)
+
+
+def zeros_(tensor):
+    return constant_(tensor, 0.0)
+
+
+def eye_(tensor):
+    """Fill a 2-D tensor with the identity matrix."""
+    if len(tuple(tensor.shape)) != 2:
+        raise ValueError(f"Only tensors with 2 dimensions are supported, got shape {tuple(tensor.shape)}")
+    if not _check(tensor, "eye_"):
+        return tensor
+    xp = _backend.array_module(tensor._data)
+    return _write(tensor, xp.eye(*tensor._data.shape, dtype=tensor._data.dtype))
+
+
+def xavier_uniform_(tensor, gain=1.0, generator=None):
+    """U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out))."""
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+    a = math.sqrt(3.0) * std
+    return uniform_(tensor, -a, a, generator)
+
+
+def xavier_normal_(tensor, gain=1.0, generator=None):
+    """N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out))."""
+    fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
+    std = gain * math.sqrt(2.0 / float(fan_in + fan_out))
+    return normal_(tensor, 0.0, std, generator)
+
+
+def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    """U(-bound, bound) with bound = gain * sqrt(3 / fan)."""
+    if 0 in tuple(tensor.shape):
+        warnings.warn("Initializing zero-element tensors is a no-op", stacklevel=2)
+        return tensor
+    fan = _calculate_correct_fan(tensor, mode)
+    gain = calculate_gain(nonlinearity, a)
+    bound = math.sqrt(3.0) * gain / math.sqrt(fan)
+    return uniform_(tensor, -bound, bound, generator)
+
+
+def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    """N(0, std^2) with std = gain / sqrt(fan)."""
+    if 0 in tuple(tensor.shape):
+        warnings.warn("Initializing zero-element tensors is a no-op", stacklevel=2)
+        return tensor
+    fan = _calculate_correct_fan(tensor, mode)
+    std = calculate_gain(nonlinearity, a) / math.sqrt(fan)
+    return normal_(tensor, 0.0, std, generator)

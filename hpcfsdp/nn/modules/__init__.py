@@ -1,0 +1,14 @@
+"""Layers and containers of hpcfsdp.nn."""
+from hpcfsdp.nn.modules.activation import GELU, ReLU, Tanh
+from hpcfsdp.nn.modules.container import ModuleDict, ModuleList, Sequential
+from hpcfsdp.nn.modules.dropout import Dropout
+from hpcfsdp.nn.modules.linear import Identity, Linear
+from hpcfsdp.nn.modules.loss import CrossEntropyLoss, MSELoss
+from hpcfsdp.nn.modules.module import Module
+from hpcfsdp.nn.modules.normalization import LayerNorm
+from hpcfsdp.nn.modules.sparse import Embedding
+
+__all__ = [
+    "Module", "Linear", "Identity", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh",
+    "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
+]

@@ -1,0 +1,20 @@
+"""Dropout: zero elements with probability p in training mode, scale the rest by 1/(1-p)."""
+import hpcfsdp.nn.functional as F
+from hpcfsdp.nn.modules.module import Module
+
+__all__ = ["Dropout"]
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if p < 0 or p > 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+        self.inplace = inplace
+
+    def forward(self, input):
+        return F.dropout(input, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

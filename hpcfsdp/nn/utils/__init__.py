@@ -1,0 +1,6 @@
+"""nn utilities: gradient clipping and parameter/vector conversion."""
+from hpcfsdp.nn.utils.clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
+from hpcfsdp.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
+           "parameters_to_vector", "vector_to_parameters"]

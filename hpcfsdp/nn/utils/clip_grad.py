@@ -1,0 +1,140 @@
+"""Gradient clipping in place: clip_grad_norm_ (sharding-aware) and clip_grad_value_."""
+import math
+from typing import Iterable, Union
+
+import numpy as np
+
+from hpcfsdp import _backend
+from hpcfsdp._tensor import Tensor
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_"]
+
+# [Note: Norms of sharded gradients]
+# The norm is computed from each gradient's local array (``g._data``). For a plain Tensor that is the
+# whole gradient. For a sharded one (DTensor) it is this rank's piece, and summing the local partials
+# over the shard group gives the global value without counting replicas twice. The Tensor subclass
+# provides that reduction as the classmethod
+#     __hp_reduce_norm__(grads, local_value, norm_type) -> float
+# called once per subclass with all of its grads and their local partial: sum(|x|^p) over the local
+# pieces, or max(|x|) for p = inf. It returns the partial reduced over the right groups (same units:
+# summed |x|^p, or max), so clipping does one collective per subclass, not one per gradient.
+
+
+def _array_partial(arr, norm_type):
+    """sum(|x|^p) (or max |x| for inf) of one local array, as a 0-d array of its own backend."""
+    xp = _backend.array_module(arr)
+    if arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float32)
+    flat = arr.reshape(-1)
+    if norm_type == math.inf:
+        return xp.max(xp.abs(flat)).astype(np.float64)
+    if norm_type == 2.0:
+        return xp.dot(flat, flat).astype(np.float64)
+    if norm_type == 1.0:
+        return xp.sum(xp.abs(flat), dtype=np.float64)
+    if norm_type == 0.0:
+        return xp.asarray(xp.count_nonzero(flat), dtype=np.float64)
+    return xp.sum(xp.abs(flat.astype(np.float64)) ** norm_type)
+
+
+def _local_partial(tensors, norm_type):
+    """The combined partial of several tensors' local arrays as a Python float: one host sync per backend."""
+    by_backend = {}
+    for t in tensors:
+        arr = t._data
+        if arr.size == 0 or _backend.is_meta_array(arr):
+            continue
+        by_backend.setdefault(_backend.array_module(arr), []).append(_array_partial(arr, norm_type))
+    parts = []
+    for xp, vals in by_backend.items():
+        stacked = xp.stack(vals)
+        parts.append(float(stacked.max() if norm_type == math.inf else stacked.sum()))
+    return _combine(parts, norm_type)
+
+
+def _combine(parts, norm_type):
+    return max(parts, default=0.0) if norm_type == math.inf else math.fsum(parts)
+
+
+def _norm_from_partial(partial, norm_type):
+    if norm_type == math.inf or norm_type == 0.0:
+        return partial
+    if partial == 0.0:
+        return 0.0
+    return partial ** (1.0 / norm_type)
+
+
+def _grads_of(tensors):
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
+    return [t for t in tensors]
+
+
+def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None) -> Tensor:
+    """The norm of all ``tensors`` together, as if concatenated (sharding-aware, see the Note)."""
+    import hpcfsdp
+
+    tensors = [t for t in _grads_of(tensors) if t is not None]
+    norm_type = float(norm_type)
+    if norm_type < 0:
+        raise ValueError(f"norm_type must be non-negative (or inf), got {norm_type}")
+    if not tensors:
+        return hpcfsdp.tensor(0.0)
+    by_type = {}
+    for t in tensors:
+        by_type.setdefault(type(t), []).append(t)
+    parts = []
+    for cls, ts in by_type.items():
+        local = _local_partial(ts, norm_type)
+        reduce_fn = getattr(cls, "__hp_reduce_norm__", None)
+        parts.append(float(reduce_fn(ts, local, norm_type)) if reduce_fn is not None else local)
+    total = _norm_from_partial(_combine(parts, norm_type), norm_type)
+    if error_if_nonfinite and not math.isfinite(total):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`")
+    first = tensors[0]
+    dtype = first.dtype if _backend.is_floating_dtype(first.dtype) else _backend.float32
+    dev = _backend.device_of_array(first._data)
+    return hpcfsdp.tensor(total, dtype=dtype, device=dev)
+
+
+def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None) -> None:
+    """Scale the grads of ``parameters`` by min(1, max_norm / (total_norm + 1e-6)) in place."""
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = float(total_norm.item() if isinstance(total_norm, Tensor) else total_norm)
+    clip_coef = float(max_norm) / (total + 1e-6)
+    clip_coef_clamped = min(clip_coef, 1.0)  # PyTorch clamps, so grads are never scaled up
+    if clip_coef_clamped == 1.0 and math.isfinite(total):
+        return
+    with np.errstate(invalid="ignore"):  # a non-finite norm scales to NaN, as PyTorch, without a warning
+        for g in grads:
+            if not _backend.is_meta_array(g._data):
+                g._data *= clip_coef_clamped
+
+
+def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float, norm_type: float = 2.0,
+                    error_if_nonfinite: bool = False, foreach=None) -> Tensor:
+    """Clip the gradient norm of ``parameters`` (as one vector) to ``max_norm`` in place; return the total norm."""
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    parameters = list(parameters)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+    clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
+    return total_norm
+
+
+def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: float, foreach=None) -> None:
+    """Clamp every gradient element to [-clip_value, clip_value] in place."""
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    clip_value = float(clip_value)
+    for p in parameters:
+        g = p.grad
+        if g is not None and not _backend.is_meta_array(g._data):
+            xp = _backend.array_module(g._data)
+            xp.clip(g._data, -clip_value, clip_value, out=g._data)

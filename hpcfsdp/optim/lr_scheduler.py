@@ -1,0 +1,207 @@
+"""Learning-rate schedulers (torch.optim.lr_scheduler): LambdaLR, CosineAnnealingLR, LinearLR, SequentialLR."""
+import math
+import types
+import warnings
+from bisect import bisect_right
+from typing import Callable, List, Sequence, Union
+
+from hpcfsdp.optim.optimizer import Optimizer
+
+__all__ = ["LRScheduler", "LambdaLR", "CosineAnnealingLR", "LinearLR", "SequentialLR"]
+
+
+def _check_optimizer(optimizer):
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+
+
+class LRScheduler:
+    """Base class: sets ``group["lr"]`` for every param group of ``optimizer`` at each ``step()``.
+
+    Construction performs the initial step (epoch 0), as PyTorch does; ``last_epoch`` counts steps.
+    """
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for i, group in enumerate(optimizer.param_groups):
+                if "initial_lr" not in group:
+                    raise KeyError(f"param 'initial_lr' is not specified in param_groups[{i}] when resuming an "
+                                   "optimizer")
+        self.base_lrs: List[float] = [group["initial_lr"] for group in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self) -> None:
+        self._step_count = 0
+        self.step()
+
+    def state_dict(self):
+        """Every attribute except the optimizer."""
+        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
+
+    def load_state_dict(self, state_dict) -> None:
+        self.__dict__.update(state_dict)
+
+    def get_last_lr(self) -> List[float]:
+        """The learning rates set by the last ``step()``."""
+        return self._last_lr
+
+    def get_lr(self) -> List[float]:
+        raise NotImplementedError(f"{type(self).__name__} must implement get_lr()")
+
+    def step(self, epoch=None) -> None:
+        self._step_count += 1
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:
+            warnings.warn("The epoch parameter in `scheduler.step()` is deprecated (as in PyTorch)", UserWarning,
+                          stacklevel=2)
+            self.last_epoch = epoch
+            values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
+        for param_group, lr in zip(self.optimizer.param_groups, values):
+            param_group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+class LambdaLR(LRScheduler):
+    """lr = base_lr * lr_lambda(epoch) (one lambda, or one per param group)."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Union[Callable[[int], float], Sequence[Callable]],
+                 last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        self.optimizer = optimizer
+        if not isinstance(lr_lambda, (list, tuple)):
+            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
+        else:
+            if len(lr_lambda) != len(optimizer.param_groups):
+                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
+            self.lr_lambdas = list(lr_lambda)
+        super().__init__(optimizer, last_epoch)
+
+    def state_dict(self):
+        """As the base, but lambdas are saved only when they are callable objects (their ``__dict__``)."""
+        state_dict = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "lr_lambdas")}
+        state_dict["lr_lambdas"] = [None] * len(self.lr_lambdas)
+        for idx, fn in enumerate(self.lr_lambdas):
+            if not isinstance(fn, types.FunctionType):
+                state_dict["lr_lambdas"][idx] = fn.__dict__.copy()
+        return state_dict
+
+    def load_state_dict(self, state_dict) -> None:
+        state_dict = dict(state_dict)
+        lr_lambdas = state_dict.pop("lr_lambdas")
+        self.__dict__.update(state_dict)
+        for idx, fn in enumerate(lr_lambdas):
+            if fn is not None:
+                self.lr_lambdas[idx].__dict__.update(fn)
+
+    def get_lr(self) -> List[float]:
+        return [base_lr * lmbda(self.last_epoch) for lmbda, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2 (closed form)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:  # noqa: N803
+        if T_max <= 0:
+            raise ValueError(f"T_max must be a positive number of steps, got {T_max}")
+        self.T_max = T_max
+        self.eta_min = eta_min
+        super().__init__(optimizer, last_epoch)
+
+    # [Note: Closed-form cosine]
+    # PyTorch's get_lr is a recurrence on the current group lr that equals this closed form when the
+    # scheduler alone drives the lr. The closed form is used for both, so resuming, SequentialLR's
+    # step(0) and float rounding over long runs give the same values as the formula.
+    def get_lr(self) -> List[float]:
+        return self._get_closed_form_lr()
+
+    def _get_closed_form_lr(self) -> List[float]:
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base_lr in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """lr = base_lr * factor, factor going linearly from start_factor to end_factor over total_iters steps."""
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1) -> None:
+        if start_factor > 1.0 or start_factor <= 0:
+            raise ValueError("Starting multiplicative factor expected to be greater than 0 and less or equal to 1, "
+                             f"got {start_factor}.")
+        if end_factor > 1.0 or end_factor < 0:
+            raise ValueError(f"Ending multiplicative factor expected to be between 0 and 1, got {end_factor}.")
+        if total_iters <= 0:
+            raise ValueError(f"total_iters must be a positive number of steps, got {total_iters}")
+        self.start_factor = start_factor
+        self.end_factor = end_factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        return self._get_closed_form_lr()
+
+    def _get_closed_form_lr(self) -> List[float]:
+        frac = min(self.total_iters, self.last_epoch) / self.total_iters
+        return [base_lr * (self.start_factor + (self.end_factor - self.start_factor) * frac)
+                for base_lr in self.base_lrs]
+
+
+class SequentialLR(LRScheduler):
+    """Runs ``schedulers[i]`` between ``milestones[i-1]`` and ``milestones[i]``; each restarts at its epoch 0."""
+
+    def __init__(self, optimizer: Optimizer, schedulers: List[LRScheduler], milestones: List[int],
+                 last_epoch: int = -1) -> None:
+        if len(schedulers) < 1:
+            raise ValueError(f"{self.__class__.__name__} expects at least one scheduler, but got no scheduler.")
+        for idx, scheduler in enumerate(schedulers):
+            if not hasattr(scheduler, "optimizer"):
+                raise TypeError(f"{self.__class__.__name__} at index {idx} should have `optimizer` as its attribute.")
+            if optimizer is not scheduler.optimizer:
+                raise ValueError(f"{self.__class__.__name__} expects all schedulers to belong to the same optimizer, "
+                                 f"but got scheduler {scheduler.__class__.__name__} at index {idx} has "
+                                 f"{scheduler.optimizer}, which is different from {optimizer.__class__.__name__}.")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError("Sequential Schedulers expects number of schedulers provided to be one more than the "
+                             f"number of milestone points, but got number of schedulers {len(schedulers)} and the "
+                             f"number of milestones to be equal to {len(milestones)}")
+        self._schedulers = schedulers
+        self._milestones = milestones
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        for group in self.optimizer.param_groups:  # reset to the initial lrs
+            group["lr"] = group["initial_lr"]
+        for scheduler in self._schedulers:  # undo the step each scheduler did at construction
+            scheduler.last_epoch -= 1
+        self._schedulers[0]._initial_step()  # the first scheduler drives epoch 0
+        self._last_lr = schedulers[0].get_last_lr()
+
+    def step(self) -> None:  # type: ignore[override]
+        self.last_epoch += 1
+        idx = bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                scheduler.step(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self):
+        state_dict = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "_schedulers")}
+        state_dict["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state_dict
+
+    def load_state_dict(self, state_dict) -> None:
+        state_dict = dict(state_dict)
+        _schedulers = state_dict.pop("_schedulers")
+        self.__dict__.update(state_dict)
+        for idx, s in enumerate(_schedulers):
+            self._schedulers[idx].load_state_dict(s)

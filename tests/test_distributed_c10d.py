@@ -1,0 +1,186 @@
+"""torch.distributed-style collectives on Tensors (hpcfsdp.distributed)."""
+import datetime
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hpcfsdp.distributed as dist
+from hpcfsdp._tensor import Tensor
+from hpcfsdp.distributed import distributed_c10d as c10d
+
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
+          np.dtype(np.int64)]
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]
+
+
+def T(a):
+    return Tensor._wrap(np.ascontiguousarray(a))
+
+
+def _data(rank, shape, dtype, salt=0):
+    rng = np.random.default_rng(100 * rank + salt)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-4, 5, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _ref(op, arrays):
+    dt = arrays[0].dtype
+    acc = np.stack([a.astype(np.int64 if dt.kind == "i" else np.float64) for a in arrays])
+    n = len(arrays)
+    return {
+        dist.ReduceOp.SUM: lambda: acc.sum(0),
+        dist.ReduceOp.AVG: lambda: acc.sum(0) // n if dt.kind == "i" else acc.sum(0) / n,
+        dist.ReduceOp.MAX: lambda: acc.max(0),
+        dist.ReduceOp.MIN: lambda: acc.min(0),
+        dist.ReduceOp.PRODUCT: lambda: acc.prod(0),
+    }[op]()
+
+
+def _close(got, ref, dt, n):
+    if dt.kind == "i":
+        return np.array_equal(got, ref)
+    tol = 2e-2 if dt.itemsize == 2 else 1e-5
+    return bool(np.all(np.abs(got.astype(np.float64) - ref) <= tol * n * np.maximum(1, np.abs(ref))))
+
+
+def _groups():
+    """The default group and, collectively, a sub-group of world ranks {0, last} (others: non-member)."""
+    n = dist.get_world_size()
+    sub = dist.new_group([0, n - 1])
+    return [None, sub]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_reduce_all_ops_dtypes_groups():
+    for g in _groups():
+        if g is dist.GroupMember.NON_GROUP_MEMBER:
+            assert dist.get_rank(g) == -1
+            continue
+        ranks = dist.get_process_group_ranks(g if g is not None else dist.group.WORLD)
+        me = dist.get_rank()
+        for async_op in (False, True):
+            for dt in DTYPES:
+                for op in OPS:
+                    for shape in [(0,), (1,), (3, 5)]:
+                        t = T(_data(me, shape, dt, 1))
+                        w = dist.all_reduce(t, op=op, group=g, async_op=async_op)
+                        if async_op:
+                            w.wait()
+                        ref = _ref(op, [_data(r, shape, dt, 1) for r in ranks])
+                        assert _close(t._data, ref, dt, len(ranks)), (g, dt, op, shape)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_gather_into_tensor_reduce_scatter_tensor_all_gather():
+    n, me = dist.get_world_size(), dist.get_rank()
+    for dt in DTYPES:
+        for rows in (0, 1, 3):
+            x = T(_data(me, (rows, 2), dt, 2))
+            full = np.concatenate([_data(r, (rows, 2), dt, 2) for r in range(n)])
+            cat = T(np.zeros((n * rows, 2), dt))
+            dist.all_gather_into_tensor(cat, x)
+            assert np.array_equal(cat._data.view(np.uint8), full.view(np.uint8))
+            stacked = T(np.zeros((n, rows, 2), dt))
+            dist.all_gather_into_tensor(stacked, x, async_op=True).wait()
+            assert np.array_equal(stacked._data.reshape(-1, 2).view(np.uint8), full.view(np.uint8))
+            outs = [T(np.zeros((rows, 2), dt)) for _ in range(n)]
+            w = dist.all_gather(outs, x, async_op=True)
+            w.wait()
+            for r in range(n):
+                assert np.array_equal(outs[r]._data.view(np.uint8), _data(r, (rows, 2), dt, 2).view(np.uint8))
+            for op in OPS:
+                inp = T(_data(me, (n * rows, 2), dt, 3))
+                out = T(np.zeros((rows, 2), dt))
+                dist.reduce_scatter_tensor(out, inp, op=op)
+                ref = _ref(op, [_data(r, (n * rows, 2), dt, 3) for r in range(n)])[me * rows:(me + 1) * rows]
+                assert _close(out._data, ref, dt, n), (dt, op, rows)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_objects_barrier_and_subgroup_ranks():
+    n, me = dist.get_world_size(), dist.get_rank()
+    for src in range(n):
+        t = T(_data(me, (4,), np.float32, 4))
+        dist.broadcast(t, src=src)
+        assert np.array_equal(t._data, _data(src, (4,), np.float32, 4))
+    sub = dist.new_group([n - 1, 0])  # order does not matter: ranks are sorted
+    if me in (0, n - 1):
+        assert dist.get_world_size(sub) == 2 and dist.get_rank(sub) == (0 if me == 0 else 1)
+        assert dist.get_process_group_ranks(sub) == [0, n - 1]
+        assert dist.get_global_rank(sub, 1) == n - 1 and dist.get_group_rank(sub, n - 1) == 1
+        t = T(np.full(3, float(me)))
+        dist.broadcast(t, src=n - 1, group=sub)  # src is a global rank
+        assert np.all(t._data == n - 1)
+        t2 = T(np.full(3, float(me)))
+        dist.broadcast(t2, group=sub, group_src=0)
+        assert np.all(t2._data == 0)
+        with pytest.raises(ValueError, match=f"src={n} is not a rank of .*ranks: \\[0, {n - 1}\\]"):
+            dist.broadcast(t, src=n, group=sub)
+        with pytest.raises(ValueError, match="group_src=2: outside the group"):
+            dist.broadcast(t, group=sub, group_src=2)
+    else:
+        assert sub is dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.get_world_size(sub) == -1
+        with pytest.raises(ValueError, match="not a member"):
+            dist.all_reduce(T(np.ones(1)), group=sub)
+    objs = [None] * n
+    dist.all_gather_object(objs, {"r": me, "tup": (me, "x")})
+    assert objs == [{"r": r, "tup": (r, "x")} for r in range(n)]
+    lst = [1, "a", (2, 3)] if me == 0 else [None, None, None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == [1, "a", (2, 3)]
+    assert dist.barrier() is None
+    assert dist.barrier(async_op=True).wait()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_input_errors():
+    n = dist.get_world_size()
+    with pytest.raises(ValueError, match=f"output has {3 * n + 1} elements, expected input size 3 x group size {n}"):
+        dist.all_gather_into_tensor(T(np.zeros(3 * n + 1, np.float32)), T(np.zeros(3, np.float32)))
+    with pytest.raises(TypeError, match="output dtype float64 != input dtype float32"):
+        dist.all_gather_into_tensor(T(np.zeros(3 * n)), T(np.zeros(3, np.float32)))
+    with pytest.raises(ValueError, match="input has 7 elements, expected output size 2"):
+        dist.reduce_scatter_tensor(T(np.zeros(2)), T(np.zeros(7)))
+    with pytest.raises(TypeError, match="expected a hpcfsdp Tensor, got numpy.ndarray"):
+        dist.all_reduce(np.zeros(2))
+    with pytest.raises(ValueError, match="contiguous"):
+        dist.all_reduce(Tensor._wrap(np.zeros((3, 4))[:, 1]))
+    with pytest.raises(ValueError, match=f"rank {n} is outside the world of {n} ranks"):
+        dist.new_group([0, n])
+    with pytest.raises(ValueError, match=f"src={n} is not a rank of"):
+        dist.broadcast(T(np.zeros(1)), src=n)
+    with pytest.raises(ValueError, match=f"tensor_list has 1 entries, expected the group size {n}"):
+        dist.all_gather([T(np.zeros(1))], T(np.zeros(1)))
+    with pytest.raises(ValueError, match="tensor_list\\[0\\] is float32"):
+        dist.all_gather([T(np.zeros(1, np.float32))] * n, T(np.zeros(1)))
+    with pytest.raises(ValueError, match="object_list has 0 entries"):
+        dist.all_gather_object([], 1)
+
+
+def test_default_group_lifecycle_and_init_checks():
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="backend='tcp'"):
+        dist.init_process_group("tcp")
+    with pytest.raises(ValueError, match="world_size=5 but the MPI communicator has 1"):
+        dist.init_process_group("mpi", world_size=5)
+    from mpi4py import MPI
+
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=30), comm=MPI.COMM_SELF)
+    assert dist.is_initialized() and dist.get_world_size() == 1 and dist.get_rank() == 0
+    from hpcfsdp.distributed.process_group import comm_timeout
+
+    assert comm_timeout() == 30.0
+    with pytest.raises(RuntimeError, match="twice"):
+        dist.init_process_group()
+    assert dist.group.WORLD is c10d._default_group() and dist.get_backend() == "mpi"
+    t = T(np.arange(4.0))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert np.array_equal(t._data, np.arange(4.0))
+    dist.destroy_process_group()
+    assert comm_timeout() == float(os.environ.get("HPCFSDP_COMM_TIMEOUT", "600"))  # back to the environment
+    assert dist.get_world_size() == 1  # re-initialised lazily on first use

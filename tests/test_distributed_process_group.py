@@ -1,0 +1,363 @@
+"""ProcessGroup raw-array collectives, Work, the comm thread, overlap and the watchdog."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpcfsdp.distributed import _buffers as B
+from hpcfsdp.distributed.process_group import (
+    ProcessGroup,
+    ReduceOp,
+    Work,
+    collective_counts,
+    reset_collective_counts,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
+
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
+          np.dtype(np.int64)]
+SIZES = [0, 1, 7, 33]
+OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT]
+
+
+def _data(world_rank, size, dtype, salt=0):
+    """Rank-specific input, reproducible on every rank (for the NumPy reference)."""
+    rng = np.random.default_rng(1000 * world_rank + 7 * size + salt)
+    if dtype.kind == "i":
+        return rng.integers(-5, 6, size).astype(dtype)
+    return (rng.standard_normal(size) * 2).astype(dtype)
+
+
+def _reference(op, arrays):
+    """NumPy float64 (int64 for ints) reduction of the per-rank arrays, rounded to their dtype."""
+    dt = arrays[0].dtype
+    acc = np.stack([a.astype(np.int64 if dt.kind == "i" else np.float64) for a in arrays])
+    if op is ReduceOp.SUM:
+        r = acc.sum(0)
+    elif op is ReduceOp.AVG:
+        r = acc.sum(0) // len(arrays) if dt.kind == "i" else acc.sum(0) / len(arrays)
+    elif op is ReduceOp.MAX:
+        r = acc.max(0)
+    elif op is ReduceOp.MIN:
+        r = acc.min(0)
+    else:
+        r = acc.prod(0)
+    return r
+
+
+def _close(got, ref, dt, n):
+    if dt.kind == "i":
+        return np.array_equal(got.astype(np.int64), ref)
+    tol = {2: 1e-2, 4: 1e-5, 8: 1e-12}[dt.itemsize]
+    if dt.name == "bfloat16":
+        tol = 2e-2
+    scale = np.maximum(np.abs(ref), 1.0) * n
+    return bool(np.all(np.abs(got.astype(np.float64) - ref) <= tol * scale))
+
+
+def _groups():
+    """World, a sub-group (world ranks 0 and last, built with split), and a size-1 group."""
+    from mpi4py import MPI
+
+    world = ProcessGroup(MPI.COMM_WORLD)
+    n = world.size()
+    members = [0, n - 1]
+    sub = world.split(0 if world.rank() in members else 1)
+    single = world.split(world.rank())
+    return [world, sub, single]
+
+
+def _all_inputs(pg, size, dtype, salt):
+    return [_data(w, size, dtype, salt) for w in pg.world_ranks]
+
+
+# -- MPI tests ------------------------------------------------------------------------------------
+
+@pytest.mark.mpi(min_size=2)
+def test_all_gather_into_matches_numpy():
+    for pg in _groups():
+        n, r = pg.size(), pg.rank()
+        for async_op in (False, True):
+            for dt in DTYPES:
+                for k in SIZES:
+                    ins = _all_inputs(pg, k, dt, 1)
+                    out = np.full(k * n, 3, dt)
+                    w = pg.all_gather_into(out, ins[r], async_op=async_op)
+                    if async_op:
+                        assert isinstance(w, Work)
+                        assert w.wait() is True and w.is_completed()
+                    else:
+                        assert w is None
+                    assert np.array_equal(out.view(np.uint8), np.concatenate(ins).view(np.uint8)), (pg, dt, k)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_gather_into_in_place_slot_and_2d_shapes():
+    for pg in _groups():
+        n, r = pg.size(), pg.rank()
+        ins = _all_inputs(pg, 12, np.dtype(np.float32), 2)
+        out = np.zeros((n, 12), np.float32)
+        out[r] = ins[r]
+        pg.all_gather_into(out, out[r])  # input is this rank's slot: MPI_IN_PLACE
+        assert np.array_equal(out, np.stack(ins))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_reduce_scatter_into_matches_numpy():
+    for pg in _groups():
+        n, r = pg.size(), pg.rank()
+        for async_op in (False, True):
+            for dt in DTYPES:
+                for op in OPS:
+                    for k in SIZES:
+                        ins = _all_inputs(pg, k * n, dt, 3)
+                        out = np.zeros(k, dt)
+                        w = pg.reduce_scatter_into(out, ins[r].copy(), op, async_op=async_op)
+                        if async_op:
+                            w.wait()
+                        ref = _reference(op, ins)[r * k:(r + 1) * k]
+                        assert _close(out, ref, dt, n), (pg, dt, op, k, out, ref)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_reduce_matches_numpy():
+    for pg in _groups():
+        n, r = pg.size(), pg.rank()
+        for async_op in (False, True):
+            for dt in DTYPES:
+                for op in OPS:
+                    for k in SIZES:
+                        ins = _all_inputs(pg, k, dt, 4)
+                        a = ins[r].copy()
+                        w = pg.all_reduce_(a, op, async_op=async_op)
+                        if async_op:
+                            w.wait()
+                        assert _close(a, _reference(op, ins), dt, n), (pg, dt, op, k)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_half_reduction_float32_fallback(monkeypatch):
+    # Force the float32 path for float16 too (bfloat16 takes it already on MPICH 5).
+    monkeypatch.setattr(B, "half_types", lambda: {"float16": None, "bfloat16": None})
+    pg = _groups()[0]
+    n, r = pg.size(), pg.rank()
+    for dt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        for op in OPS:
+            ins = _all_inputs(pg, 9 * n, dt, 5)
+            out = np.zeros(9, dt)
+            pg.reduce_scatter_into(out, ins[r], op)
+            assert _close(out, _reference(op, ins)[r * 9:(r + 1) * 9], dt, n)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_and_barrier():
+    for pg in _groups():
+        n = pg.size()
+        for dt in DTYPES:
+            for src in range(n):
+                for k in (0, 1, 5):
+                    a = _data(pg.world_ranks[pg.rank()], k, dt, 6)
+                    w = pg.broadcast_(a, src, async_op=True)
+                    w.wait()
+                    assert np.array_equal(a.view(np.uint8), _data(pg.world_ranks[src], k, dt, 6).view(np.uint8))
+        assert pg.barrier() is None
+        assert pg.barrier(async_op=True).wait()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_objects_and_ordering_of_many_async_ops():
+    pg = _groups()[0]
+    n, r = pg.size(), pg.rank()
+    obj = {"rank": r, "t": (1, 2.5, None), 3: [b"x", {1, 2}], "dt": np.dtype("float16"),
+           "arr": np.arange(3, dtype=np.int64) * r}
+    got = pg.all_gather_object(obj)
+    assert [g["rank"] for g in got] == list(range(n))
+    assert got[1]["t"] == (1, 2.5, None) and got[1][3] == [b"x", {1, 2}] and got[1]["dt"] == np.float16
+    assert np.array_equal(got[1]["arr"], np.arange(3) * 1)
+    assert pg.broadcast_object({"v": r} if r == n - 1 else None, src=n - 1) == {"v": n - 1}
+    # many async collectives in flight complete in issue order with the right values
+    bufs = [np.full(4, r + i, np.float64) for i in range(20)]
+    works = [pg.all_reduce_(b, ReduceOp.SUM, async_op=True) for b in bufs]
+    for w in reversed(works):
+        w.wait()
+    for i, b in enumerate(bufs):
+        assert np.all(b == sum(q + i for q in range(n)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_collective_counters():
+    pg = _groups()[0]
+    reset_collective_counts()
+    pg.stats.clear()
+    x = np.ones(4, np.float32)
+    pg.all_gather_into(np.empty(4 * pg.size(), np.float32), x)
+    pg.all_gather_into(np.empty(4 * pg.size(), np.float32), x, async_op=True).wait()
+    pg.reduce_scatter_into(np.empty(1, np.float32), np.ones(pg.size(), np.float32))
+    pg.all_reduce_(x)
+    c = collective_counts()
+    assert c == {"all_gather": 2, "reduce_scatter": 1, "all_reduce": 1}
+    assert dict(pg.stats) == c
+    reset_collective_counts()
+    assert collective_counts() == {}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_input_errors():
+    pg = _groups()[0]
+    n = pg.size()
+    with pytest.raises(ValueError, match=f"expected input size 3 x group size {n}"):
+        pg.all_gather_into(np.empty(3 * n + 1, np.float32), np.empty(3, np.float32))
+    with pytest.raises(TypeError, match="output dtype float64 != input dtype float32"):
+        pg.all_gather_into(np.empty(3 * n, np.float64), np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="input has 5 elements"):
+        pg.reduce_scatter_into(np.empty(2, np.float32), np.empty(5, np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        pg.reduce_scatter_into(np.empty(2, np.int64), np.empty(2 * n, np.float32))
+    with pytest.raises(ValueError, match=f"src={n}: outside the group"):
+        pg.broadcast_(np.empty(2), src=n)
+    with pytest.raises(ValueError, match="op='XOR'"):
+        pg.all_reduce_(np.empty(2), "XOR")
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pg.all_reduce_(np.empty((4, 4))[:, 1])
+    with pytest.raises(TypeError, match="expected a numpy.ndarray or cupy.ndarray, got builtins.list"):
+        pg.all_reduce_([1.0, 2.0])
+    with pytest.raises(ValueError, match="outside the group"):
+        pg.create_subgroup([0, n])
+    # the group is still usable after all these errors (nothing was enqueued)
+    a = np.ones(2)
+    pg.all_reduce_(a)
+    assert np.all(a == n)
+
+
+# -- serial tests -----------------------------------------------------------------------------------
+
+def test_cupy_array_without_cupy_is_a_clear_error():
+    fake = type("ndarray", (), {"__module__": "cupy._core.core"})()
+    with pytest.raises(RuntimeError, match="CuPy array but CuPy is not importable"):
+        B.check_buffer(fake, "all_reduce_: array")
+
+
+def test_size_one_group_fast_path_makes_no_mpi_call():
+    from mpi4py import MPI
+
+    pg = ProcessGroup(MPI.COMM_SELF)
+    x = np.arange(5, dtype=np.float32)
+    out = np.zeros(5, np.float32)
+    w = pg.all_gather_into(out, x, async_op=True)
+    assert w.is_completed() and np.array_equal(out, x)
+    out2 = np.zeros(5, np.float32)
+    pg.reduce_scatter_into(out2, x, ReduceOp.AVG)
+    assert np.array_equal(out2, x)
+    pg.all_reduce_(x, ReduceOp.PRODUCT)
+    assert np.array_equal(x, np.arange(5))
+
+
+def test_work_reraises_comm_thread_exception_and_explicit_timeout():
+    from hpcfsdp.distributed import process_group as P
+
+    def boom():
+        raise ValueError("broken collective")
+
+    w = P._submit("test op", boom, async_op=True)
+    with pytest.raises(ValueError, match="broken collective"):
+        w.wait()
+    assert w.is_completed() and isinstance(w.exception(), ValueError)
+    w2 = P._submit("slow op", lambda: time.sleep(0.5), async_op=True)
+    with pytest.raises(TimeoutError, match="slow op did not complete within timeout=0.05"):
+        w2.wait(timeout=0.05)
+    assert w2.wait() is True
+
+
+def test_object_encoding_roundtrip_and_rejects_arbitrary_objects():
+    obj = [None, True, 3, 2.5, "s", (1, (2,)), {1: "a", (2, 3): [4]}, frozenset({1}), b"\x00\xff",
+           np.dtype(ml_dtypes.bfloat16), np.float32(1.5), np.arange(6, dtype=np.float16).reshape(2, 3)]
+    back = B.decode_object(B.encode_object(obj))
+    assert back[:11] == obj[:11] and type(back[10]) is np.float32
+    assert np.array_equal(back[11], obj[11]) and back[11].dtype == np.float16
+    with pytest.raises(TypeError, match="cannot send an object of type"):
+        B.encode_object(object())
+
+
+def _run_mpi(script, n=2, env=None, timeout=60):
+    e = dict(os.environ)
+    e.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    e.update(env or {})
+    return subprocess.run([MPIEXEC, "-n", str(n), PY, "-c", textwrap.dedent(script)], cwd=ROOT, env=e,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_watchdog_aborts_when_a_rank_never_joins():
+    script = """
+        import time, numpy as np
+        from hpcfsdp.distributed.process_group import ProcessGroup
+        pg = ProcessGroup()
+        if pg.rank() == 0:
+            pg.all_gather_into(np.empty(2 * 10, np.float32), np.ones(10, np.float32))
+        else:
+            time.sleep(60)
+        print("UNREACHABLE", flush=True)
+    """
+    t0 = time.monotonic()
+    p = _run_mpi(script, env={"HPCFSDP_COMM_TIMEOUT": "2"}, timeout=40)
+    elapsed = time.monotonic() - t0
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert elapsed < 20, elapsed
+    assert "timed out after 2 s" in out and "all_gather_into(out=float32[20] (cpu), in=float32[10] (cpu))" in out
+    assert "group 'default'" not in out and "(size 2, world ranks [0, 1])" in out
+    assert "UNREACHABLE" not in out
+
+
+OVERLAP = """
+    import time, numpy as np
+    from hpcfsdp.distributed.process_group import ProcessGroup
+    pg = ProcessGroup()
+    n, r = pg.size(), pg.rank()
+    out = np.empty(64 * 2**20 // 4, np.float32)          # 64 MiB all-gather output
+    inp = np.ones(out.size // n, np.float32)
+    a = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+    def comp(k):
+        for _ in range(k):
+            a @ a
+    pg.all_gather_into(out, inp); comp(3)
+    pg.barrier(); t = time.perf_counter(); pg.all_gather_into(out, inp); tc = time.perf_counter() - t
+    t = time.perf_counter(); comp(20); per = (time.perf_counter() - t) / 20
+    iters = max(2, int(tc / per))                          # compute about as long as the all-gather
+    comm_t, comp_t, both_t = [], [], []
+    for _ in range(15):
+        pg.barrier(); t = time.perf_counter(); pg.all_gather_into(out, inp); comm_t.append(time.perf_counter() - t)
+        pg.barrier(); t = time.perf_counter(); comp(iters); comp_t.append(time.perf_counter() - t)
+        pg.barrier(); t = time.perf_counter()
+        w = pg.all_gather_into(out, inp, async_op=True); comp(iters); w.wait()
+        both_t.append(time.perf_counter() - t)
+    assert np.all(out == 1)
+    m = min  # the least disturbed run of each: other processes share these 2 cores
+    ratio = m(both_t) / (m(comm_t) + m(comp_t))
+    worst = pg.all_gather_object(ratio)
+    if r == 0:
+        print(f"RATIO {max(worst):.3f} comm {m(comm_t)*1e3:.1f} ms comp {m(comp_t)*1e3:.1f} ms "
+              f"both {m(both_t)*1e3:.1f} ms", flush=True)
+"""
+
+
+def test_overlap_async_all_gather_with_matmul_at_2_ranks():
+    # See [Note: Progress and busy polling]: on this 2-core machine each rank has one core, and the
+    # all-gather is itself memory-copy work, so the gain comes from spreading the copies over the
+    # compute (less memory-bandwidth contention) and from the comm thread sleeping while it waits.
+    ratios = []
+    for _ in range(3):  # a noisy neighbour can spoil one run; the best of three must show overlap
+        p = _run_mpi(OVERLAP, n=2, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RATIO"))
+        ratios.append(float(line.split()[1]))
+        if ratios[-1] < 0.95:
+            break
+    assert min(ratios) < 0.95, ratios

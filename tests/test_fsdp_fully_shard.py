@@ -1,0 +1,227 @@
+"""fully_shard parity with an unsharded reference trained on the global batch (2 and 4 ranks)."""
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+from hpcfsdp import nn
+from hpcfsdp.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from hpcfsdp.distributed.tensor import DTensor
+
+from _fsdp_util import Blocks, gpt_batches, local, tiny_gpt, train_parity, world
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def _per_block(reshard):
+    def shard(model):
+        for b in model.blocks:
+            fully_shard(b, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
+    return shard
+
+
+def test_one_group_gpt():
+    w, _ = world()
+    train_parity(tiny_gpt, fully_shard, batches=gpt_batches(10, 4 * w + 1))
+
+
+@pytest.mark.parametrize("reshard", [True, False, None])
+def test_per_block_groups(reshard):
+    w, _ = world()
+    train_parity(tiny_gpt, _per_block(reshard), batches=gpt_batches(10, 4 * w + 1))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_reshard_after_forward_int():
+    w, _ = world()
+    model, _ = train_parity(tiny_gpt, _per_block(2), batches=gpt_batches(10, 4 * w + 1))
+    g = model.blocks[0]._get_fsdp_state()._param_group
+    assert g.post_forward_mesh_info.shard_world_size == 2
+
+
+def test_uneven_sizes_and_untied():
+    w, _ = world()
+    vocab = 4 * w + 1
+
+    def make():
+        hp.manual_seed(5)
+        return Blocks(vocab)
+
+    def shard(m):
+        for b in m.blocks:
+            fully_shard(b)
+        fully_shard(m)
+
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, vocab, (w * 2, 5)), None) for _ in range(10)]
+    train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
+    train_parity(lambda: tiny_gpt(tie=False), _per_block(True), batches=gpt_batches(10, vocab))
+
+
+def test_tied_embedding_is_one_parameter():
+    w, _ = world()
+    model, _ = train_parity(tiny_gpt, _per_block(True), batches=gpt_batches(5, 4 * w + 1))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert isinstance(model.lm_head.weight, DTensor)
+
+
+def test_frozen_parameters_in_a_group():
+    w, _ = world()
+
+    def make():
+        m = tiny_gpt()
+        m.transformer.wpe.weight.requires_grad_(False)
+        for b in m.blocks:
+            b.ln_1.weight.requires_grad_(False)
+        return m
+
+    model, ref = train_parity(make, _per_block(True), batches=gpt_batches(8, 4 * w + 1))
+    assert model.transformer.wpe.weight.grad is None
+    np.testing.assert_array_equal(ref.transformer.wpe.weight.detach().numpy(),
+                                  make().transformer.wpe.weight.detach().numpy())
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 6)
+        self.shared = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = self.inp(x).tanh()
+        h = self.shared(h).tanh()
+        h = self.shared(h).tanh()  # the same FSDP unit twice in one forward
+        return self.out(h).pow(2).mean()
+
+
+def test_module_used_twice():
+    w, _ = world()
+
+    def make():
+        hp.manual_seed(3)
+        return Twice()
+
+    def shard(m):
+        fully_shard(m.shared)
+        fully_shard(m)
+
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((w * 3, 6)).astype(np.float32), None) for _ in range(10)]
+    train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
+
+
+class WithScore(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def score(self, x):
+        return self.lin(x).pow(2).mean()
+
+
+def test_register_fsdp_forward_method():
+    w, _ = world()
+
+    def make():
+        hp.manual_seed(2)
+        return WithScore()
+
+    def shard(m):
+        fully_shard(m)
+        register_fsdp_forward_method(m, "score")
+
+    rng = np.random.default_rng(2)
+    batches = [(rng.standard_normal((w * 2, 4)).astype(np.float32), None) for _ in range(10)]
+    train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m.score(hp.tensor(x)))
+    with pytest.raises(ValueError, match="does not have a method nope"):
+        register_fsdp_forward_method(shard_gpt_root(), "nope")
+
+
+def shard_gpt_root():
+    m = tiny_gpt()
+    fully_shard(m)
+    return m
+
+
+def test_gradient_accumulation_no_sync():
+    w, _ = world()
+    train_parity(tiny_gpt, _per_block(True), batches=gpt_batches(6, 4 * w + 1, B_per_rank=4), micro_batches=2)
+
+
+def test_sharding_states_after_forward_and_backward():
+    w, _ = world()
+    model = tiny_gpt()
+    for b in model.blocks:
+        fully_shard(b, reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=False)
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+    assert all(isinstance(p, DTensor) for p in model.blocks[0].parameters())
+    root_direct = model.transformer.wte.weight
+    assert not isinstance(root_direct, DTensor) and tuple(root_direct.shape) == (4 * w + 1, 16)
+    loss.backward()
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert all(isinstance(p.grad, DTensor) for p in model.parameters())
+    model.unshard()
+    assert not isinstance(model.transformer.wte.weight, DTensor)
+    model.reshard()
+    assert isinstance(model.transformer.wte.weight, DTensor)
+    handle = model.blocks[1].unshard(async_op=True)
+    handle.wait()
+    assert not isinstance(model.blocks[1].attn.c_attn.weight, DTensor)
+    model.blocks[1].reshard()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_reduce_dtype_and_parity(dtype):
+    from hpcfsdp.distributed.fsdp import ReduceScatter
+    from hpcfsdp.distributed._comms import MPIReduceScatter
+
+    w, _ = world()
+    dt = getattr(hp, dtype)
+    seen = []
+
+    class Spy(MPIReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            seen.append(input_tensor.dtype)
+            return super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
+
+    mp = MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=hp.float32)
+    model = tiny_gpt()
+    for b in model.blocks:
+        fully_shard(b, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    model.blocks[0].set_custom_reduce_scatter(Spy())
+    assert isinstance(Spy(), ReduceScatter)
+    ref = tiny_gpt()
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+    for x, y in gpt_batches(5, 4 * w + 1):
+        _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        # reference: parameters rounded to the low precision for compute, master weights float32
+        master = {n: p._data.copy() for n, p in ref.named_parameters()}
+        with hp.no_grad():
+            for p in ref.parameters():
+                p._data[...] = p._data.astype(dt).astype(np.float32)
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        with hp.no_grad():
+            for n, p in ref.named_parameters():
+                p._data[...] = master[n]
+        ropt.step()
+        ropt.zero_grad()
+        got = hp.tensor([loss.item()], dtype=hp.float64)
+        import hpcfsdp.distributed as dist
+
+        dist.all_reduce(got, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(got.item(), rl.item(), rtol=2e-2)
+    assert seen and all(d == hp.float32 for d in seen)
+    for p in model.parameters():
+        assert p.dtype == hp.float32  # sharded master weights stay float32

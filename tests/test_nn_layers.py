@@ -1,0 +1,166 @@
+"""Layers against NumPy float64 references: forward values and finite-difference gradients."""
+import math
+
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+from hpcfsdp import nn
+
+RNG = np.random.default_rng(1234)
+
+
+def _t(a, requires_grad=False):
+    return hp.tensor(np.asarray(a, dtype=np.float64), requires_grad=requires_grad)
+
+
+def _numgrad(f, arrays, eps=1e-6):
+    """Central differences of the scalar f() with respect to every array in ``arrays`` (modified in place)."""
+    grads = []
+    for a in arrays:
+        g = np.zeros_like(a)
+        it = np.nditer(a, flags=["multi_index"])
+        for _ in it:
+            i = it.multi_index
+            old = a[i]
+            a[i] = old + eps
+            fp = f()
+            a[i] = old - eps
+            fm = f()
+            a[i] = old
+            g[i] = (fp - fm) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def _check_grads(module, x_np, loss_weights=None):
+    """Backprop sum(out * w) through ``module`` (float64) and compare with central differences."""
+    x = _t(x_np, requires_grad=True)
+    out = module(x)
+    w = loss_weights if loss_weights is not None else RNG.standard_normal(tuple(out.shape))
+    (out * _t(w)).sum().backward()
+    params = [p for p in module.parameters()]
+    arrays = [x._data] + [p._data for p in params]
+
+    def f():
+        with hp.no_grad():
+            return float((module(x).detach().numpy() * w).sum())
+
+    num = _numgrad(f, arrays)
+    np.testing.assert_allclose(x.grad.numpy(), num[0], rtol=1e-5, atol=1e-7)
+    for p, g in zip(params, num[1:]):
+        np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-5, atol=1e-7)
+
+
+def test_linear_forward_and_grad():
+    lin = nn.Linear(4, 3, dtype=hp.float64)
+    x = RNG.standard_normal((5, 4))
+    W, b = lin.weight.detach().numpy(), lin.bias.detach().numpy()
+    np.testing.assert_allclose(lin(_t(x)).detach().numpy(), x @ W.T + b, rtol=1e-12)
+    x3 = RNG.standard_normal((2, 5, 4))
+    np.testing.assert_allclose(lin(_t(x3)).detach().numpy(), x3 @ W.T + b, rtol=1e-12)
+    _check_grads(lin, x)
+    nb = nn.Linear(4, 2, bias=False, dtype=hp.float64)
+    np.testing.assert_allclose(nb(_t(x)).detach().numpy(), x @ nb.weight.detach().numpy().T, rtol=1e-12)
+    assert lin.weight.dtype == hp.float64 and nn.Linear(2, 2).weight.dtype == hp.float32
+
+
+def test_embedding_forward_and_grad():
+    emb = nn.Embedding(7, 3, dtype=hp.float64)
+    idx = np.array([[0, 3, 3], [6, 1, 0]])
+    W = emb.weight.detach().numpy()
+    out = emb(hp.tensor(idx))
+    np.testing.assert_array_equal(out.detach().numpy(), W[idx])
+    w = RNG.standard_normal((2, 3, 3))
+    (out * _t(w)).sum().backward()
+    ref = np.zeros_like(W)
+    np.add.at(ref, idx, w)  # repeated indices accumulate
+    np.testing.assert_allclose(emb.weight.grad.numpy(), ref, rtol=1e-12)
+    pad = nn.Embedding(5, 2, padding_idx=1)
+    assert np.all(pad.weight.detach().numpy()[1] == 0)
+    assert repr(pad) == "Embedding(5, 2, padding_idx=1)"
+
+
+def test_layernorm_forward_and_grad():
+    ln = nn.LayerNorm(6, dtype=hp.float64)
+    with hp.no_grad():
+        ln.weight.copy_(_t(RNG.standard_normal(6)))
+        ln.bias.copy_(_t(RNG.standard_normal(6)))
+    x = RNG.standard_normal((3, 6)) * 2 + 1
+    mu = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)  # biased, as PyTorch
+    ref = (x - mu) / np.sqrt(var + 1e-5) * ln.weight.detach().numpy() + ln.bias.detach().numpy()
+    np.testing.assert_allclose(ln(_t(x)).detach().numpy(), ref, rtol=1e-10)
+    _check_grads(ln, x)
+    nob = nn.LayerNorm((2, 3), bias=False, eps=1e-3)
+    assert nob.bias is None and nob.normalized_shape == (2, 3)
+    assert repr(nob) == "LayerNorm((2, 3), eps=0.001, elementwise_affine=True)"
+    noaff = nn.LayerNorm(4, elementwise_affine=False)
+    assert list(noaff.parameters()) == []
+
+
+def test_activations_forward_and_grad():
+    x = RNG.standard_normal((4, 5))
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from relu's kink
+    erf = np.vectorize(math.erf)
+    # the exact GELU uses a rational erf approximation (abs error < 2e-8, see autograd/ops_nn.py)
+    np.testing.assert_allclose(nn.GELU()(_t(x)).detach().numpy(), 0.5 * x * (1 + erf(x / math.sqrt(2))), atol=5e-8)
+    tanh_ref = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(nn.GELU("tanh")(_t(x)).detach().numpy(), tanh_ref, rtol=1e-10)
+    np.testing.assert_allclose(nn.ReLU()(_t(x)).detach().numpy(), np.maximum(x, 0))
+    np.testing.assert_allclose(nn.Tanh()(_t(x)).detach().numpy(), np.tanh(x), rtol=1e-12)
+    for m in (nn.GELU(), nn.GELU("tanh"), nn.ReLU(), nn.Tanh()):
+        _check_grads(m, x)
+    with pytest.raises(ValueError, match="approximate"):
+        nn.GELU("fast")
+    y = _t(x)
+    assert nn.Identity(3, foo=1)(y) is y
+
+
+def test_dropout_train_and_eval():
+    hp.manual_seed(0)
+    d = nn.Dropout(0.25)
+    x = hp.ones(20000, dtype=hp.float64)
+    out = d(x).numpy()
+    kept = out != 0
+    assert abs(kept.mean() - 0.75) < 0.02
+    np.testing.assert_allclose(out[kept], 1 / 0.75)
+    d.eval()
+    assert np.array_equal(d(x).numpy(), x.numpy())
+    with pytest.raises(ValueError, match="between 0 and 1, but got 1.5"):
+        nn.Dropout(1.5)
+    assert repr(nn.Dropout(0.1)) == "Dropout(p=0.1, inplace=False)"
+
+
+def _log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_cross_entropy_and_mse_losses():
+    logits = RNG.standard_normal((6, 5))
+    target = np.array([0, 4, 2, -100, 1, 3])
+    ls = _log_softmax(logits)
+    valid = target != -100
+    nll = -ls[np.arange(6)[valid], target[valid]]
+    ce = nn.CrossEntropyLoss()
+    np.testing.assert_allclose(ce(_t(logits), hp.tensor(target)).item(), nll.mean(), rtol=1e-10)
+    np.testing.assert_allclose(nn.CrossEntropyLoss(reduction="sum")(_t(logits), hp.tensor(target)).item(),
+                               nll.sum(), rtol=1e-10)
+    x = _t(logits, requires_grad=True)
+    ce(x, hp.tensor(target)).backward()
+    p = np.exp(ls)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(6)[valid], target[valid]] = 1
+    ref = (p - onehot) * valid[:, None] / valid.sum()
+    np.testing.assert_allclose(x.grad.numpy(), ref, rtol=1e-9, atol=1e-12)
+    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
+    np.testing.assert_allclose(nn.MSELoss()(_t(a), _t(b)).item(), ((a - b) ** 2).mean(), rtol=1e-12)
+    np.testing.assert_allclose(nn.MSELoss(reduction="none")(_t(a), _t(b)).numpy(), (a - b) ** 2, rtol=1e-12)
+    with pytest.raises(ValueError, match="not a valid value for reduction"):
+        nn.MSELoss(reduction="avg")
+
+
+def test_sequential_mlp_grad():
+    mlp = nn.Sequential(nn.Linear(3, 4, dtype=hp.float64), nn.Tanh(), nn.Linear(4, 2, dtype=hp.float64))
+    _check_grads(mlp, RNG.standard_normal((2, 3)))
