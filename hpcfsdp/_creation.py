@@ -31,13 +31,16 @@ def _parse_shape(size):
 
 
 def _infer_dtype(a):
-    """PyTorch's dtype for data given as Python values / arrays."""
+    """PyTorch's dtype for Python data (floats -> float32, ints -> int64) or an unsupported array dtype."""
     k = a.dtype.kind
-    if k == "f" and a.dtype != _backend.float16 and a.dtype != np.float32:
-        return float32 if a.dtype == np.float64 else a.dtype
-    if k in "iu" and a.dtype != np.uint8 and a.dtype != np.int32 and a.dtype != np.int16 and a.dtype != np.int8:
+    if k == "f":
+        return float32 if a.dtype.itemsize >= 4 else _backend.float16
+    if k in "iu":
         return int64
-    return a.dtype
+    if k == "b":
+        return _backend.bool
+    raise TypeError(f"can't convert data of dtype {a.dtype} to a tensor; supported: "
+                    f"{sorted(str(d) for d in _backend._SUPPORTED)}")
 
 
 def _as_array(data, dtype, device, copy):
@@ -50,7 +53,7 @@ def _as_array(data, dtype, device, copy):
         return _backend.meta_array(a.shape, dt or _infer_dtype(np.asarray(np.zeros((), a.dtype))))
     xp = _backend.array_module(dev)
     if isinstance(data, np.ndarray) or _backend.is_cupy_array(data):
-        a = data
+        a = data  # arrays keep their dtype (torch.tensor(np.float64 array) is float64)
         if dt is None:
             dt = a.dtype if a.dtype in _backend._SUPPORTED else _infer_dtype(a)
     else:

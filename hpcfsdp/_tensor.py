@@ -383,7 +383,7 @@ class Tensor:
             a = _backend.to_numpy(self._data)
             if a.dtype == bfloat16:
                 a = a.astype(np.float32)
-            body = np.array2string(a, separator=", ", prefix="tensor(", precision=4)
+            body = np.array2string(a, separator=", ", prefix="tensor(", precision=4, floatmode="maxprec_equal")
         extras = []
         dev = self.device
         if dev.type != "cpu":
@@ -515,7 +515,7 @@ _TYPE_NAMES = {float32: "hp.FloatTensor", _backend.float64: "hp.DoubleTensor", f
 
 
 def _dtype_name(dt):
-    return "hp." + {v: k for k, v in [("bfloat16", bfloat16)]}.get(dt, str(dt))
+    return "hp." + ("bfloat16" if dt == bfloat16 else str(dt))
 
 
 def _wrap_dim(dim, ndim):

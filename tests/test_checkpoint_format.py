@@ -144,7 +144,8 @@ def test_load_into_noncontiguous_output_and_several_boxes(ckdir):
 def test_identical_boxes_are_written_once(ckdir):
     b = np.arange(6.0)
     F.save_pieces(ckdir, {"b": [F.Piece((6,), np.float64, (0,), b), F.Piece((6,), np.float64, (0,), b.copy())],
-                          "e": [F.Piece((4,), np.float64, (0,), np.ones(4)), F.Piece((4,), np.float64, (4,), np.ones(0))]},
+                          "e": [F.Piece((4,), np.float64, (0,), np.ones(4)),
+                                F.Piece((4,), np.float64, (4,), np.ones(0))]},
                   comm=SELF)
     md = F.read_metadata(ckdir)
     assert len(md.entries["b"].pieces) == 1 and len(md.entries["e"].pieces) == 1
@@ -351,8 +352,10 @@ def fuzz_source(tmp_path_factory):
     return os.path.realpath(d), {"w": a, "s": np.array(9)}
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(target=st.sampled_from(["metadata.json", "rank_00000.safetensors"]), op=st.sampled_from(["flip", "cut", "multi"]),
+@settings(max_examples=200, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(target=st.sampled_from(["metadata.json", "rank_00000.safetensors"]),
+       op=st.sampled_from(["flip", "cut", "multi"]),
        pos=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255), seed=st.integers(0, 2**32 - 1))
 def test_fuzzed_files_raise_value_error_or_load_exactly(fuzz_source, target, op, pos, mask, seed):
     src, ref = fuzz_source

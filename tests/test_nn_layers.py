@@ -154,6 +154,12 @@ def test_cross_entropy_and_mse_losses():
     onehot[np.arange(6)[valid], target[valid]] = 1
     ref = (p - onehot) * valid[:, None] / valid.sum()
     np.testing.assert_allclose(x.grad.numpy(), ref, rtol=1e-9, atol=1e-12)
+    # class weights: mean over valid targets weighted by w[target], normalised by the weight sum
+    w = RNG.uniform(0.5, 2.0, 5)
+    wce = nn.CrossEntropyLoss(weight=_t(w))
+    wt = w[target[valid]]
+    np.testing.assert_allclose(wce(_t(logits), hp.tensor(target)).item(), (wt * nll).sum() / wt.sum(), rtol=1e-10)
+    assert "weight" in dict(wce.named_buffers())
     a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
     np.testing.assert_allclose(nn.MSELoss()(_t(a), _t(b)).item(), ((a - b) ** 2).mean(), rtol=1e-12)
     np.testing.assert_allclose(nn.MSELoss(reduction="none")(_t(a), _t(b)).numpy(), (a - b) ** 2, rtol=1e-12)

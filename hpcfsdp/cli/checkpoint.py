@@ -58,7 +58,8 @@ def run_inspect(args) -> int:
     if args.json:
         print(json.dumps(md.to_json(), indent=1, sort_keys=True))
         return 0
-    print(f"checkpoint: {args.dir}" + (f" -> {md.path}" if os.path.realpath(args.dir) != os.path.abspath(args.dir) else ""))
+    linked = os.path.realpath(args.dir) != os.path.abspath(args.dir)
+    print(f"checkpoint: {args.dir}" + (f" -> {md.path}" if linked else ""))
     print(f"format version {md.version}, saved by {md.world_size} rank(s), {len(md.files)} shard file(s), "
           f"checksum block {_fmt_bytes(md.block_size)}")
     print(f"mesh: {json.dumps(md.mesh)}")
@@ -81,7 +82,8 @@ def run_verify(args) -> int:
     except ValueError as e:
         return _fail("verify", e)
     npieces = sum(len(e.pieces) for e in md.entries.values())
-    print(f"OK: {len(md.entries)} entries, {npieces} pieces in {len(md.files)} file(s), {md.total_bytes} bytes verified")
+    print(f"OK: {len(md.entries)} entries, {npieces} pieces in {len(md.files)} file(s), "
+          f"{md.total_bytes} bytes verified")
     return 0
 
 

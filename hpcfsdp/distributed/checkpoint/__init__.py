@@ -231,14 +231,12 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
     ``checkpoint_id``. Collective; atomic: a crash leaves the previous checkpoint there intact."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"save expects a dict state_dict, got {type(state_dict).__name__}")
-    import numpy as np
-
     tensors: dict = {}
     skeleton = _walk(state_dict, "", tensors, None)
     pieces = {}
     for name, t in tensors.items():
         shape, offsets, arr = _box(t)
-        pieces[name] = Piece(shape, arr.dtype, offsets, np.ascontiguousarray(arr))
+        pieces[name] = Piece(shape, arr.dtype, offsets, arr)
     comm = _comm(process_group)
     save_pieces(str(checkpoint_id), pieces, comm=comm, extras={"skeleton": skeleton},
                 mesh_info={"world_size": comm.Get_size()})
@@ -283,23 +281,13 @@ def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, 
     leaves are overwritten in place (each rank reads only its own pieces); JSON values are replaced."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"load expects a dict state_dict, got {type(state_dict).__name__}")
-    import numpy as np
-
     tensors: dict = {}
     _walk(state_dict, "", tensors, None)
-    requests, copies = {}, []
+    requests = {}
     for name, t in tensors.items():
         shape, offsets, _ = _box(t)
-        arr = t._data
-        if isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.flags.writeable:
-            out = arr
-        else:
-            out = np.empty(arr.shape, dtype=arr.dtype)
-            copies.append((t, out))
-        requests[name] = (shape, arr.dtype, offsets, out)
+        requests[name] = (shape, t._data.dtype, offsets, t._data)  # filled in place (NumPy or CuPy)
     res = load_pieces(str(checkpoint_id), requests, comm=_comm(process_group), strict=strict)
-    for t, out in copies:
-        t._data[...] = _backend.array_module(t._data).asarray(out)
     skel = (res.metadata.extras or {}).get("skeleton")
     if skel is not None:
         _fill(skel, state_dict, "")

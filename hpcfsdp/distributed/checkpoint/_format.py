@@ -74,7 +74,9 @@ from ._metadata import (
     IncompleteCheckpointError, PieceInfo, dtype_name, dump_metadata, parse_metadata, shard_file_name,
 )
 from ._storage import Reader as _Reader
-from ._storage import READ_CHUNK, check_disjoint_cover, fsync_dir, intersect, pread_exact, verify_blocks, write_shard_file
+from ._storage import (
+    READ_CHUNK, check_disjoint_cover, fsync_dir, intersect, pread_exact, verify_blocks, write_shard_file,
+)
 
 __all__ = [
     "Piece",
@@ -164,7 +166,8 @@ def _as_list(spec) -> list:
         return [spec]
     if isinstance(spec, (tuple, list)):
         return list(spec)
-    raise TypeError(f"expected a Piece (global_shape, dtype, offsets, array) or a list of them, got {type(spec).__name__}")
+    raise TypeError(
+        f"expected a Piece (global_shape, dtype, offsets, array) or a list of them, got {type(spec).__name__}")
 
 
 def _shape(x, what: str) -> tuple[int, ...]:
@@ -180,7 +183,8 @@ def _shape(x, what: str) -> tuple[int, ...]:
 def _normalise(name: str, piece, what: str, array_key: str = "array") -> tuple:
     """-> (shape, dtype name, offsets, lengths, array) after checking the piece against itself."""
     if not isinstance(piece, (tuple, list)) or len(piece) != 4:
-        raise TypeError(f"{what} of entry {name!r}: expected (global_shape, dtype, offsets, {array_key}), got {piece!r:.100}")
+        raise TypeError(
+            f"{what} of entry {name!r}: expected (global_shape, dtype, offsets, {array_key}), got {piece!r:.100}")
     shape = _shape(piece[0], f"global_shape of entry {name!r}")
     dt = dtype_name(piece[1])
     offsets = _shape(piece[2], f"offsets of entry {name!r}")
@@ -189,7 +193,8 @@ def _normalise(name: str, piece, what: str, array_key: str = "array") -> tuple:
         raise TypeError(f"{what} of entry {name!r}: {array_key} must be an ndarray, got {type(arr).__name__}")
     lengths = tuple(int(n) for n in arr.shape)
     if np.dtype(arr.dtype) != DTYPES[dt]:
-        raise TypeError(f"{what} of entry {name!r}: {array_key} dtype {np.dtype(arr.dtype).name} != declared dtype {dt}")
+        raise TypeError(
+            f"{what} of entry {name!r}: {array_key} dtype {np.dtype(arr.dtype).name} != declared dtype {dt}")
     if not len(shape) == len(offsets) == len(lengths):
         raise ValueError(f"{what} of entry {name!r}: global shape {shape}, offsets {offsets} and {array_key} shape "
                          f"{lengths} must have the same number of dims")

@@ -166,7 +166,8 @@ def _obj(x: Any, source: str, where: str, keys: set[str], optional: set[str] = f
     missing = keys - x.keys()
     extra = x.keys() - keys - optional
     if missing or extra:
-        raise _err(source, where, f"expected keys {sorted(keys)}, missing {sorted(missing)}, unexpected {sorted(extra)}")
+        raise _err(source, where,
+                   f"expected keys {sorted(keys)}, missing {sorted(missing)}, unexpected {sorted(extra)}")
     return x
 
 
@@ -202,7 +203,8 @@ def parse_metadata(data: bytes, source: str) -> CheckpointMetadata:
             f"{source}: checkpoint format version {version} is newer than this hpcfsdp supports "
             f"({FORMAT_VERSION}); upgrade hpcfsdp to load it"
         )
-    _obj(top, source, "top level", {"format", "version", "world_size", "checksum", "files", "entries", "mesh", "extras"})
+    _obj(top, source, "top level",
+         {"format", "version", "world_size", "checksum", "files", "entries", "mesh", "extras"})
     world = _int(top["world_size"], source, "world_size", 1, 1 << 24)
     ck = _obj(top["checksum"], source, "checksum", {"algorithm", "block_size"})
     if ck["algorithm"] != "crc32":

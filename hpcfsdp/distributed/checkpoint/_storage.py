@@ -132,10 +132,10 @@ def verify_blocks(u8: np.ndarray, first_block: int, crcs: Sequence[int], block_s
     for k, i in enumerate(range(0, len(u8), block_size)):
         b = first_block + k
         if zlib.crc32(u8[i:i + block_size]) != crcs[b]:
-            raise ValueError(
-                f"checksum mismatch in {where}, bytes [{b * block_size}, {b * block_size + min(block_size, len(u8) - i)})"
-                " of the piece: the checkpoint is corrupted"
-            )
+            lo = b * block_size
+            hi = lo + min(block_size, len(u8) - i)
+            raise ValueError(f"checksum mismatch in {where}, bytes [{lo}, {hi}) of the piece: "
+                             "the checkpoint is corrupted")
 
 
 def pread_exact(fd: int, u8: np.ndarray | memoryview, offset: int, source: str) -> None:
@@ -143,9 +143,13 @@ def pread_exact(fd: int, u8: np.ndarray | memoryview, offset: int, source: str) 
     mv = memoryview(u8).cast("B")
     got, n = 0, len(mv)
     while got < n:
-        r = os.preadv(fd, [mv[got:]], offset + got) if hasattr(os, "preadv") else _pread_into(fd, mv[got:], offset + got)
+        if hasattr(os, "preadv"):
+            r = os.preadv(fd, [mv[got:]], offset + got)
+        else:
+            r = _pread_into(fd, mv[got:], offset + got)
         if r == 0:
-            raise ValueError(f"{source} is truncated: wanted bytes [{offset}, {offset + n}), file ends at {offset + got}")
+            raise ValueError(
+                f"{source} is truncated: wanted bytes [{offset}, {offset + n}), file ends at {offset + got}")
         got += r
 
 

@@ -16,6 +16,7 @@ from ._fully_shard import (
     register_fsdp_forward_method,
     share_comm_ctx,
 )
+from .fully_sharded_data_parallel import FSDP, FullyShardedDataParallel
 from .api import (
     BackwardPrefetch,
     CPUOffload,
@@ -34,6 +35,7 @@ from .api import (
 )
 
 __all__ = [
+    "FSDP", "FullyShardedDataParallel",
     "AllGather", "Comm", "CPUOffloadPolicy", "DataParallelMeshDims", "FSDPModule", "MixedPrecisionPolicy",
     "OffloadPolicy", "ReduceScatter", "UnshardHandle", "disable_fsdp_module_new_init", "fully_shard",
     "get_cls_to_fsdp_cls", "register_fsdp_forward_method", "share_comm_ctx",

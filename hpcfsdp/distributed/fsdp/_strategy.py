@@ -31,6 +31,11 @@ def strategy_mesh(strategy: ShardingStrategy, device_type: str = "cpu", device_m
         if hybrid and device_mesh.ndim != 2:
             raise ValueError(f"{strategy.name} needs a 2-D (replicate, shard) device_mesh, got a "
                              f"{device_mesh.ndim}-D mesh of shape {tuple(device_mesh.shape)}")
+        if hybrid:
+            from ..device_mesh import _check_node_local
+            from ..distributed_c10d import _default_group
+
+            _check_node_local(device_mesh, 1, _default_group())  # shard groups must stay inside a node
         if not hybrid and device_mesh.ndim != 1:
             raise ValueError(f"{strategy.name} needs a 1-D device_mesh, got a {device_mesh.ndim}-D mesh of shape "
                              f"{tuple(device_mesh.shape)}; use HYBRID_SHARD for a 2-D mesh")
@@ -39,7 +44,8 @@ def strategy_mesh(strategy: ShardingStrategy, device_type: str = "cpu", device_m
         world = get_world_size()
         if hybrid:
             k = node_size(world)
-            mesh = init_device_mesh(device_type, (world // k, k), mesh_dim_names=("replicate", "shard"))
+            mesh = init_device_mesh(device_type, (world // k, k), mesh_dim_names=("replicate", "shard"),
+                                    node_local_dim="shard")
         elif strategy == ShardingStrategy.NO_SHARD:
             mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("replicate",))
         else:

@@ -6,6 +6,7 @@ import warnings
 from typing import Any, Iterable
 
 from ... import _backend
+from ..._tensor import Tensor
 from ...nn import Module
 from ...nn.utils import clip_grad_norm_ as _clip_grad_norm
 from . import _state_dict_utils as sdu
@@ -76,6 +77,8 @@ class FullyShardedDataParallel(Module):
             raise TypeError(f"FullyShardedDataParallel expects an nn.Module, got {type(module).__name__}")
         if isinstance(module, FSDPModule):
             raise RuntimeError("module is already managed by fully_shard / FullyShardedDataParallel")
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            raise TypeError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
         if cpu_offload is not None and not isinstance(cpu_offload, CPUOffload):
             raise TypeError(f"cpu_offload must be a CPUOffload, got {type(cpu_offload).__name__}")
         if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
@@ -102,6 +105,7 @@ class FullyShardedDataParallel(Module):
             for m in module.modules():
                 if isinstance(m, mp_ignore) and m not in units and any(True for _ in m.parameters(recurse=False)):
                     fully_shard(m, mp_policy=fp32, **common)
+                    _cast_output_to_input_dtype(m)
         for unit in units:
             if not isinstance(unit, mp_ignore):
                 fully_shard(unit, mp_policy=_mp_policy(mixed_precision, mixed_precision and
@@ -261,6 +265,25 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+
+
+def _cast_output_to_input_dtype(module):
+    """A full-precision unit inside a low-precision model (a norm layer MixedPrecision ignores) computes in
+    float32 and hands its output back in the dtype its input came in, as PyTorch's FSDP does."""
+    seen = []
+
+    def remember(mod, args, kwargs):
+        ts = [a for a in args if isinstance(a, Tensor)]
+        seen.append(ts[0].dtype if ts else None)
+
+    def cast_back(mod, args, output):
+        dt = seen.pop() if seen else None
+        if dt is not None and isinstance(output, Tensor) and output.dtype != dt:
+            return output.to(dtype=dt)
+        return output
+
+    module.register_forward_pre_hook(remember, prepend=True, with_kwargs=True)
+    module.register_forward_hook(cast_back)
 
 
 def _root(model):

@@ -13,7 +13,7 @@ def _check_reduction(reduction):
 
 
 class CrossEntropyLoss(Module):
-    """Cross entropy between logits (N, C) and class indices (N,); ``ignore_index`` targets are skipped."""
+    """Cross entropy between logits (N, C) and class indices (N,) (``F.cross_entropy`` with the stored options)."""
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0) -> None:
@@ -21,16 +21,14 @@ class CrossEntropyLoss(Module):
         if size_average is not None or reduce is not None:
             raise ValueError("size_average and reduce are deprecated in PyTorch and not supported; use reduction=")
         _check_reduction(reduction)
-        if weight is not None or label_smoothing != 0.0:
-            raise ValueError("CrossEntropyLoss: class weights and label_smoothing are not supported; got "
-                             f"weight={'a tensor' if weight is not None else None}, label_smoothing={label_smoothing}")
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
 
     def forward(self, input, target):
-        return F.cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction)
+        return F.cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                               reduction=self.reduction, label_smoothing=self.label_smoothing)
 
 
 class MSELoss(Module):

@@ -1,0 +1,240 @@
+"""FSDPModule controls, communication counts, memory, meta-device init and the seed's argument checks."""
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+import hpcfsdp.distributed as dist
+from hpcfsdp import nn
+from hpcfsdp.distributed.fsdp import (
+    DataParallelMeshDims,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    UnshardHandle,
+    disable_fsdp_module_new_init,
+    fully_shard,
+    get_cls_to_fsdp_cls,
+)
+from hpcfsdp.distributed.process_group import collective_counts, reset_collective_counts
+from hpcfsdp.distributed.tensor import DTensor
+from hpcfsdp.models import GPT, GPTConfig
+
+from _fsdp_util import full, gpt_batches, local, tiny_gpt, world
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def _sharded(reshard, n_layer=3):
+    model = tiny_gpt(n_layer=n_layer)
+    for b in model.blocks:
+        fully_shard(b, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    return model
+
+
+def _step_counts(model, x, y):
+    reset_collective_counts()
+    _, loss = model(hp.tensor(x), hp.tensor(y))
+    fwd = collective_counts()
+    reset_collective_counts()
+    loss.backward()
+    bwd = collective_counts()
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("reshard,bwd_gathers", [(True, "B+1"), (None, "B"), (False, "0")])
+def test_exact_communication_counts(reshard, bwd_gathers):
+    w, _ = world()
+    B = 3
+    model = _sharded(reshard, n_layer=B)
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    for _ in range(2):  # second iteration runs with implicit prefetch
+        fwd, bwd = _step_counts(model, local(x), local(y))
+        assert fwd.get("all_gather", 0) == B + 1
+        assert fwd.get("reduce_scatter", 0) == 0
+        assert bwd.get("all_gather", 0) == {"B+1": B + 1, "B": B, "0": 0}[bwd_gathers]
+        assert bwd.get("reduce_scatter", 0) == B + 1
+        for p in model.parameters():
+            p.grad = None
+
+
+def test_no_sync_microbatches_do_not_reduce():
+    w, _ = world()
+    model = _sharded(True)
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    model.set_requires_gradient_sync(False)
+    _, bwd = _step_counts(model, local(x), local(y))
+    assert bwd.get("reduce_scatter", 0) == 0
+    assert all(p.grad is None for p in model.parameters())
+    model.set_requires_gradient_sync(True)
+    _, bwd = _step_counts(model, local(x), local(y))
+    assert bwd.get("reduce_scatter", 0) == 4
+
+
+def test_sharded_state_memory_is_one_over_n():
+    w, _ = world()
+    hp.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64 * w, block_size=8, n_layer=2, n_head=2, n_embd=32 * w)
+    ref = GPT(cfg)
+    model = GPT(cfg)
+    for b in model.blocks:
+        fully_shard(b)
+    fully_shard(model)
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-3)
+    x = hp.tensor(np.zeros((1, 8), dtype=np.int64))
+    _, loss = model(x, x)
+    loss.backward()
+    opt.step()
+    full_bytes = sum(p._data.nbytes for p in ref.parameters())
+    mine = sum(p._data.nbytes + p.grad._data.nbytes for p in model.parameters())
+    mine += sum(v._data.nbytes for st in opt.state.values() for v in st.values() if v.ndim > 0)
+    # params + grads + exp_avg + exp_avg_sq = 4x the parameter bytes, divided by N (+ padding rows)
+    assert mine <= 4 * full_bytes / w * 1.02
+    assert mine >= 4 * full_bytes / w * 0.98
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def test_meta_device_init_never_materialises_the_full_model():
+    w, _ = world()
+    cfg = GPTConfig(vocab_size=8 * w, block_size=8, n_layer=2, n_head=2, n_embd=8 * w)
+    with hp.device("meta"):
+        model = GPT(cfg)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    for b in model.blocks:
+        fully_shard(b)
+    fully_shard(model)
+    model.to_empty(device="cpu")
+    hp.manual_seed(1)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    total = sum(p.numel() for p in model.parameters())
+    for p in model.parameters():
+        assert isinstance(p, DTensor) and p.device.type == "cpu"
+        assert p._data.size <= -(-p.shape[0] // w) * int(np.prod(p.shape[1:]))
+        assert np.isfinite(p._data).all()
+    local_total = sum(p._data.size for p in model.parameters())
+    assert local_total <= total / w + 64 * w
+    x = hp.tensor(np.zeros((1, 8), dtype=np.int64))
+    _, loss = model(x, x)
+    loss.backward()
+    assert np.isfinite(loss.item())
+    ln = model.transformer.ln_f.weight
+    np.testing.assert_array_equal(full(ln), np.ones(ln.shape, dtype=np.float32))
+
+
+def test_clip_grad_norm_sharded_matches_reference():
+    w, _ = world()
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    ref = tiny_gpt()
+    _, rl = ref(hp.tensor(x), hp.tensor(y))
+    rl.backward()
+    for norm_type in (1.0, 2.0, float("inf")):
+        model = _sharded(True, n_layer=2)
+        _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+        total = nn.utils.clip_grad_norm_(model.parameters(), 1e-3, norm_type=norm_type)
+        grads = np.concatenate([p.grad.numpy().ravel() for p in ref.parameters()]).astype(np.float64)
+        want = np.abs(grads).max() if norm_type == float("inf") else (np.abs(grads) ** norm_type).sum() ** (1 / norm_type)
+        np.testing.assert_allclose(total.item(), want, rtol=1e-4)
+        clipped = np.concatenate([full(p.grad).ravel() for p in model.parameters()])
+        got = np.abs(clipped).max() if norm_type == float("inf") else (np.abs(clipped.astype(np.float64)) ** norm_type).sum() ** (1 / norm_type)
+        np.testing.assert_allclose(got, 1e-3, rtol=1e-3)
+
+
+def test_explicit_prefetch_and_unshard_handle():
+    w, _ = world()
+    model = _sharded(True)
+    blocks = list(model.blocks)
+    for a, b in zip(blocks, blocks[1:]):
+        a.set_modules_to_forward_prefetch([b])
+        b.set_modules_to_backward_prefetch([a])
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    fwd, bwd = _step_counts(model, local(x), local(y))
+    assert fwd["all_gather"] == 4 and bwd["reduce_scatter"] == 4
+    h = model.unshard(async_op=True)
+    assert isinstance(h, UnshardHandle)
+    h.wait()
+    assert not isinstance(model.transformer.wte.weight, DTensor)
+    model.reshard()
+    with pytest.raises(TypeError, match="prefetch targets must be modules managed by fully_shard"):
+        blocks[0].set_modules_to_forward_prefetch([nn.Linear(2, 2)])
+
+
+def test_seed_argument_checks():
+    w, _ = world()
+    with pytest.raises(ValueError, match="at least one module"):
+        fully_shard([])
+    lin = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="same module twice"):
+        fully_shard([lin, lin])
+    fully_shard(lin)
+    with pytest.raises(RuntimeError, match="already been applied"):
+        fully_shard(lin)
+    with pytest.raises(ValueError, match="reshard_after_forward should be a bool or an int"):
+        fully_shard(nn.Linear(2, 2), reshard_after_forward="yes")
+    with pytest.raises(ValueError, match="should be a factor of"):
+        fully_shard(nn.Linear(2, 2), reshard_after_forward=w + 1)
+    with pytest.raises(ValueError, match="at least one data-parallel mesh dimension"):
+        DataParallelMeshDims()
+    mesh = dist.init_device_mesh("cpu", (w,), mesh_dim_names=("dp",))
+    with pytest.raises(ValueError, match="mesh dim 'nope'"):
+        fully_shard(nn.Linear(2, 2), mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="nope"))
+    with pytest.raises(ValueError, match="expects an nn.Module"):
+        fully_shard(object())
+    with pytest.raises(TypeError, match="mp_policy must be a MixedPrecisionPolicy"):
+        fully_shard(nn.Linear(2, 2), mp_policy="bf16")
+    with pytest.raises(ValueError, match="reshard_after_forward should be a bool"):
+        lin.set_reshard_after_forward(1)
+    with pytest.raises(TypeError, match="max_input_buffers must be an int"):
+        lin.set_reduce_scatter_max_input_buffers(1.5)
+    with pytest.raises(ValueError, match="must be a positive int"):
+        lin.set_reduce_scatter_max_input_buffers(0)
+    with pytest.raises(AssertionError, match="deepcopy"):
+        import copy
+
+        copy.deepcopy(lin)
+    assert get_cls_to_fsdp_cls()[nn.Linear] is type(lin) and isinstance(lin, FSDPModule)
+    with disable_fsdp_module_new_init():
+        fresh = type(lin).__new__(type(lin), 3, 3)
+    assert type(fresh) is nn.Linear and not hasattr(fresh, "weight")
+    made = type(lin)(3, 5)
+    assert type(made) is nn.Linear and tuple(made.weight.shape) == (5, 3)
+
+
+def test_wrong_device_parameters_are_rejected():
+    import hpcfsdp.distributed.fsdp._fully_shard._fsdp_init as init_mod
+
+    class CudaDevice:  # what a CuPy-backed parameter reports (no GPU needed to test the check)
+        type = "cuda"
+
+        def __str__(self):
+            return "cuda:0"
+
+    class FakeParam:
+        device = CudaDevice()
+
+    bad = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="parameter Linear.weight is on 'cuda:0'"):
+        init_mod.check_param_devices([(FakeParam(), [(bad, "weight")])], "cpu")
+    init_mod.check_param_devices([(bad.weight, [(bad, "weight")])], "cpu")  # cpu on a cpu mesh is fine
+
+
+def test_gradient_divide_factor_and_all_reduce_hook():
+    w, _ = world()
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    a = _sharded(True, n_layer=1)
+    b = _sharded(True, n_layer=1)
+    for m in (a, b):
+        _, loss = m(hp.tensor(local(x)), hp.tensor(local(y)))
+    seen = []
+    b.set_gradient_divide_factor(1.0)
+    b.set_all_reduce_hook(lambda t: seen.append(t.shape))
+    for m in (a, b):
+        _, loss = m(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+    ga = full(a.transformer.wte.weight.grad)
+    gb = full(b.transformer.wte.weight.grad)
+    np.testing.assert_allclose(gb, ga * w, rtol=1e-5, atol=1e-7)
+    assert len(seen) == 1
+    with pytest.raises(ValueError, match="positive number"):
+        a.set_gradient_divide_factor(0)
