@@ -9,7 +9,7 @@ from ._ops_api import (abs, allclose, amax, amin, argmax, argmin, clamp, clip, e
                        mean, min, minimum, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
                        get_default_dtype, is_floating_point, promote_types)
 from ._tensor import Size, Tensor
-from .autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from . import autograd  # noqa: E402
 
 dtype = _backend.np.dtype  # isinstance(x, hp.dtype) works: hp dtypes are NumPy dtypes
@@ -22,14 +22,11 @@ __all__ = [
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "randperm", "arange",
     "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
     "from_numpy", "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu",
-    "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
+    "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled",
     "abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
     "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
     "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
 ]
 
-# Submodules above the compute core (they import the names above).
-try:  # TODO(core helper): plain imports once nn/optim/models land
-    from . import nn, optim, models  # noqa: E402,F401
-except ImportError:
-    pass
+# Submodules above the compute core, imported last: they import the names above.
+from . import nn, optim, models  # noqa: E402,F401

@@ -1,5 +1,8 @@
 """Array backends: dtypes, devices, the array module (NumPy or CuPy) and random generators."""
 import builtins
+import ctypes
+import os
+import sys
 import threading
 
 import ml_dtypes
@@ -10,7 +13,7 @@ __all__ = [
     "double", "float", "half", "long", "int",
     "to_dtype", "is_floating_dtype", "default_float_dtype", "device", "to_device", "default_device",
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
-    "cupy_available", "generator", "manual_seed", "meta_array", "is_meta_array",
+    "cupy_available", "generator", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -350,3 +353,36 @@ def manual_seed(seed):
         except Exception:  # no visible GPU
             pass
     return seed
+
+
+# ---------------------------------------------------------------------------------------------
+# [Note: Host allocator]
+# NumPy takes array memory from malloc. glibc serves large requests (above a dynamic threshold) with
+# fresh mmap()s and returns the top of the heap to the OS once more than M_TRIM_THRESHOLD is free there,
+# so every training step re-faults (and the kernel re-zeroes) the pages of its activations: on the
+# small VMs this runs on, page faults cost as much as a third of the non-GEMM time of a GPT step.
+# At import we fix the mmap threshold at glibc's maximum (32 MiB) and keep up to 1 GiB of freed heap,
+# so activations of one step reuse the pages of the previous one, as PyTorch's caching allocators do.
+# HPCFSDP_MALLOC_TUNE=0 leaves malloc alone.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _tune_host_allocator():
+    if os.environ.get("HPCFSDP_MALLOC_TUNE", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc only (musl's mallopt does nothing)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return builtins.bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and builtins.bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+_HOST_ALLOCATOR_TUNED = _tune_host_allocator()
+
+
+def host_allocator_tuned():
+    """Whether glibc malloc was tuned for array reuse at import (See [Note: Host allocator])."""
+    return _HOST_ALLOCATOR_TUNED

@@ -82,7 +82,8 @@ class Tensor:
         elif len(args) == 1 and not isinstance(args[0], int):
             from ._creation import _as_array
 
-            self._data = _as_array(args[0], kwargs.get("dtype"), kwargs.get("device"), copy=True)
+            # torch.Tensor(data) is a FloatTensor whatever the data's type
+            self._data = _as_array(args[0], kwargs.get("dtype") or float32, kwargs.get("device"), copy=True)
         else:
             from ._creation import _parse_shape
 
@@ -94,7 +95,7 @@ class Tensor:
     def _wrap(cls, array, requires_grad=False):
         """A Tensor over ``array`` (no copy)."""
         t = object.__new__(Tensor)
-        t._data = array
+        t._data = np.asarray(array) if isinstance(array, np.generic) else array  # NumPy scalars -> 0-d arrays
         if requires_grad:
             t.requires_grad = True
         return t
@@ -477,8 +478,28 @@ class Tensor:
 
     def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False):
         t = self._new(size, dtype, device, requires_grad, "empty")
-        t._data[...] = fill_value
+        if not t.is_meta:
+            t._data[...] = fill_value
         return t
+
+    def __deepcopy__(self, memo):
+        if self.grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment")
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            if k in ("_hooks", "_post_acc_hooks", "_accum_ref"):
+                continue  # hooks and the graph node belong to the original
+            if k == "_data":
+                new._data = v if _backend.is_meta_array(v) else v.copy()
+            else:
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        return new
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         from ._creation import tensor

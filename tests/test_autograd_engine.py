@@ -247,6 +247,22 @@ def test_no_grad_modes():
         return t * 2
 
     assert not f(x).requires_grad and hp.is_grad_enabled()
+
+    @hp.no_grad
+    def g(t):
+        return t * 2
+
+    assert not g(x).requires_grad and hp.is_grad_enabled()
+    with hp.inference_mode():
+        assert not (x * 2).requires_grad
+    with hp.no_grad(), hp.inference_mode(False):
+        assert (x * 2).requires_grad
+
+    @hp.inference_mode()
+    def h(t):
+        return t * 2
+
+    assert not h(x).requires_grad and hp.is_grad_enabled()
     hp.set_grad_enabled(False)
     assert not hp.is_grad_enabled()
     hp.set_grad_enabled(True)
@@ -297,3 +313,29 @@ def test_split_outputs_partially_used():
     a, b, c = x.split(2)
     (a * 2 + c).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [2, 2, 0, 0, 1, 1])
+
+
+def test_custom_function_gradient_shapes_are_validated():
+    class Expanding(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.expand(4, *g.shape) * 1  # broadcasts to the input: summed down, as PyTorch
+
+    class Wrong(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return hp.ones(7, dtype=hp.float64)
+
+    x = leaf(3)
+    Expanding.apply(x).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0, 4.0])
+    with pytest.raises(RuntimeError, match="invalid gradient at index 0"):
+        Wrong.apply(leaf(3)).sum().backward()

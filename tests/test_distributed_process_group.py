@@ -332,7 +332,7 @@ OVERLAP = """
     t = time.perf_counter(); comp(20); per = (time.perf_counter() - t) / 20
     iters = max(2, int(tc / per))                          # compute about as long as the all-gather
     comm_t, comp_t, both_t = [], [], []
-    for _ in range(15):
+    for _ in range(25):
         pg.barrier(); t = time.perf_counter(); pg.all_gather_into(out, inp); comm_t.append(time.perf_counter() - t)
         pg.barrier(); t = time.perf_counter(); comp(iters); comp_t.append(time.perf_counter() - t)
         pg.barrier(); t = time.perf_counter()
@@ -361,3 +361,33 @@ def test_overlap_async_all_gather_with_matmul_at_2_ranks():
         if ratios[-1] < 0.95:
             break
     assert min(ratios) < 0.95, ratios
+
+
+@pytest.mark.mpi(min_size=2)
+def test_nonblocking_test_polling_mode_and_thread_only_mode(monkeypatch):
+    # HPCFSDP_COMM_PROGRESS=test: nonblocking collectives polled with MPI_Test and a sleeping back-off;
+    # HPCFSDP_COMM_INLINE=0: blocking calls also go through the communication thread.
+    monkeypatch.setenv("HPCFSDP_COMM_PROGRESS", "test")
+    monkeypatch.setenv("HPCFSDP_COMM_INLINE", "0")
+    pg = _groups()[0]
+    assert pg._mode == "test"
+    n, r = pg.size(), pg.rank()
+    for dt in DTYPES:
+        ins = _all_inputs(pg, 6, dt, 8)
+        out = np.empty(6 * n, dt)
+        pg.all_gather_into(out, ins[r])
+        assert np.array_equal(out.view(np.uint8), np.concatenate(ins).view(np.uint8))
+        big = _all_inputs(pg, 3 * n, dt, 9)
+        rs = np.empty(3, dt)
+        pg.reduce_scatter_into(rs, big[r], ReduceOp.SUM, async_op=True).wait()
+        assert _close(rs, _reference(ReduceOp.SUM, big)[3 * r:3 * r + 3], dt, n)
+        a = ins[r].copy()
+        pg.all_reduce_(a, ReduceOp.MAX)
+        assert _close(a, _reference(ReduceOp.MAX, ins), dt, n)
+        b = ins[r].copy()
+        pg.broadcast_(b, n - 1)
+        assert np.array_equal(b.view(np.uint8), ins[n - 1].view(np.uint8))
+    pg.barrier()
+    monkeypatch.setenv("HPCFSDP_COMM_PROGRESS", "sometimes")
+    with pytest.raises(ValueError, match="HPCFSDP_COMM_PROGRESS='sometimes': expected one of"):
+        ProcessGroup()

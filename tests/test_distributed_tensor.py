@@ -89,7 +89,7 @@ def test_distribute_broadcasts_from_src_data_rank():
 
 @pytest.mark.mpi(min_size=2)
 def test_2d_mesh_hsdp_and_nested_sharding():
-    n, me = dist.get_world_size(), dist.get_rank()
+    n = dist.get_world_size()
     shape = (2, n // 2)
     m = init_device_mesh("cpu", shape, mesh_dim_names=("rep", "shard"))
     i, j = m.get_coordinate()
@@ -134,7 +134,7 @@ def test_from_local_even_default_shape_and_run_check_error():
 
 @pytest.mark.mpi(min_size=2)
 def test_hp_reduce_norm_sums_over_shard_groups_only():
-    n, me = dist.get_world_size(), dist.get_rank()
+    n = dist.get_world_size()
     shape = (2, n // 2)
     m = init_device_mesh("cpu", shape, mesh_dim_names=("rep", "shard"))
     x = _global((9, 2), salt=9)
@@ -144,3 +144,6 @@ def test_hp_reduce_norm_sums_over_shard_groups_only():
     assert np.isclose(total, (x.astype(np.float64) ** 2).sum())
     linf = float(np.abs(d._data).max()) if d._data.size else 0.0
     assert np.isclose(DTensor.__hp_reduce_norm__([d], linf, math.inf), np.abs(x).max())
+    other = distribute_tensor(Tensor._wrap(x), m, [Shard(0), Replicate()])  # sharded over the other mesh dim
+    with pytest.raises(RuntimeError, match="cannot share one reduction"):
+        DTensor.__hp_reduce_norm__([d, other], local2, 2.0)

@@ -122,12 +122,12 @@ def ln_ref(x, nd, w=None, b=None, eps=1e-5):
     return y * (1 if w is None else w) + (0 if b is None else b)
 
 
-@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
 @pytest.mark.parametrize("nshape", [(4,), (3, 4)])
 def test_layer_norm(rng, affine, nshape):
     x = rand(rng, 2, 3, 4, layout="t")
-    w = rng.standard_normal(nshape) if affine != "none" else None
-    b = rng.standard_normal(nshape) if affine == "both" else None
+    w = rng.standard_normal(nshape) if affine in ("both", "weight") else None
+    b = rng.standard_normal(nshape) if affine in ("both", "bias") else None
     gradcheck(lambda a, ww, bb: F.layer_norm(a, nshape, ww, bb), [x, w, b])
     out = F.layer_norm(hp.tensor(x), nshape, None if w is None else hp.tensor(w), None if b is None else hp.tensor(b))
     np.testing.assert_allclose(out.numpy(), ln_ref(x, len(nshape), w, b), rtol=1e-10, atol=1e-12)
@@ -318,3 +318,64 @@ def test_half_inputs_compute_in_float32(rng, dt):
     ref = ln_ref(np.array([[0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in row] for row in
                            (x.float().detach().numpy() @ w.float().detach().numpy().T)]), 1)
     np.testing.assert_allclose(y.float().detach().numpy(), ref, atol=0.05)
+
+
+@pytest.mark.parametrize("L,S", [(5, 5), (6, 4), (3, 7)])
+def test_sdpa_block_causal_path(rng, monkeypatch, L, S):
+    from hpcfsdp.autograd import ops_attention
+
+    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 2)  # several query blocks on a small problem
+    q, k, v = rng.standard_normal((2, L, 3)), rng.standard_normal((2, S, 3)), rng.standard_normal((1, S, 4))
+    gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [q, k, v])
+    out = F.scaled_dot_product_attention(hp.tensor(q), hp.tensor(k), hp.tensor(v), is_causal=True)
+    np.testing.assert_allclose(out.numpy(), sdpa_ref(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
+
+    def f(a, b, c):
+        hp.manual_seed(2)
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True, dropout_p=0.3)
+
+    gradcheck(f, [q, k, v])
+
+
+def test_sdpa_block_causal_matches_dense_float32(rng):
+    q, k, v = (rng.standard_normal((2, 2, 300, 8)).astype(np.float32) for _ in range(3))
+    mask = np.tril(np.ones((300, 300), bool))
+    ts = [hp.tensor(a, requires_grad=True) for a in (q, k, v)]
+    tm = [hp.tensor(a, requires_grad=True) for a in (q, k, v)]
+    a = F.scaled_dot_product_attention(*ts, is_causal=True)  # block path (300 > CAUSAL_BLOCK)
+    b = F.scaled_dot_product_attention(*tm, attn_mask=hp.tensor(mask))  # dense path
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+    g = hp.tensor(rng.standard_normal(a.shape).astype(np.float32))
+    a.backward(g)
+    b.backward(g)
+    for x, y in zip(ts, tm):
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_grad(rng):
+    def f(a):
+        hp.manual_seed(5)  # the same mask on every evaluation
+        return F.dropout(a, 0.4)
+
+    gradcheck(f, [rand(rng, 4, 5, layout="t")])
+
+
+def test_nll_loss(rng):
+    x = rng.standard_normal((5, 4))
+    t = hp.tensor([0, 3, -100, 1, 1])
+    w = hp.tensor(rng.uniform(0.5, 2, 4))
+    for red in ("mean", "sum", "none"):
+        gradcheck(lambda a: F.nll_loss(F.log_softmax(a, 1), t, weight=w, reduction=red), [x])
+        np.testing.assert_allclose(F.nll_loss(F.log_softmax(hp.tensor(x), 1), t, weight=w, reduction=red).numpy(),
+                                   ce_ref(x, t.numpy(), w.numpy(), reduction=red), rtol=1e-12)
+
+
+def test_embedding_float32_duplicates_match_reference(rng):
+    w = rng.standard_normal((50, 8)).astype(np.float32)
+    idx = rng.integers(0, 50, (4, 30))
+    wt = hp.tensor(w, requires_grad=True)
+    g = rng.standard_normal((4, 30, 8)).astype(np.float32)
+    F.embedding(hp.tensor(idx), wt).backward(hp.tensor(g))
+    ref = np.zeros((50, 8))
+    np.add.at(ref, idx.reshape(-1), g.reshape(-1, 8).astype(np.float64))
+    np.testing.assert_allclose(wt.grad.numpy(), ref, rtol=1e-5, atol=1e-5)

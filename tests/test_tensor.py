@@ -34,6 +34,8 @@ def test_creation_functions():
     assert hp.zeros_like(x).dtype == hp.float64 and (hp.ones_like(x).numpy() == 1).all()
     assert hp.zeros_like(x, dtype=hp.float16).dtype == hp.float16
     assert hp.zeros(2, requires_grad=True).requires_grad
+    assert hp.Tensor([1, 2]).dtype == hp.float32 and hp.Tensor(2, 3).shape == (2, 3)
+    assert hp.Tensor().shape == (0,)
 
 
 def test_random_reproducible_and_ranges():
@@ -227,6 +229,11 @@ def test_to_and_casts():
 
 
 def test_numpy_item_tolist_array():
+    s = hp.tensor([1.0, 2.0]).sum()
+    assert isinstance(s.numpy(), np.ndarray) and s.numpy().shape == ()  # reductions give 0-d arrays
+    with hp.no_grad():
+        s.add_(1)
+    assert s.item() == 4.0
     x = hp.tensor([[1.0, 2.0]])
     assert x.numpy() is x._data
     assert x.tolist() == [[1.0, 2.0]] and x[0, 1].item() == 2.0

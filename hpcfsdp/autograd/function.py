@@ -2,6 +2,8 @@
 import itertools
 import weakref
 
+import numpy as np
+
 from .. import _backend
 from .._tensor import Tensor
 from .grad_mode import is_grad_enabled, no_grad
@@ -157,10 +159,10 @@ class Function(metaclass=_FunctionMeta):
         outs = tuple(fixed)
         if record:
             ctx.next_functions = tuple(_edge(a) if n else None for a, n in zip(args, needs))
+            ctx._in_meta = [(a._data.shape, a._data.dtype) if n else None for a, n in zip(args, needs)]
             ctx._n_outputs = len(outs)
-            ctx._out_meta = [(o._data.shape, o._data.dtype, o._data) if isinstance(o, Tensor) else None
-                             for o in outs]
-            ctx._out_meta = [(m[0], m[1], _backend.array_module(m[2])) if m else None for m in ctx._out_meta]
+            ctx._out_meta = [(o._data.shape, o._data.dtype, _backend.array_module(o._data))
+                             if isinstance(o, Tensor) else None for o in outs]
             non_diff = ctx._non_diff or ()
             for i, o in enumerate(outs):
                 if isinstance(o, Tensor) and id(o) not in non_diff and _backend.is_floating_dtype(o.dtype):
@@ -185,13 +187,28 @@ class Function(metaclass=_FunctionMeta):
             raise RuntimeError(f"function {cls.__name__}.backward returned an incorrect number of gradients "
                                f"(expected {n}, got {len(res)})")
         out = []
-        for r, edge in zip(res[:n], ctx.next_functions):
+        for i, (r, edge) in enumerate(zip(res[:n], ctx.next_functions)):
             if r is None or edge is None:
                 out.append(None)
-            elif isinstance(r, Tensor):
-                out.append(r._data)
-            else:
+                continue
+            if not isinstance(r, Tensor):
                 raise TypeError(f"{cls.__name__}.backward must return Tensors or None, got {type(r).__name__}")
+            g = r._data
+            shape, dtype = ctx._in_meta[i]
+            if g.shape != shape:  # as PyTorch: a gradient that broadcasts to the input is summed down
+                try:
+                    ok = np.broadcast_shapes(g.shape, shape) == g.shape
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise RuntimeError(f"function {cls.__name__}Backward returned an invalid gradient at index {i} "
+                                       f"- got {list(g.shape)} but expected shape compatible with {list(shape)}")
+                from .ops import sum_to
+
+                g = sum_to(g, shape)
+            if g.dtype != dtype:
+                g = g.astype(dtype)
+            out.append(g)
         return out
 
 

@@ -2,7 +2,7 @@
 import functools
 import threading
 
-__all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled"]
+__all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode"]
 
 _state = threading.local()
 
@@ -21,6 +21,11 @@ class _GradModeContext:
 
     _mode = True
 
+    def __new__(cls, *args, **kwargs):
+        if cls is not set_grad_enabled and len(args) == 1 and callable(args[0]) and not kwargs:
+            return cls()(args[0])  # bare decorator: @hp.no_grad
+        return super().__new__(cls)
+
     def __enter__(self):
         self._prev = is_grad_enabled()
         _set(self._mode)
@@ -33,7 +38,7 @@ class _GradModeContext:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self.__class__():
+            with self.clone():
                 return fn(*args, **kwargs)
 
         return wrapper
@@ -46,6 +51,16 @@ class no_grad(_GradModeContext):  # noqa: N801
     """Context manager / decorator disabling graph recording."""
 
     _mode = False
+
+
+class inference_mode(_GradModeContext):  # noqa: N801
+    """``inference_mode(mode=True)``: grad recording off (as no_grad; no separate inference tensors here)."""
+
+    def __init__(self, mode=True):
+        self._mode = not mode
+
+    def clone(self):
+        return inference_mode(not self._mode)
 
 
 class enable_grad(_GradModeContext):  # noqa: N801

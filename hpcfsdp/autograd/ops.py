@@ -12,8 +12,7 @@ from .function import Op
 __all__ = [
     "Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Neg", "Exp", "Log", "Sqrt", "Rsqrt",
     "Tanh", "Sigmoid", "Abs", "Relu", "Clamp", "Maximum", "Minimum", "Sum", "Mean", "Amax", "MaxDim",
-    "Var", "Softmax", "LogSoftmax", "Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack",
-    "Where", "MaskedFill", "Clone", "Contiguous", "Cast", "ToDevice", "Matmul", "xp_of", "sum_to",
+    "Var", "Softmax", "LogSoftmax", "Matmul", "xp_of", "sum_to", "mm",
 ]
 
 
@@ -161,7 +160,6 @@ class Maximum(Op):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.a, ctx.b
-        xp = xp_of(g)
         # ties share the gradient equally, as PyTorch
         w = (a > b) + 0.5 * (a == b)
         w = w.astype(g.dtype)
@@ -420,9 +418,10 @@ class MaxDim(Op):
         xp = xp_of(g)
         if ctx.__dict__.get("shape") is None:
             return g, None, None, None
-        out = xp.zeros(ctx.shape, dtype=g.dtype)
-        xp.put_along_axis(out, ctx.idx, g.reshape(ctx.idx.shape), axis=ctx.d)
-        return out, None, None, None
+        d, shape = ctx.d, ctx.shape
+        pos = xp.arange(shape[d]).reshape((-1,) + (1,) * (len(shape) - d - 1))
+        onehot = pos == ctx.idx  # (..., n, ...) True only at the selected index
+        return xp.where(onehot, g.reshape(ctx.idx.shape), g.dtype.type(0)), None, None, None
 
 
 class Var(Op):
@@ -483,206 +482,6 @@ class LogSoftmax(Op):
         return gx, None
 
 
-# -- shape ops (views where the array library gives them) ---------------------------------------------
-class Reshape(Op):
-    @staticmethod
-    def forward(ctx, a, shape):
-        ctx.shape = a.shape
-        return a.reshape(shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.reshape(ctx.shape), None
-
-
-class Permute(Op):
-    @staticmethod
-    def forward(ctx, a, dims):
-        ctx.dims = dims
-        return a.transpose(dims)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.transpose(tuple(np.argsort(ctx.dims))), None
-
-
-class Expand(Op):
-    @staticmethod
-    def forward(ctx, a, shape):
-        ctx.shape = a.shape
-        return xp_of(a).broadcast_to(a, shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        return sum_to(g, ctx.shape), None
-
-
-def _is_basic(idx):
-    items = idx if isinstance(idx, tuple) else (idx,)
-    return all(i is None or i is Ellipsis or isinstance(i, (int, slice, np.integer)) for i in items)
-
-
-class GetItem(Op):
-    @staticmethod
-    def forward(ctx, a, idx):
-        ctx.shape, ctx.dtype, ctx.idx = a.shape, a.dtype, idx
-        return a[idx]
-
-    @staticmethod
-    def backward(ctx, g):
-        xp = xp_of(g)
-        out = xp.zeros(ctx.shape, dtype=g.dtype)
-        if _is_basic(ctx.idx):
-            out[ctx.idx] = g
-        else:
-            xp.add.at(out, ctx.idx, g)
-        return out, None
-
-
-class Split(Op):
-    """Split along dim at the given section sizes: several outputs, each a view."""
-
-    @staticmethod
-    def forward(ctx, a, sizes, dim):
-        xp = xp_of(a)
-        bounds = np.cumsum(sizes)[:-1].tolist()
-        ctx.shape, ctx.dim, ctx.sizes = a.shape, dim, sizes
-        return tuple(xp.split(a, bounds, axis=dim))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ref = next(g for g in grads if g is not None)
-        xp = xp_of(ref)
-        parts = []
-        for g, s in zip(grads, ctx.sizes):
-            if g is None:
-                shp = list(ctx.shape)
-                shp[ctx.dim] = s
-                g = xp.zeros(shp, dtype=ref.dtype)
-            parts.append(g)
-        return xp.concatenate(parts, axis=ctx.dim), None, None
-
-
-class Cat(Op):
-    @staticmethod
-    def forward(ctx, dim, *arrays):
-        ctx.dim = dim
-        ctx.sizes = [a.shape[dim] for a in arrays]
-        return xp_of(arrays[0]).concatenate(arrays, axis=dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        bounds = np.cumsum(ctx.sizes)[:-1].tolist()
-        return (None,) + tuple(xp_of(g).split(g, bounds, axis=ctx.dim))
-
-
-class Stack(Op):
-    @staticmethod
-    def forward(ctx, dim, *arrays):
-        ctx.dim = dim
-        return xp_of(arrays[0]).stack(arrays, axis=dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = xp_of(g).moveaxis(g, ctx.dim, 0)
-        return (None,) + tuple(g[i] for i in range(g.shape[0]))
-
-
-class Where(Op):
-    @staticmethod
-    def forward(ctx, cond, a, b):
-        ctx.cond, ctx.sa, ctx.sb = cond, _shape(a), _shape(b)
-        return xp_of(cond).where(cond, a, b)
-
-    @staticmethod
-    def backward(ctx, g):
-        _, na, nb = ctx.needs_input_grad
-        xp = xp_of(g)
-        zero = g.dtype.type(0)
-        ga = sum_to(xp.where(ctx.cond, g, zero), ctx.sa) if na else None
-        gb = sum_to(xp.where(ctx.cond, zero, g), ctx.sb) if nb else None
-        return None, ga, gb
-
-
-class MaskedFill(Op):
-    @staticmethod
-    def forward(ctx, a, mask, value):
-        xp = xp_of(a)
-        ctx.mask = mask
-        if hasattr(value, "shape"):
-            value = value.astype(a.dtype)
-        else:
-            value = a.dtype.type(value)
-        out = xp.where(mask, value, a)
-        if out.shape != a.shape:
-            raise RuntimeError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input "
-                               f"shape {a.shape}")
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        return xp_of(g).where(ctx.mask, g.dtype.type(0), g), None, None
-
-
-class Clone(Op):
-    @staticmethod
-    def forward(ctx, a):
-        if _backend.is_meta_array(a):
-            return a
-        return a.copy()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class Contiguous(Op):
-    @staticmethod
-    def forward(ctx, a):
-        return xp_of(a).ascontiguousarray(a)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class Cast(Op):
-    @staticmethod
-    def forward(ctx, a, dtype):
-        ctx.src = a.dtype
-        if _backend.is_meta_array(a):
-            return _backend.meta_array(a.shape, dtype)
-        return a.astype(dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.astype(ctx.src), None
-
-
-class ToDevice(Op):
-    @staticmethod
-    def forward(ctx, a, dev):
-        src = _backend.device_of_array(a)
-        ctx.src = src
-        return _move(a, src, dev)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _move(g, _backend.device_of_array(g), ctx.src), None
-
-
-def _move(a, src, dev):
-    if dev.type == "meta":
-        return _backend.meta_array(a.shape, a.dtype)
-    if src.type == "meta":
-        raise NotImplementedError(f"Cannot copy out of meta tensor; use to_empty() / hp.empty_like on {dev}")
-    if dev.type == "cpu":
-        return _backend.to_numpy(a) if src.type == "cuda" else a
-    cp = _backend.array_module(dev)
-    with cp.cuda.Device(dev.index):
-        return cp.asarray(a)
-
-
 # -- matmul ----------------------------------------------------------------------------------------
 _LOWP = (_backend.float16, _backend.bfloat16)
 
@@ -735,3 +534,10 @@ class Matmul(Op):
 
 def _mshape(a):
     return "x".join(str(s) for s in a.shape)
+
+
+# Shape ops live in ops_shape.py (file size); re-exported here.
+from .ops_shape import *  # noqa: E402,F401,F403
+from .ops_shape import __all__ as _shape_all  # noqa: E402
+
+__all__ += _shape_all

@@ -8,8 +8,9 @@ import math
 import numpy as np
 
 from .. import _backend
-from .ops import mm, sum_to, xp_of
+from .ops import index_add, mm, sum_to, xp_of
 from .function import Op
+from .ops_attention import _random_keep
 
 __all__ = ["Linear", "Gelu", "GeluTanh", "LayerNorm", "CrossEntropy", "Embedding", "Dropout",
            "ScaledDotProductAttention", "MseLoss", "erf", "normal_cdf"]
@@ -64,17 +65,20 @@ def _rational_odd(x, out, p, q, clamp, offset, xp):
     return out
 
 
-def _blocked(fn, out, *arrays):
-    """Apply fn(out_block, *array_blocks) over flat blocks of C-contiguous arrays (NumPy), or at once."""
-    if xp_of(out) is not np or out.size <= 2 * _CHUNK:
-        fn(out, *arrays)
-        return out
-    fo = out.reshape(-1)
-    fa = [a.reshape(-1) for a in arrays]
-    for i in range(0, fo.size, _CHUNK):
+def _blocked(fn, *arrays):
+    """Call fn(*blocks) over matching flat blocks of same-size C-contiguous arrays (NumPy), or once (CuPy).
+
+    Multi-pass element-wise kernels then run on L2-resident blocks instead of streaming every temporary
+    through memory.
+    """
+    first = arrays[0]
+    if xp_of(first) is not np or first.size <= 2 * _CHUNK:
+        fn(*arrays)
+        return
+    flat = [a.reshape(-1) for a in arrays]
+    for i in range(0, first.size, _CHUNK):
         j = i + _CHUNK
-        fn(fo[i:j], *[a[i:j] for a in fa])
-    return out
+        fn(*[a[i:j] for a in flat])
 
 
 def erf(x):
@@ -82,7 +86,8 @@ def erf(x):
     xp = xp_of(x)
     x = xp.ascontiguousarray(x)
     out = xp.empty_like(x)
-    return _blocked(lambda o, a: _rational_odd(a, o, _ERF_P, _ERF_Q, _ERF_CLAMP, 0.0, xp), out, x)
+    _blocked(lambda o, a: _rational_odd(a, o, _ERF_P, _ERF_Q, _ERF_CLAMP, 0.0, xp), out, x)
+    return out
 
 
 def normal_cdf(x):
@@ -90,7 +95,8 @@ def normal_cdf(x):
     xp = xp_of(x)
     x = xp.ascontiguousarray(x)
     out = xp.empty_like(x)
-    return _blocked(lambda o, a: _rational_odd(a, o, _CDF_P, _CDF_Q, _CDF_CLAMP, 0.5, xp), out, x)
+    _blocked(lambda o, a: _rational_odd(a, o, _CDF_P, _CDF_Q, _CDF_CLAMP, 0.5, xp), out, x)
+    return out
 
 
 class Gelu(Op):
@@ -102,8 +108,14 @@ class Gelu(Op):
         xc = x.astype(np.float32) if dt in _LOWP else x
         xp = xp_of(xc)
         xc = xp.ascontiguousarray(xc)
-        cdf = normal_cdf(xc)
-        out = xc * cdf
+        cdf = xp.empty_like(xc)
+        out = xp.empty_like(xc)
+
+        def kernel(ob, cb, xb):
+            _rational_odd(xb, cb, _CDF_P, _CDF_Q, _CDF_CLAMP, 0.5, xp)
+            xp.multiply(xb, cb, out=ob)
+
+        _blocked(kernel, out, cdf, xc)
         ctx.x, ctx.cdf = xc, cdf
         return out.astype(dt) if dt in _LOWP else out
 
@@ -218,14 +230,16 @@ class LayerNorm(Op):
         rstd = xp.sqrt(var, out=var)
         xp.reciprocal(rstd, out=rstd)
         xhat *= rstd
-        out = xhat
         if w is not None:
             out = xhat * w.reshape(-1).astype(xhat.dtype, copy=False)
             if b is not None:
                 out += b.reshape(-1).astype(xhat.dtype, copy=False)
         elif b is not None:
             out = xhat + b.reshape(-1).astype(xhat.dtype, copy=False)
+        else:
+            out = xhat.copy()  # never hand out the saved array itself
         ctx.xhat, ctx.rstd, ctx.w, ctx.has_b, ctx.shape, ctx.dt = xhat, rstd, w, b is not None, shape, dt
+        ctx.nshape = shape[len(shape) - nd:]
         out = out.reshape(shape)
         return out.astype(dt) if dt in _LOWP else out
 
@@ -243,7 +257,7 @@ class LayerNorm(Op):
             gw = xp.einsum("ij,ij->j", g2, xhat) if xp is np else (g2 * xhat).sum(axis=0)
             gw = gw.reshape(w.shape).astype(w.dtype, copy=False)
         if nb:
-            gb = g2.sum(axis=0).reshape(w.shape if w is not None else (d,)).astype(ctx.dt, copy=False)
+            gb = g2.sum(axis=0).reshape(ctx.nshape).astype(ctx.dt, copy=False)
         if nx:
             gxh = g2 * w.reshape(-1).astype(xhat.dtype, copy=False) if w is not None else g2.copy()
             m1 = gxh.mean(axis=1, keepdims=True)
@@ -253,8 +267,6 @@ class LayerNorm(Op):
             gxh -= xhat * m2
             gxh *= rstd
             gx = gxh.reshape(ctx.shape).astype(ctx.dt, copy=False)
-        if gb is not None and w is None:
-            gb = gb.reshape(ctx.shape[len(ctx.shape) - len(gb.shape):])
         return gx, None, gw, gb, None
 
 
@@ -285,10 +297,9 @@ class CrossEntropy(Op):
         w = weight.astype(xf.dtype, copy=False) if weight is not None else None
         if eps > 0:  # sum_c w_c z_c, before z is overwritten by exp
             zsum = z @ w if w is not None else z.sum(axis=1)
-        p = xp.exp(z, out=z)
-        s = p.sum(axis=1)
+        e = xp.exp(z, out=z)  # unnormalised softmax; backward folds 1 / s into its row coefficients
+        s = e.sum(axis=1)
         lse = xp.log(s)
-        p /= s[:, None]  # softmax, saved for backward
         validf = valid.astype(xf.dtype)
         wt = w[tsafe] if w is not None else None  # per-sample class weight
         nll = lse - zt
@@ -310,7 +321,7 @@ class CrossEntropy(Op):
             out = loss.sum().astype(xf.dtype)
         else:
             out = loss
-        ctx.p, ctx.tsafe, ctx.validf, ctx.wt, ctx.w, ctx.eps = p, tsafe, validf, wt, w, eps
+        ctx.e, ctx.s, ctx.tsafe, ctx.validf, ctx.wt, ctx.w, ctx.eps = e, s, tsafe, validf, wt, w, eps
         ctx.red, ctx.denom, ctx.dt = reduction, denom, dt
         return out.astype(dt) if dt in _LOWP else out
 
@@ -318,11 +329,11 @@ class CrossEntropy(Op):
     def backward(ctx, g):
         # dL/dz_ij = a_i [(1 - eps) w_ti (p_ij - [j == t_i]) + eps / C (W p_ij - w_j)],
         # a_i = (upstream scale) * valid_i, W = sum_c w_c (C without weights)
-        p, tsafe, wt, w, eps = ctx.p, ctx.tsafe, ctx.wt, ctx.w, ctx.eps
-        xp = xp_of(p)
-        n, c = p.shape
-        f = p.dtype.type
-        g = g.astype(p.dtype, copy=False)
+        e, tsafe, wt, w, eps = ctx.e, ctx.tsafe, ctx.wt, ctx.w, ctx.eps  # p = e / s row-wise
+        xp = xp_of(e)
+        n, c = e.shape
+        f = e.dtype.type
+        g = g.astype(e.dtype, copy=False)
         a = (g / ctx.denom if ctx.red == "mean" else g) * ctx.validf
         coef_t = a * wt if wt is not None else a
         rows = xp.arange(n)
@@ -330,10 +341,10 @@ class CrossEntropy(Op):
             coef_t = coef_t * f(1 - eps)
             a_s = a * f(eps / c)
             wsum = w.sum() if w is not None else f(c)
-            gx = p * (coef_t + a_s * wsum)[:, None]
+            gx = e * ((coef_t + a_s * wsum) / ctx.s)[:, None]
             gx -= a_s[:, None] * w[None, :] if w is not None else a_s[:, None]
         else:
-            gx = p * coef_t[:, None]
+            gx = e * (coef_t / ctx.s)[:, None]
         gx[rows, tsafe] -= coef_t
         return gx.astype(ctx.dt, copy=False), None, None, None, None, None
 
@@ -378,14 +389,14 @@ class Embedding(Op):
         d = ctx.shape[1]
         g2 = g.reshape(-1, d)
         gw = xp.zeros(ctx.shape, dtype=g.dtype)
-        if xp is np and g2.dtype == np.float32 and idx.size:
+        if xp is np and idx.size:
             # sort + segment sums: faster than np.add.at for many rows
             order = np.argsort(idx, kind="stable")
             sidx = idx[order]
             starts = np.flatnonzero(np.r_[True, sidx[1:] != sidx[:-1]])
             gw[sidx[starts]] = np.add.reduceat(g2[order], starts, axis=0)
         else:
-            xp.add.at(gw, idx, g2)
+            index_add(gw, idx, g2)
         if ctx.pad is not None:
             gw[ctx.pad] = 0
         return None, gw, None
@@ -394,11 +405,7 @@ class Embedding(Op):
 class Dropout(Op):
     @staticmethod
     def forward(ctx, x, p):
-        xp = xp_of(x)
-        gen = _backend.generator(_backend.device_of_array(x))
-        r = gen.random(x.shape, dtype=np.float32) if isinstance(gen, np.random.Generator) \
-            else gen.random_sample(x.shape, dtype=np.float32)
-        keep = r >= np.float32(p)
+        keep = _random_keep(x.shape, p, x)
         scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
         ctx.keep, ctx.scale = keep, scale
         out = x * keep
@@ -412,76 +419,5 @@ class Dropout(Op):
         return out, None
 
 
-# ---------------------------------------------------------------------------------------------------
-class ScaledDotProductAttention(Op):
-    """softmax(q k^T * scale + mask) v, with optional causal mask, bool/additive mask and dropout."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale):
-        xp = xp_of(q)
-        dt = q.dtype
-        if dt in _LOWP:
-            q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
-        f = q.dtype.type
-        L, S = q.shape[-2], k.shape[-2]
-        s = mm(q, k.swapaxes(-1, -2))  # (..., L, S)
-        s *= f(scale)
-        if is_causal:
-            allowed = xp.tril(xp.ones((L, S), dtype=bool))
-            s = xp.where(allowed, s, f(-np.inf)) if s.shape[-2:] != (L, S) else _mask_inplace(s, allowed, xp)
-        if mask is not None:
-            if mask.dtype == np.bool_:
-                s = xp.where(mask, s, f(-np.inf))
-            else:
-                s = s + mask.astype(s.dtype, copy=False)
-        s -= s.max(axis=-1, keepdims=True)
-        p = xp.exp(s, out=s)
-        p /= p.sum(axis=-1, keepdims=True)
-        keep = None
-        if dropout_p > 0:
-            gen = _backend.generator(_backend.device_of_array(q))
-            r = gen.random(p.shape, dtype=np.float32) if isinstance(gen, np.random.Generator) \
-                else gen.random_sample(p.shape, dtype=np.float32)
-            keep = r >= np.float32(dropout_p)
-            pd = p * keep
-            pd *= f(1.0 / (1.0 - dropout_p))
-        else:
-            pd = p
-        out = mm(pd, v)
-        ctx.q, ctx.k, ctx.v, ctx.p, ctx.keep, ctx.scale = q, k, v, p, keep, f(scale)
-        ctx.dp, ctx.dt = dropout_p, dt
-        ctx.shapes = (ctx.q.shape, ctx.k.shape, ctx.v.shape)
-        return out.astype(dt) if dt in _LOWP else out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, p, keep = ctx.q, ctx.k, ctx.v, ctx.p, ctx.keep
-        f = p.dtype.type
-        g = g.astype(p.dtype, copy=False)
-        nq, nk, nv = ctx.needs_input_grad[:3]
-        if keep is not None:
-            pd = p * keep
-            pd *= f(1.0 / (1.0 - ctx.dp))
-        else:
-            pd = p
-        gv = sum_to(mm(pd.swapaxes(-1, -2), g), v.shape) if nv else None
-        gp = mm(g, v.swapaxes(-1, -2))  # (..., L, S)
-        if keep is not None:
-            gp *= keep
-            gp *= f(1.0 / (1.0 - ctx.dp))
-        # softmax backward: ds = p * (gp - sum(gp * p))
-        gp -= (gp * p).sum(axis=-1, keepdims=True)
-        gp *= p
-        gp *= ctx.scale
-        gq = sum_to(mm(gp, k), q.shape) if nq else None
-        gk = sum_to(mm(gp.swapaxes(-1, -2), q), k.shape) if nk else None
-        dt = ctx.dt
-        cast = (lambda a: a.astype(dt) if a is not None else None) if dt in _LOWP else (lambda a: a)
-        return cast(gq), cast(gk), cast(gv), None, None, None, None
-
-
-def _mask_inplace(s, allowed, xp):
-    if xp is np:
-        np.copyto(s, -np.inf, where=~allowed)
-        return s
-    return xp.where(allowed, s, s.dtype.type(-np.inf))
+# Attention lives in ops_attention.py (file size); re-exported here.
+from .ops_attention import ScaledDotProductAttention  # noqa: E402,F401

@@ -122,7 +122,7 @@ def train(cfg) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.metrics_file())), exist_ok=True)
         metrics = open(cfg.metrics_file(), "a" if start else "w")
     bar = None
-    if rank == 0 and not os.environ.get("HPCFSDP_NO_PROGRESS"):
+    if rank == 0 and sys.stdout.isatty() and not os.environ.get("HPCFSDP_NO_PROGRESS"):
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True, file=sys.stdout)
@@ -168,6 +168,9 @@ def train(cfg) -> int:
                        "comm_time_s": exposed_comm_seconds(), "peak_mem_bytes": peaks}
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
+                if bar is None and not os.environ.get("HPCFSDP_NO_PROGRESS"):  # not a terminal: one line per log
+                    print(f"step {done}/{cfg.steps}  loss {step_loss:.4f}  lr {lr:.2e}  "
+                          f"{tokens_per_step / dt:.0f} tok/s  peak {max(peaks) / 2**20:.0f} MiB/rank", flush=True)
         if bar is not None:
             bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_step / dt:.0f}",
                             mem=f"{peak_memory_bytes(device) / 2**20:.0f}MiB")

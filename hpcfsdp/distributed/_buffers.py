@@ -6,6 +6,7 @@ import base64 as _b64
 import json as _json
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,14 @@ __all__ = [
     "record_event",
     "needs_staging",
     "HostStager",
+    "stager",
+    "progress",
+    "call_mpi",
+    "allgather_bytes",
+    "finish_reduce",
     "ptr",
     "overlaps",
+    "may_share",
     "check_same_kind",
     "encode_object",
     "decode_object",
@@ -129,13 +136,23 @@ def _half_name(dtype: np.dtype) -> str | None:
     return None
 
 
+_PLANS: dict = {}
+
+
 def reduce_plan(dtype: Any, *, force_fallback: bool = False):
     """(MPI datatype, work dtype or None) for reducing arrays of ``dtype``.
 
     work dtype None: reduce the array as is. float32: convert to float32, reduce, round back.
     """
+    key = (dtype, force_fallback, half_types)  # half_types: tests may patch it
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _reduce_plan(np.dtype(dtype), force_fallback)
+    return plan
+
+
+def _reduce_plan(dtype: np.dtype, force_fallback: bool):
     MPI = get_mpi()
-    dtype = np.dtype(dtype)
     half = _half_name(dtype)
     if half is not None:
         t = None if force_fallback else half_types()[half]
@@ -248,8 +265,73 @@ def _pinned_bytes(nbytes: int) -> np.ndarray:
     return np.frombuffer(mem, np.uint8, nbytes)
 
 
+def progress(req) -> None:
+    """Complete an MPI request by polling Test with a sleeping back-off (mode 'test')."""
+    spins = 0
+    delay = 0.0
+    while not req.Test():
+        spins += 1
+        if spins < 32:
+            time.sleep(0)
+        else:
+            delay = min(max(delay * 2, 2e-5), 5e-4)
+            time.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------
+# MPI calls made by the communication thread (process_group.py)
+
+_STAGER: HostStager | None = None
+
+
+def stager() -> HostStager:
+    """The process's HostStager (used only by the communication thread)."""
+    global _STAGER
+    if _STAGER is None:
+        _STAGER = HostStager()
+    return _STAGER
+
+
+def call_mpi(mode: str, blocking, nonblocking, *args) -> None:
+    """Call the blocking MPI routine, or (mode 'test') the nonblocking one and poll it."""
+    if mode == "blocking":
+        blocking(*args)
+    else:
+        progress(nonblocking(*args))
+
+
+def allgather_bytes(comm, src, dst, in_place: bool, k: int, mode: str) -> None:
+    """Allgather of ``src`` (or MPI_IN_PLACE) into ``dst`` as bytes."""
+    MPI = get_mpi()
+    if k == 0:
+        return
+    recv = byte_spec(dst)
+    send = MPI.IN_PLACE if in_place else byte_spec(src)
+    call_mpi(mode, comm.Allgather, comm.Iallgather, send, recv)
+
+
+def finish_reduce(work, dst, avg: bool, n: int) -> None:
+    """AVG's division (floor for integers) and the cast back from a float32 work buffer into ``dst``."""
+    if avg:
+        if np.issubdtype(work.dtype, np.integer):
+            work //= n
+        elif work.dtype == np.bool_:
+            raise TypeError("ReduceOp.AVG is not defined for bool arrays")
+        else:
+            work /= n
+    if work is not dst:
+        dst[...] = work.astype(dst.dtype)
+
+
 def ptr(a: Any) -> int:
     return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
+
+
+def may_share(a, b) -> bool:
+    """Cheap test: could ``a`` and ``b`` share memory (same base or overlapping bounds)?"""
+    if is_cupy_array(a) or is_cupy_array(b):
+        return overlaps(a, b)
+    return bool(np.may_share_memory(a, b))
 
 
 def overlaps(a, b) -> bool:

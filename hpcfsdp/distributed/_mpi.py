@@ -17,6 +17,10 @@ __all__ = [
     "cuda_aware",
     "half_types",
     "probe",
+    "comm_timeout",
+    "set_default_timeout",
+    "progress_mode",
+    "inline_enabled",
 ]
 
 # [Note: MPI thread level]
@@ -61,7 +65,6 @@ def get_mpi():
     return _MPI if _MPI is not None else init_mpi()
 
 
-_LEVEL_NAMES = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
 
 
 def thread_level() -> int:
@@ -297,3 +300,53 @@ def probe(comm=None) -> dict[str, Any]:
     out.update(node_layout(comm))
     out.update(_cupy_info())
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# settings of the communication engine (process_group.py re-exports them)
+
+_TIMEOUT_OVERRIDE: float | None = None
+
+
+def set_default_timeout(seconds: float | None) -> None:
+    """Watchdog deadline set by init_process_group(timeout=...); None returns to the environment."""
+    global _TIMEOUT_OVERRIDE
+    _TIMEOUT_OVERRIDE = None if seconds is None else float(seconds)
+
+
+def comm_timeout() -> float:
+    """Watchdog deadline in seconds: init_process_group(timeout=) > HPCFSDP_COMM_TIMEOUT > 600.
+
+    A value <= 0 disables the watchdog. See [Note: Watchdog] in process_group.py.
+    """
+    if _TIMEOUT_OVERRIDE is not None:
+        return _TIMEOUT_OVERRIDE
+    raw = os.environ.get("HPCFSDP_COMM_TIMEOUT", "").strip()
+    if not raw:
+        return 600.0
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"HPCFSDP_COMM_TIMEOUT={raw!r}: expected a number of seconds") from None
+
+
+_MODES = ("blocking", "test")
+
+
+def progress_mode() -> str:
+    """How the comm thread drives MPI: HPCFSDP_COMM_PROGRESS = blocking (default) | test.
+
+    See [Note: Progress and busy polling] in process_group.py.
+    """
+    raw = os.environ.get("HPCFSDP_COMM_PROGRESS", "blocking").strip().lower() or "blocking"
+    if raw not in _MODES:
+        raise ValueError(f"HPCFSDP_COMM_PROGRESS={raw!r}: expected one of {_MODES}")
+    return raw
+
+
+def inline_enabled() -> bool:
+    """HPCFSDP_COMM_INLINE (default 1): blocking calls may run on the calling thread.
+
+    See [Note: Inline calls] in process_group.py.
+    """
+    return os.environ.get("HPCFSDP_COMM_INLINE", "1").strip() != "0"

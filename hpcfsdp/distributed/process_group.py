@@ -16,9 +16,15 @@ group*; every call returns ``Work`` when ``async_op`` is true, else None after c
     pg.barrier(async_op=False)
     pg.all_gather_object(obj) -> list;  pg.broadcast_object(obj, src=0) -> obj   (blocking;
         objects travel as tagged JSON (_buffers.encode_object): no pickle)
-    pg.split(color, key=None) -> ProcessGroup | None    (collective; None for color None)
+    pg.split(color, key=None, name=None) -> ProcessGroup | None   (collective; None for color None)
+    pg.create_subgroup(ranks, name=None) -> ProcessGroup | None   (collective; group ranks)
+    pg.destroy()
     Work.wait(timeout=None) -> True (re-raises the comm thread's exception);
     Work.is_completed(); Work.exception(); Work.result()
+
+Async calls run on the communication thread in issue order (all groups share it); do not touch
+their buffers until wait(). AVG = SUM then divide by the group size (floor division for integers).
+float16/bfloat16 reductions use MPI.FLOAT16_T/BFLOAT16_T when usable, else float32 on the wire.
 
 Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
 ``reset_collective_counts()``; ``pg.stats`` is the same Counter per group. Kinds: "all_gather",
@@ -28,10 +34,10 @@ Size-1 groups count too (they make no MPI call).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
 import enum
-import os
 import sys
 import threading
 import time
@@ -41,7 +47,14 @@ from typing import Any, Callable
 import numpy as np
 
 from hpcfsdp.distributed import _buffers as B
-from hpcfsdp.distributed._mpi import get_mpi, thread_level
+from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
+    comm_timeout,
+    get_mpi,
+    inline_enabled,
+    progress_mode,
+    set_default_timeout,
+    thread_level,
+)
 
 __all__ = [
     "ReduceOp",
@@ -99,48 +112,6 @@ def reset_collective_counts() -> None:
     _BYTES.clear()
 
 
-# ---------------------------------------------------------------------------------------------
-# settings
-
-_TIMEOUT_OVERRIDE: float | None = None
-
-
-def set_default_timeout(seconds: float | None) -> None:
-    """Watchdog deadline set by init_process_group(timeout=...); None returns to the environment."""
-    global _TIMEOUT_OVERRIDE
-    _TIMEOUT_OVERRIDE = None if seconds is None else float(seconds)
-
-
-def comm_timeout() -> float:
-    """Watchdog deadline in seconds: init_process_group(timeout=) > HPCFSDP_COMM_TIMEOUT > 600.
-
-    A value <= 0 disables the watchdog. See [Note: Watchdog].
-    """
-    if _TIMEOUT_OVERRIDE is not None:
-        return _TIMEOUT_OVERRIDE
-    raw = os.environ.get("HPCFSDP_COMM_TIMEOUT", "").strip()
-    if not raw:
-        return 600.0
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"HPCFSDP_COMM_TIMEOUT={raw!r}: expected a number of seconds") from None
-
-
-_MODES = ("blocking", "test")
-
-
-def progress_mode() -> str:
-    """How the comm thread drives MPI: HPCFSDP_COMM_PROGRESS = blocking (default) | test.
-
-    See [Note: Progress and busy polling].
-    """
-    raw = os.environ.get("HPCFSDP_COMM_PROGRESS", "blocking").strip().lower() or "blocking"
-    if raw not in _MODES:
-        raise ValueError(f"HPCFSDP_COMM_PROGRESS={raw!r}: expected one of {_MODES}")
-    return raw
-
-
 # [Note: Communication thread]
 # One thread per process runs every MPI call of the comm layer, in the order the main thread
 # issued them (a FIFO), for all process groups together. This is the analogue of the one NCCL
@@ -154,20 +125,40 @@ def progress_mode() -> str:
 #
 # [Note: Progress and busy polling]
 # MPICH progresses a collective only while a thread is inside MPI, and its blocking calls
-# busy-poll (yielding with sched_yield every MPIR_CVAR_POLLS_BEFORE_YIELD=1000 polls). On a
-# rank without a spare core the polling comm thread competes with the compute thread. Mode
-# "blocking" (default) calls the blocking collective; mode "test" starts the nonblocking
-# collective and polls MPI_Test with a sleeping back-off (time.sleep releases the core).
-# Measurements on this 2-core machine are in the comm helper's report and in
-# tests/test_distributed_process_group.py::test_overlap_*; launcher knobs that make MPICH's
-# waiting cheaper: MPIR_CVAR_CH4_PROGRESS_THROTTLE=1, MPIR_CVAR_POLLS_BEFORE_YIELD=<small>,
-# MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (nanosleep instead of sched_yield).
+# busy-poll (sched_yield every MPIR_CVAR_POLLS_BEFORE_YIELD=1000 polls). Mode "blocking"
+# (default, HPCFSDP_COMM_PROGRESS) calls the blocking collective on the comm thread; mode "test"
+# starts the nonblocking one and polls MPI_Test with a sleeping back-off, so the comm thread
+# gives its core away while it waits. Measured on the 2-vCPU dev VM, 2 ranks (one core each),
+# a 64 MiB all-gather (~16 ms alone) against an equally long float32 256x256 matmul loop,
+# wall(overlapped) / (wall(comm) + wall(compute)), best runs of 25 repetitions:
+#     blocking 0.85-0.90   test 0.85-0.95   either + MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 0.84-0.96
+#     either + MPIR_CVAR_POLLS_BEFORE_YIELD=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 0.85-0.91
+#     comm thread at nice +5 / +19: 1.2-1.6 (the peer's copy stalls: never do this)
+# No knob beats the run-to-run noise (+-0.05, other jobs share the VM). The limit is physical:
+# on shared memory the all-gather is memcpy work (32 MiB copy: 5.5 ms alone, 8.4 ms when both
+# cores copy), so with one core per rank overlap can only win back the memory-bandwidth
+# contention and the waiting, not the copies. The busy polling costs little because MPICH is
+# copying most of the time it polls. With a spare core per rank (or a GPU doing the compute)
+# the comm thread runs beside the compute and overlap approaches min(comm, compute).
+# Launcher knobs if a machine shows polling contention: MPIR_CVAR_CH4_PROGRESS_THROTTLE=1,
+# MPIR_CVAR_POLLS_BEFORE_YIELD=<small>, MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (MPICH);
+# OMPI_MCA_mpi_yield_when_idle=1 (Open MPI); or HPCFSDP_COMM_PROGRESS=test.
+#
+# [Note: Inline calls]
+# Handing a blocking call to the communication thread costs two thread wake-ups (about 150 us
+# per collective on this VM, measured with `hpcfsdp bench comm`), which dominates small
+# messages. So a *blocking* call whose turn it already is (nothing queued or running) runs on
+# the calling thread instead; the order is unchanged because everything issued before it has
+# completed. Async calls always go through the thread. While an inline call runs, the idle
+# communication thread watches its deadline (see [Note: Watchdog]). HPCFSDP_COMM_INLINE=0
+# sends every call through the thread.
 #
 # [Note: Watchdog]
-# A rank waiting on a Work polls its Event with a short timeout. When it has waited longer
-# than HPCFSDP_COMM_TIMEOUT, it prints which collective (kind, group size and world ranks,
-# buffer sizes and dtypes) it is waiting for and which one the comm thread is stuck in, then
-# calls MPI.COMM_WORLD.Abort(1) so that no other rank hangs. Work.wait(timeout=t) with an
+# A rank waiting on a Work polls its Event with a short timeout (an inline call is watched by
+# the idle communication thread instead). When it has waited longer than HPCFSDP_COMM_TIMEOUT,
+# it prints which collective (kind, group size and world ranks, buffer sizes and dtypes) it is
+# waiting for and which one the comm thread is stuck in, then calls MPI.COMM_WORLD.Abort(1) so
+# that no other rank hangs. Work.wait(timeout=t) with an
 # explicit timeout raises TimeoutError instead (the caller asked for it).
 
 
@@ -176,8 +167,8 @@ class Work:
 
     __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb")
 
-    def __init__(self, desc: str, fn: Callable[[], Any] | None = None):
-        self._desc = desc
+    def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
+        self._desc = desc  # a str or a callable making it (formatted only when needed)
         self._fn = fn
         self._done = threading.Event()
         self._exc: BaseException | None = None
@@ -185,8 +176,15 @@ class Work:
         self._issued = time.monotonic()
         self._tb = ""
 
+    @property
+    def desc(self) -> str:
+        """What this Work is: collective, buffers and group."""
+        if callable(self._desc):
+            self._desc = self._desc()
+        return self._desc
+
     @classmethod
-    def _completed(cls, desc: str, result: Any = None) -> "Work":
+    def _completed(cls, desc, result: Any = None) -> "Work":
         w = cls(desc)
         w._result = result
         w._done.set()
@@ -233,13 +231,13 @@ class Work:
             step = min(step * 2, 0.1)
             waited = time.monotonic() - start
             if timeout is not None and waited >= timeout:
-                raise TimeoutError(f"{self._desc} did not complete within timeout={timeout} s")
+                raise TimeoutError(f"{self.desc} did not complete within timeout={timeout} s")
             if 0 < limit <= waited:
                 _watchdog_abort(self, limit)
 
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
-        return f"Work({self._desc}, {state})"
+        return f"Work({self.desc}, {state})"
 
 
 def _watchdog_abort(work: Work, limit: float) -> None:
@@ -247,10 +245,10 @@ def _watchdog_abort(work: Work, limit: float) -> None:
     MPI = get_mpi()
     msg = (
         f"hpcfsdp: [world rank {MPI.COMM_WORLD.Get_rank()}] collective timed out after "
-        f"{limit:g} s (HPCFSDP_COMM_TIMEOUT): {work._desc}"
+        f"{limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}"
     )
     if busy is not None and busy is not work:
-        msg += f"; the communication thread is blocked in: {busy._desc}"
+        msg += f"; the communication thread is blocked in: {busy.desc}"
     msg += ". Another rank did not join this collective (or joined a different one). Aborting the job."
     print(msg, file=sys.stderr, flush=True)
     MPI.COMM_WORLD.Abort(1)
@@ -263,8 +261,21 @@ class _CommThread:
         self._q: collections.deque[Work] = collections.deque()
         self._cv = threading.Condition()
         self.current: Work | None = None
+        self._inline_since: float | None = None
         self._thread = threading.Thread(target=self._loop, name="hpcfsdp-comm", daemon=True)
         self._thread.start()
+        atexit.register(self.drain)  # runs before mpi4py's MPI_Finalize (registered earlier)
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until everything queued has run (at exit: no MPI call may outlive MPI_Finalize)."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while self._q or (self.current is not None and self._inline_since is None):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.1))
+        return True
 
     def submit(self, work: Work) -> Work:
         with self._cv:
@@ -276,16 +287,37 @@ class _CommThread:
         with self._cv:
             return not self._q and self.current is None
 
+    def begin_inline(self, work: Work) -> bool:
+        """Claim MPI for the calling thread if nothing is queued or running. See [Note: Inline calls]."""
+        with self._cv:
+            if self._q or self.current is not None:
+                return False
+            self.current = work
+            self._inline_since = time.monotonic()  # watched by the thread's periodic check
+            return True
+
+    def end_inline(self) -> None:
+        with self._cv:
+            self.current = None
+            self._inline_since = None
+            if self._q:  # another thread queued work meanwhile
+                self._cv.notify()
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._q:
-                    self._cv.wait()
+                while not self._q or self.current is not None:
+                    # no wake-up per inline call (each costs ~100 us on a busy VM): poll instead
+                    limit = comm_timeout()
+                    if self._inline_since is not None and 0 < limit <= time.monotonic() - self._inline_since:
+                        _watchdog_abort(self.current, limit)
+                    self._cv.wait(min(0.25, limit / 4) if limit > 0 else None)
                 work = self._q.popleft()
                 self.current = work
             work._run()
             with self._cv:
                 self.current = None
+                self._cv.notify_all()  # drain() waiters
 
 
 _COMM_THREAD: _CommThread | None = None
@@ -304,41 +336,33 @@ def _comm_thread() -> _CommThread | None:
     return _COMM_THREAD
 
 
-def _submit(desc: str, fn: Callable[[], Any], async_op: bool) -> Work | Any:
+def _execute(desc, fn: Callable[[], Any], async_op: bool) -> Work:
+    """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
     t = _comm_thread()
     if t is None:
         work._run()
+    elif not async_op and inline_enabled() and t.begin_inline(work):
+        try:
+            work._run()
+        finally:
+            t.end_inline()
     else:
         t.submit(work)
+    return work
+
+
+def _submit(desc, fn: Callable[[], Any], async_op: bool) -> Work | None:
+    work = _execute(desc, fn, async_op)
     if async_op:
         return work
     work.wait()
     return None
 
 
-def _call_sync(desc: str, fn: Callable[[], Any]) -> Any:
-    """Run fn on the comm thread (ordered after everything issued before) and return its result."""
-    work = Work(desc, fn)
-    t = _comm_thread()
-    if t is None:
-        work._run()
-    else:
-        t.submit(work)
-    return work.result()
-
-
-def _progress(req) -> None:
-    """Complete an MPI request by polling Test with a sleeping back-off (mode 'test')."""
-    spins = 0
-    delay = 0.0
-    while not req.Test():
-        spins += 1
-        if spins < 32:
-            time.sleep(0)
-        else:
-            delay = min(max(delay * 2, 2e-5), 5e-4)
-            time.sleep(delay)
+def _call_sync(desc, fn: Callable[[], Any]) -> Any:
+    """Run fn as the next MPI operation (after everything issued before) and return its result."""
+    return _execute(desc, fn, False).result()
 
 
 class ProcessGroup:
@@ -353,6 +377,7 @@ class ProcessGroup:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
+        self._mode = progress_mode()  # validated before the (collective) Dup
         self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
@@ -367,7 +392,6 @@ class ProcessGroup:
             wg.Free()
         self.name = name
         self.stats: collections.Counter = collections.Counter()
-        self._mode = progress_mode()
 
     # -- basic queries -----------------------------------------------------------------------
     def rank(self) -> int:
@@ -398,7 +422,7 @@ class ProcessGroup:
         if self.comm is None:
             raise RuntimeError(f"{self!r} was destroyed")
 
-    def _issue(self, desc: str, fn: Callable[[], Any], async_op: bool, trivial: Callable[[], Any] | None):
+    def _issue(self, desc, fn: Callable[[], Any], async_op: bool, trivial: Callable[[], Any] | None):
         """Size-1 fast path inline when nothing is queued; else through the comm thread."""
         if trivial is not None:
             t = _COMM_THREAD
@@ -425,7 +449,7 @@ class ProcessGroup:
                 f"group size {n} = {k * n} ({self._gdesc()})"
             )
         B.check_same_kind(out_flat, in_flat, "all_gather_into")
-        desc = (f"all_gather_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}) "
+        desc = lambda: (f"all_gather_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}) "
                 f"on {self._gdesc()}")
         self._count("all_gather", in_flat.nbytes)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
@@ -437,23 +461,24 @@ class ProcessGroup:
         ev = B.record_event(in_flat)
         rank, mode = self._rank, self._mode
         itemsize = in1.dtype.itemsize
-        in_place = k > 0 and B.ptr(in1) == B.ptr(out1) + rank * k * itemsize
-        if not in_place and k > 0 and B.overlaps(in1, out1):
-            in1 = in1.copy()
+        in_place = False
+        if k > 0 and B.may_share(in1, out1):
+            in_place = B.ptr(in1) == B.ptr(out1) + rank * k * itemsize
+            if not in_place:  # MPI forbids aliased buffers: gather from a copy
+                in1 = in1.copy()
         comm = self.comm
 
         def fn():
-            MPI = get_mpi()
             if ev is not None:
                 ev.synchronize()
             if B.needs_staging(out1):
-                st = _stager()
+                st = B.stager()
                 hout = st.empty_host(out1, "recv")
                 hin = st.to_host(out1[rank * k:(rank + 1) * k] if in_place else in1, "send")
-                _allgather(comm, hin, hout, False, rank, k, mode, MPI)
+                B.allgather_bytes(comm, hin, hout, False, k, mode)
                 st.to_device(hout, out1)
             else:
-                _allgather(comm, in1, out1, in_place, rank, k, mode, MPI)
+                B.allgather_bytes(comm, in1, out1, in_place, k, mode)
 
         return self._issue(desc, fn, async_op, None)
 
@@ -475,7 +500,7 @@ class ProcessGroup:
             )
         B.check_same_kind(out_flat, in_flat, "reduce_scatter_into")
         mpi_type, work_dtype = B.reduce_plan(in_flat.dtype)
-        desc = (f"reduce_scatter_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}, "
+        desc = lambda: (f"reduce_scatter_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}, "
                 f"op={op.name}) on {self._gdesc()}")
         self._count("reduce_scatter", in_flat.nbytes)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
@@ -485,16 +510,15 @@ class ProcessGroup:
                     out1[...] = in1
             return self._issue(desc, None, async_op, trivial)
         ev = B.record_event(in_flat)
-        if k > 0 and B.overlaps(in1, out1):
+        if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
         comm, mode = self.comm, self._mode
 
         def fn():
-            MPI = get_mpi()
             if ev is not None:
                 ev.synchronize()
             staged = B.needs_staging(out1)
-            st = _stager() if staged else None
+            st = B.stager() if staged else None
             src = st.to_host(in1, "send") if staged else in1
             dst = st.empty_host(out1, "recv") if staged else out1
             if work_dtype is not None:
@@ -504,9 +528,9 @@ class ProcessGroup:
             else:
                 src_w, dst_w = src, dst
             if k > 0:
-                _call(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+                B.call_mpi(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
                       [src_w, mpi_type], [dst_w, mpi_type], B.mpi_op_for(op.name))
-            _finish_reduce(dst_w, dst, op, n)
+            B.finish_reduce(dst_w, dst, op is ReduceOp.AVG, n)
             if staged:
                 st.to_device(dst, out1)
 
@@ -518,7 +542,7 @@ class ProcessGroup:
         op = _as_op(op)
         B.check_buffer(arr, "all_reduce_: array", writable=True)
         mpi_type, work_dtype = B.reduce_plan(arr.dtype)
-        desc = f"all_reduce_({B.describe(arr)}, op={op.name}) on {self._gdesc()}"
+        desc = lambda: f"all_reduce_({B.describe(arr)}, op={op.name}) on {self._gdesc()}"
         self._count("all_reduce", arr.nbytes)
         n = self._size
         if n == 1:
@@ -532,14 +556,14 @@ class ProcessGroup:
             if ev is not None:
                 ev.synchronize()
             staged = B.needs_staging(a1)
-            buf = _stager().to_host(a1, "send") if staged else a1
+            buf = B.stager().to_host(a1, "send") if staged else a1
             w = buf.astype(work_dtype) if work_dtype is not None else buf
             if buf.size:
-                _call(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
+                B.call_mpi(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
                       B.mpi_op_for(op.name))
-            _finish_reduce(w, buf, op, n)
+            B.finish_reduce(w, buf, op is ReduceOp.AVG, n)
             if staged:
-                _stager().to_device(buf, a1)
+                B.stager().to_device(buf, a1)
 
         return self._issue(desc, fn, async_op, None)
 
@@ -548,7 +572,7 @@ class ProcessGroup:
         self._check_alive()
         B.check_buffer(arr, "broadcast_: array", writable=True)
         src = self._check_rank(src, "broadcast_: src")
-        desc = f"broadcast_({B.describe(arr)}, src={src}) on {self._gdesc()}"
+        desc = lambda: f"broadcast_({B.describe(arr)}, src={src}) on {self._gdesc()}"
         self._count("broadcast", arr.nbytes)
         if self._size == 1:
             return self._issue(desc, None, async_op, lambda: None)
@@ -559,22 +583,22 @@ class ProcessGroup:
             if ev is not None:
                 ev.synchronize()
             staged = B.needs_staging(arr)
-            buf = _stager().to_host(arr, "send") if staged else arr
+            buf = B.stager().to_host(arr, "send") if staged else arr
             if buf.size:
-                _call(mode, comm.Bcast, comm.Ibcast, B.byte_spec(buf), src)
+                B.call_mpi(mode, comm.Bcast, comm.Ibcast, B.byte_spec(buf), src)
             if staged:
-                _stager().to_device(buf, arr)
+                B.stager().to_device(buf, arr)
 
         return self._issue(desc, fn, async_op, None)
 
     def barrier(self, async_op: bool = False):
         self._check_alive()
-        desc = f"barrier() on {self._gdesc()}"
+        desc = lambda: f"barrier() on {self._gdesc()}"
         self._count("barrier", 0)
         if self._size == 1:
             return self._issue(desc, None, async_op, lambda: None)
         comm, mode = self.comm, self._mode
-        return self._issue(desc, lambda: _call(mode, comm.Barrier, comm.Ibarrier), async_op, None)
+        return self._issue(desc, lambda: B.call_mpi(mode, comm.Barrier, comm.Ibarrier), async_op, None)
 
     # -- objects (blocking) ------------------------------------------------------------------
     def all_gather_object(self, obj: Any) -> list:
@@ -590,7 +614,7 @@ class ProcessGroup:
             blobs = comm.allgather(data)  # bytes objects only
             return [B.decode_object(b) for b in blobs]
 
-        return _call_sync(f"all_gather_object on {self._gdesc()}", fn)
+        return _call_sync(lambda: f"all_gather_object on {self._gdesc()}", fn)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` of group rank ``src`` on every rank (tagged JSON on the wire; no pickle)."""
@@ -611,7 +635,7 @@ class ProcessGroup:
                 comm.Bcast([buf, MPI.BYTE], src)
             return B.decode_object(buf.tobytes())
 
-        return _call_sync(f"broadcast_object on {self._gdesc()}", fn)
+        return _call_sync(lambda: f"broadcast_object on {self._gdesc()}", fn)
 
     # -- communicators -----------------------------------------------------------------------
     def split(self, color: int | None, key: int | None = None, name: str | None = None):
@@ -662,44 +686,3 @@ class ProcessGroup:
         if not 0 <= int(r) < self._size:
             raise ValueError(f"{what}={r}: outside the {self._gdesc()}, expected 0 <= rank < {self._size}")
         return int(r)
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers run on the comm thread
-
-_STAGER: B.HostStager | None = None
-
-
-def _stager() -> B.HostStager:
-    global _STAGER
-    if _STAGER is None:
-        _STAGER = B.HostStager()
-    return _STAGER
-
-
-def _call(mode: str, blocking, nonblocking, *args) -> None:
-    if mode == "blocking":
-        blocking(*args)
-    else:
-        _progress(nonblocking(*args))
-
-
-def _allgather(comm, src, dst, in_place: bool, rank: int, k: int, mode: str, MPI) -> None:
-    if k == 0:
-        return
-    recv = B.byte_spec(dst)
-    send = MPI.IN_PLACE if in_place else B.byte_spec(src)
-    _call(mode, comm.Allgather, comm.Iallgather, send, recv)
-
-
-def _finish_reduce(work, dst, op: ReduceOp, n: int) -> None:
-    """AVG division and the cast back from the float32 work buffer (in place into ``dst``)."""
-    if op is ReduceOp.AVG:
-        if np.issubdtype(work.dtype, np.integer):
-            work //= n
-        elif work.dtype == np.bool_:
-            raise TypeError("ReduceOp.AVG is not defined for bool arrays")
-        else:
-            work /= n
-    if work is not dst:
-        dst[...] = work.astype(dst.dtype)

@@ -170,9 +170,11 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
             raise ValueError(f"optimizer parameter {i} is not a parameter of {type(root).__name__}")
         entry = {}
         for k, v in osd["state"][i].items():
-            if isinstance(v, Tensor) and isinstance(p, DTensor) and v.ndim > 0 and tuple(v.shape) == tuple(p._data.shape):
-                dt = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape)
-                v = dt.full_tensor() if full else dt
+            if isinstance(p, DTensor) and isinstance(v, Tensor) and not isinstance(v, DTensor) and v.ndim > 0 \
+                    and tuple(v.shape) == tuple(p._data.shape):
+                v = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape)
+            if isinstance(v, DTensor) and full:
+                v = v.full_tensor()  # collective: every rank, same order
             entry[k] = v
         if keep:
             state[names[id(p)]] = entry

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hpcfsdp._backend import is_meta_array
+from hpcfsdp._backend import array_module, is_meta_array
 from hpcfsdp._tensor import Size, Tensor
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
@@ -155,6 +155,39 @@ class DTensor(Tensor):
             raise AssertionError(f"full_tensor produced {cur.shape}, expected {spec.shape}")
         return Tensor._wrap(cur)
 
+    # -- tensor methods that must keep the layout -----------------------------------------------------
+    def detach(self) -> "DTensor":
+        """A DTensor sharing this one's local storage and layout, outside autograd (state dicts use it)."""
+        return DTensor._from_array(self._data, self._spec)
+
+    def __hp_wrap_like__(self, array) -> "DTensor":
+        """Optimizer state of a DTensor parameter is a DTensor laid out like it (PyTorch's behaviour)."""
+        return DTensor._from_array(array, self._spec)
+
+    def copy_(self, src, non_blocking: bool = False) -> "DTensor":
+        """Copy ``src`` into this rank's piece: a DTensor of the same layout (local copy), a DTensor of
+        another layout (gathered first: collective), or a full tensor of the global shape (sliced)."""
+        if tuple(src.shape) != tuple(self._spec.shape):
+            raise RuntimeError(f"copy_: source of shape {tuple(src.shape)} does not match the DTensor's global "
+                               f"shape {tuple(self._spec.shape)}")
+        if isinstance(src, DTensor):
+            if src._spec.placements == self._spec.placements and src._spec.mesh == self._spec.mesh:
+                piece = src._data
+            else:
+                src = src.full_tensor()
+                piece = None
+        else:
+            piece = None
+        if piece is None:
+            coord = self._spec.mesh.get_coordinate()
+            bounds = _local_bounds(self._spec.shape, self._spec.mesh, self._spec.placements, coord)
+            piece = src._data[tuple(slice(a, b) for a, b in bounds)]
+        xp = array_module(self._data)
+        if is_meta_array(self._data):
+            return self
+        self._data[...] = xp.asarray(piece)
+        return self
+
     # -- global metadata -----------------------------------------------------------------------------
     @property
     def placements(self) -> tuple[Placement, ...]:
@@ -226,8 +259,9 @@ class DTensor(Tensor):
 
 
 def _shard_key(spec: DTensorSpec):
-    return (id(spec.mesh._root), tuple(spec.mesh._dims),
-            tuple(i for i, p in enumerate(spec.placements) if isinstance(p, Shard)))
+    """The rank sets the partial norm is summed over (equal keys: one reduction serves both)."""
+    dims = sorted({i for i, p in enumerate(spec.placements) if isinstance(p, Shard)})
+    return tuple(spec.mesh.get_group(i).world_ranks for i in dims)
 
 
 def _gather_dim(local, mesh: DeviceMesh, mesh_dim: int, tdim: int, extent: int):

@@ -1,0 +1,123 @@
+"""Fused scaled dot-product attention: softmax(q k^T * scale + mask) v, with a block-causal fast path."""
+import numpy as np
+
+from .. import _backend
+from .function import Op
+from .ops import mm, sum_to, xp_of
+
+__all__ = ["ScaledDotProductAttention", "CAUSAL_BLOCK"]
+
+_LOWP = (_backend.float16, _backend.bfloat16)
+CAUSAL_BLOCK = 64  # query rows per block in the causal path (64 measured fastest at T=256)
+
+
+def _random_keep(shape, p, like):
+    gen = _backend.generator(_backend.device_of_array(like))
+    r = gen.random(shape, dtype=np.float32) if isinstance(gen, np.random.Generator) \
+        else gen.random_sample(shape, dtype=np.float32)
+    return r >= np.float32(p)
+
+
+def _softmax_rows_(s, xp):
+    """In-place softmax over the last axis of s (already masked with -inf)."""
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def _mask_upper_(s, r0, xp):
+    """Causal mask of a query block starting at row r0: s[..., i, j] = -inf where j > r0 + i."""
+    bq, width = s.shape[-2], s.shape[-1]
+    allowed = xp.arange(width)[None, :] <= (xp.arange(bq)[:, None] + r0)
+    if xp is np:
+        np.copyto(s, -np.inf, where=~allowed)
+        return s
+    return xp.where(allowed, s, s.dtype.type(-np.inf))
+
+
+# [Note: Block-causal attention]
+# With is_causal (and no explicit mask) query row i only sees keys 0..i. Splitting the queries into
+# blocks of CAUSAL_BLOCK rows, block [r0, r1) needs only keys [0, r1): the score matrix, its softmax and
+# all four GEMMs shrink to the lower block triangle, about (nb + 1) / (2 nb) of the dense work for nb
+# blocks, and the exp count (the dominant element-wise cost on CPUs) shrinks alike. Each block keeps its
+# own probabilities for backward; gradients of k and v accumulate over the blocks that see them.
+class ScaledDotProductAttention(Op):
+    """softmax(q k^T * scale + mask) v, with optional causal mask, bool/additive mask and dropout."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale):
+        xp = xp_of(q)
+        dt = q.dtype
+        if dt in _LOWP:
+            q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+        f = q.dtype.type
+        L, S = q.shape[-2], k.shape[-2]
+        kt = k.swapaxes(-1, -2)
+        blocks = [(0, L, S)]  # (r0, r1, visible keys)
+        if is_causal and mask is None and L > CAUSAL_BLOCK:
+            blocks = [(r0, min(r0 + CAUSAL_BLOCK, L), min(min(r0 + CAUSAL_BLOCK, L), S))
+                      for r0 in range(0, L, CAUSAL_BLOCK)]
+        probs, keeps, outs = [], [], []
+        for r0, r1, w in blocks:
+            qb = q[..., r0:r1, :]
+            s = mm(qb, kt[..., :w])  # (..., r1 - r0, w)
+            s *= f(scale)
+            if is_causal:
+                s = _mask_upper_(s, r0, xp)
+            if mask is not None:
+                s = xp.where(mask, s, f(-np.inf)) if mask.dtype == np.bool_ else s + mask.astype(s.dtype, copy=False)
+            p = _softmax_rows_(s, xp)
+            pd = p
+            keep = None
+            if dropout_p > 0:
+                keep = _random_keep(p.shape, dropout_p, q)
+                pd = p * keep
+                pd *= f(1.0 / (1.0 - dropout_p))
+            outs.append(mm(pd, v[..., :w, :]))
+            probs.append(p)
+            keeps.append(keep)
+        out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=-2)
+        ctx.q, ctx.k, ctx.v, ctx.probs, ctx.keeps, ctx.blocks = q, k, v, probs, keeps, blocks
+        ctx.scale, ctx.dp, ctx.dt = f(scale), dropout_p, dt
+        return out.astype(dt) if dt in _LOWP else out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.q, ctx.k, ctx.v
+        xp = xp_of(q)
+        f = q.dtype.type
+        g = g.astype(q.dtype, copy=False)
+        nq, nk, nv = ctx.needs_input_grad[:3]
+        bshape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        gq_parts = []
+        gk = xp.zeros(bshape + k.shape[-2:], dtype=q.dtype) if nk else None
+        gv = xp.zeros(bshape + v.shape[-2:], dtype=q.dtype) if nv else None
+        inv_keep = f(1.0 / (1.0 - ctx.dp)) if ctx.dp > 0 else None
+        for (r0, r1, w), p, keep in zip(ctx.blocks, ctx.probs, ctx.keeps):
+            gb = g[..., r0:r1, :]
+            if nv:
+                pd = p if keep is None else p * keep * inv_keep
+                gv[..., :w, :] += mm(pd.swapaxes(-1, -2), gb)
+            gp = mm(gb, v[..., :w, :].swapaxes(-1, -2))  # (..., rows, w)
+            if keep is not None:
+                gp *= keep
+                gp *= inv_keep
+            # softmax backward: ds = p * (gp - sum(gp * p)), then the score scale
+            gp -= (gp * p).sum(axis=-1, keepdims=True)
+            gp *= p
+            gp *= ctx.scale
+            if nq:
+                gq_parts.append(mm(gp, k[..., :w, :]))
+            if nk:
+                gk[..., :w, :] += mm(gp.swapaxes(-1, -2), q[..., r0:r1, :])
+        gq = None
+        if nq:
+            gq = gq_parts[0] if len(gq_parts) == 1 else xp.concatenate(gq_parts, axis=-2)
+            gq = sum_to(gq, q.shape)
+        gk = sum_to(gk, k.shape) if nk else None
+        gv = sum_to(gv, v.shape) if nv else None
+        dt = ctx.dt
+        if dt in _LOWP:
+            gq, gk, gv = (a.astype(dt) if a is not None else None for a in (gq, gk, gv))
+        return gq, gk, gv, None, None, None, None
