@@ -210,7 +210,11 @@ def optim_state_dict_to_load(root, optim, osd) -> dict:
         raise ValueError(f"optimizer state dict has {len(osd['param_groups'])} param groups, the optimizer "
                          f"{len(optim.param_groups)}")
     groups = []
-    for g in osd["param_groups"]:
+    for g, mine in zip(osd["param_groups"], optim.param_groups):
+        names = {id(by_name[n]) for n in g["params"] if n in by_name}
+        if names != {id(p) for p in mine["params"]}:
+            raise ValueError("optimizer state dict's param groups hold other parameters than the optimizer's")
+        # ids in this optimizer's own order: load_state_dict pairs them positionally
         groups.append({**{k: v for k, v in g.items() if k != "params"},
-                       "params": [index[id(by_name[n])] for n in g["params"]]})
+                       "params": [index[id(p)] for p in mine["params"]]})
     return {"state": state, "param_groups": groups}
