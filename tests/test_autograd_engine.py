@@ -310,7 +310,7 @@ def test_grad_setter_validates_and_detach():
 
 def test_split_outputs_partially_used():
     x = leaf(6)
-    a, b, c = x.split(2)
+    a, _b, c = x.split(2)
     (a * 2 + c).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [2, 2, 0, 0, 1, 1])
 

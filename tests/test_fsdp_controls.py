@@ -238,3 +238,20 @@ def test_gradient_divide_factor_and_all_reduce_hook():
     assert len(seen) == 1
     with pytest.raises(ValueError, match="positive number"):
         a.set_gradient_divide_factor(0)
+
+
+def test_check_finite_names_parameter_and_step(monkeypatch):
+    import hpcfsdp.distributed.fsdp._fully_shard._fsdp_param_group as pg_mod
+
+    monkeypatch.setattr(pg_mod, "_CHECK_FINITE", True)
+    w, _ = world()
+    model = _sharded(True, n_layer=1)
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+    loss.backward()  # finite: passes
+    bad = model.blocks[0].mlp.c_fc
+    handle = bad.register_forward_hook(lambda m, a, out: out * float("nan"))
+    _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+    with pytest.raises(FloatingPointError, match=r"gradient of transformer\.\S+ has \d+ non-finite value.*step 1"):
+        loss.backward()
+    handle.remove()

@@ -7,7 +7,7 @@ from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from hpcfsdp.distributed.tensor import DTensor
 
-from _fsdp_util import Blocks, gpt_batches, local, tiny_gpt, train_parity, world
+from _fsdp_util import Blocks, full, gpt_batches, local, tiny_gpt, train_parity, world
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -225,3 +225,34 @@ def test_mixed_precision_reduce_dtype_and_parity(dtype):
     assert seen and all(d == hp.float32 for d in seen)
     for p in model.parameters():
         assert p.dtype == hp.float32  # sharded master weights stay float32
+
+
+def test_cpu_offload_policy_parity():
+    from hpcfsdp.distributed.fsdp import CPUOffloadPolicy
+
+    w, _ = world()
+
+    def shard(model):
+        for b in model.blocks:
+            fully_shard(b, offload_policy=CPUOffloadPolicy())
+        fully_shard(model, offload_policy=CPUOffloadPolicy())
+
+    model, _ = train_parity(tiny_gpt, shard, batches=gpt_batches(5, 4 * w + 1))
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+
+
+def test_module_apply_converts_each_shard():
+    w, _ = world()
+    model = tiny_gpt()
+    for b in model.blocks:
+        fully_shard(b)
+    fully_shard(model)
+    before = {n: full(p) for n, p in model.named_parameters()}
+    model.double()
+    for n, p in model.named_parameters():
+        assert isinstance(p, DTensor) and p.dtype == hp.float64 and p._data.dtype == np.float64
+        np.testing.assert_array_equal(full(p), before[n].astype(np.float64))
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+    loss.backward()
+    assert all(p.grad.dtype == hp.float64 for p in model.parameters())

@@ -18,10 +18,10 @@ def _check(x, name, argname="input"):
     return x
 
 
-def _float(x, name):
-    _check(x, name)
+def _float(x, name, argname="input"):
+    _check(x, name, argname)
     if _category(x.dtype) != 2:
-        raise RuntimeError(f"{name}(): expected a floating point input, got dtype {x.dtype}")
+        raise RuntimeError(f"{name}(): expected a floating point {argname}, got dtype {x.dtype}")
     return x
 
 
@@ -225,8 +225,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """softmax(q @ k^T * scale + mask) @ v; bool masks mark allowed positions, float masks are added."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _float(t, "scaled_dot_product_attention")
+    for argname, t in (("query", query), ("key", key), ("value", value)):
+        _float(t, "scaled_dot_product_attention", argname)
     if query.shape[-1] != key.shape[-1]:
         raise RuntimeError(f"scaled_dot_product_attention(): query and key embedding sizes differ: "
                            f"{tuple(query.shape)} vs {tuple(key.shape)}")

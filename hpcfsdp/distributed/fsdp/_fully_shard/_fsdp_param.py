@@ -71,6 +71,7 @@ class FSDPParam:
         if not -len(shape) <= shard_dim < len(shape):
             raise ValueError(f"shard_placement_fn returned Shard({shard_dim}) for {owner} of shape {shape}")
         self.name = owner
+        self.fqn = None  # fully qualified name under the root, set at lazy init
         self.shard_dim = shard_dim % len(shape)
         self.global_shape = shape
         self.dtype = param.dtype

@@ -19,6 +19,7 @@ backward (``finalize``). This bounds memory to a few unsharded groups while redu
 """
 
 import collections
+import os
 import time
 
 from .... import _backend
@@ -84,6 +85,7 @@ class FSDPParamGroup:
         self._pending = collections.deque()
         self._partial_reduce = None  # HSDP without all-reduce: locally accumulated reduce-scatter output
         self.uses_left = 0  # forward calls whose post-backward has not run yet
+        self.backward_steps = 0  # completed backward passes (for error messages)
         self.needs_post_backward = False
         self._init_sharded_storage()
 
@@ -294,6 +296,7 @@ class FSDPParamGroup:
             self._finish_oldest()
         self.uses_left = 0
         self.needs_post_backward = False
+        self.backward_steps += 1
         self.training_state = TrainingState.IDLE
 
     # -- gradient reduction ---------------------------------------------------------------------------
@@ -363,11 +366,26 @@ class FSDPParamGroup:
                 g = _backend.to_numpy(g)
             if g.dtype != p.dtype:
                 g = g.astype(p.dtype)
+            if _CHECK_FINITE:
+                _check_finite(g, p, self)
             sp = p.sharded_param
             if sp.grad is None:
                 sp.grad = p.sharded_grad(g)
             else:
                 sp.grad._data += g
+
+
+_CHECK_FINITE = os.environ.get("HPCFSDP_CHECK_FINITE", "0") not in ("", "0")
+
+
+def _check_finite(g, p, group):
+    """HPCFSDP_CHECK_FINITE=1: fail on the first NaN/Inf in a reduced gradient, naming parameter and step."""
+    xp = _backend.array_module(g)
+    if g.size and not bool(xp.isfinite(g).all()):
+        bad = int((~xp.isfinite(g)).sum())
+        raise FloatingPointError(
+            f"HPCFSDP_CHECK_FINITE: gradient of {p.fqn or p.name} has {bad} non-finite value(s) at backward "
+            f"step {group.backward_steps} (this rank's shard of shape {tuple(g.shape)})")
 
 
 def _wait_all(works):

@@ -125,10 +125,16 @@ class FSDPState:
                                            "before its parent; run the outermost module first")
                     st._is_root = False
                 ctx.all_states.append(st)
+        names = {}
+        for root in self._modules:
+            for n, p in root.named_parameters(remove_duplicate=False):
+                names.setdefault(id(p), n)
         for st in ctx.all_states:
             st._ctx = ctx
             if st._param_group is not None:
                 st._param_group.lazy_init()
+                for fp in st._param_group.fsdp_params:
+                    fp.fqn = names.get(id(fp.sharded_param))
         # The root keeps its parameters after forward when the user left the choice to FSDP (None).
         g = self._param_group
         if g is not None and getattr(self, "_auto_reshard_after_forward", False):
