@@ -73,6 +73,7 @@ class Tensor:
     _hooks = None
     _post_acc_hooks = None
     _accum_ref = None
+    _hp_storage_swaps = False  # FSDP's unsharded parameters: see [Note: Swappable storage]
     __array_priority__ = 1000  # numpy scalars/arrays on the left defer to Tensor's reflected ops
 
     def __new__(cls, *args, **kwargs):

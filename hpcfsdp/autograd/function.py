@@ -239,20 +239,47 @@ class Op(Function):
                 for i, o in enumerate(outs):
                     if o._data.dtype.kind == "f" or o._data.dtype == _backend.bfloat16:
                         o._set_grad_fn(ctx, i)
+                _defer_swappable(ctx, args)
             return outs
         t = Tensor._wrap(out)
         if record:
             ctx.needs_input_grad = needs
             ctx.next_functions = tuple(_edge(a) if n else None for a, n in zip(args, needs))
             t._set_grad_fn(ctx, 0)
+            _defer_swappable(ctx, args)
         return t
 
     @classmethod
     def _run_backward(cls, ctx, grads):
+        swaps = ctx.__dict__.get("_hp_swaps")
+        if swaps is not None:
+            for key, tensor in swaps:
+                ctx.__dict__[key] = tensor._data
         res = cls.backward(ctx, *grads)
         if type(res) is not tuple:
             res = (res,)
         return res
+
+
+# [Note: Swappable storage]
+# FSDP's unsharded parameters keep their Parameter object across a step while their storage comes and
+# goes: it is freed after forward (reshard) and gathered again before backward. An op that saved such a
+# parameter's array for backward would keep the full parameter alive in between. So an op does not hold
+# the array of an input marked ``_hp_storage_swaps``: it remembers the tensor instead and reads the
+# tensor's storage again when its backward runs (PyTorch gets the same effect by resizing the storage).
+def _defer_swappable(ctx, args):
+    swaps = None
+    for a in args:
+        if isinstance(a, Tensor) and a._hp_storage_swaps:
+            arr = a._data
+            for key, value in ctx.__dict__.items():
+                if value is arr:
+                    swaps = swaps or []
+                    swaps.append((key, a))
+    if swaps:
+        for key, _ in swaps:
+            ctx.__dict__[key] = None
+        ctx.__dict__["_hp_swaps"] = swaps
 
 
 def _edge(t):

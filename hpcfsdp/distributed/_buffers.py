@@ -37,6 +37,11 @@ __all__ = [
     "check_same_kind",
     "encode_object",
     "decode_object",
+    "KINDS",
+    "FP_LEN",
+    "fingerprint",
+    "describe_fingerprint",
+    "fingerprint_mismatch",
 ]
 
 INT_MAX = 2**31 - 1
@@ -422,3 +427,55 @@ def encode_object(obj: Any) -> bytes:
 
 def decode_object(data: bytes) -> Any:
     return _dec(_json.loads(data.decode("utf-8"))) if data else None
+
+
+# ---------------------------------------------------------------------------------------------
+# collective fingerprints (debug mode, HPCFSDP_DEBUG=1; see [Note: Debug mode] in process_group.py)
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object",
+         "broadcast_object", "split", "create_subgroup")
+_FP_DTYPES = ("", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+_FP_OPS = ("", "SUM", "AVG", "MAX", "MIN", "PRODUCT")
+FP_LEN = 7  # [hash, seq, kind, count, dtype, op, root]
+
+
+def fingerprint(seq: int, kind: str, count: int = -1, dtype: str = "", op: str = "", root: int = -1) -> np.ndarray:
+    """int64[FP_LEN]: a 64-bit hash of (kind, count, dtype, op, root) and those fields raw, with the
+    per-group sequence number. Deterministic across processes (no Python ``hash``)."""
+    import hashlib
+
+    text = f"{kind}|{count}|{dtype}|{op}|{root}".encode()
+    h = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+    dt = _FP_DTYPES.index(dtype) if dtype in _FP_DTYPES else -1
+    return np.array([h, seq, KINDS.index(kind), count, dt, _FP_OPS.index(op), root], np.int64)
+
+
+def describe_fingerprint(row) -> str:
+    """'#12 all_reduce(count=1024, dtype=float32, op=SUM)' from a fingerprint row."""
+    _, seq, kind, count, dt, op, root = (int(x) for x in row)
+    name = KINDS[kind] if 0 <= kind < len(KINDS) else f"<kind {kind}>"
+    args = []
+    if count >= 0:
+        args.append(f"count={count}")
+    if dt != 0:
+        args.append(f"dtype={_FP_DTYPES[dt] if 0 < dt < len(_FP_DTYPES) else 'other'}")
+    if op > 0:
+        args.append(f"op={_FP_OPS[op] if op < len(_FP_OPS) else op}")
+    if root >= 0:
+        args.append(f"src={root}")
+    return f"#{seq} {name}({', '.join(args)})"
+
+
+def fingerprint_mismatch(rows: np.ndarray, world_ranks) -> str | None:
+    """None when every rank's row equals group rank 0's; else a message naming the first rank that differs."""
+    bad = np.flatnonzero(np.any(rows != rows[0], axis=1))
+    if bad.size == 0:
+        return None
+    r = int(bad[0])
+    others = "" if bad.size == 1 else f" ({bad.size} ranks differ: group ranks {bad[:8].tolist()}" + \
+        ("..." if bad.size > 8 else "") + ")"
+    how = " (same fields, different hash: dtype names differ)" if np.array_equal(rows[r][1:], rows[0][1:]) else ""
+    return (f"group rank {r} (world rank {world_ranks[r]}) is the first rank whose call differs: it calls "
+            f"{describe_fingerprint(rows[r])}, but group rank 0 (world rank {world_ranks[0]}) calls "
+            f"{describe_fingerprint(rows[0])}{how}{others}")

@@ -29,7 +29,9 @@ float16/bfloat16 reductions use MPI.FLOAT16_T/BFLOAT16_T when usable, else float
 Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
 ``reset_collective_counts()``; ``pg.stats`` is the same Counter per group. Kinds: "all_gather",
 "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object".
-Size-1 groups count too (they make no MPI call).
+Size-1 groups count too (they make no MPI call). ``recent_collectives()``: the last few issued.
+
+Failure: see [Note: Watchdog], [Note: Failure handling] and [Note: Debug mode] (HPCFSDP_DEBUG=1).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import atexit
 import collections
 import datetime
 import enum
+import os
 import sys
 import threading
 import time
@@ -66,6 +69,8 @@ __all__ = [
     "comm_timeout",
     "set_default_timeout",
     "progress_mode",
+    "debug_enabled",
+    "recent_collectives",
 ]
 
 
@@ -110,6 +115,151 @@ def collective_bytes() -> dict[str, int]:
 def reset_collective_counts() -> None:
     _COUNTS.clear()
     _BYTES.clear()
+
+
+# [Note: Collective history]
+# Every collective (and communicator split) this process issues is appended to a ring of the
+# last HISTORY_LEN: [per-group sequence number, kind, element count, dtype, op, src, group,
+# completion event]. Only small values are kept (no buffers: the ring must not pin an all-gather
+# output). The watchdog prints it, so a hang at a thousand ranks shows what each rank did last.
+
+HISTORY_LEN = 8
+_HISTORY: collections.deque = collections.deque(maxlen=HISTORY_LEN)
+
+
+def _history_line(e) -> str:
+    seq, kind, count, dtype, op, root, pg, done = e
+    args = [f"count={count}"] if count >= 0 else []
+    args += [f"dtype={dtype}"] if dtype else []
+    args += [f"op={op}"] if op else []
+    args += [f"src={root}"] if root >= 0 else []
+    state = "pending" if done is not None and not done.is_set() else "done"
+    return f"#{seq} {kind}({', '.join(args)}) on {pg._gdesc()} [{state}]"
+
+
+def recent_collectives() -> list[str]:
+    """The last collectives this process issued, oldest first, as text. See [Note: Collective history]."""
+    return [_history_line(e) for e in list(_HISTORY)]
+
+
+def debug_enabled() -> bool:
+    """HPCFSDP_DEBUG=1: check before each collective that all ranks call the same one. See [Note: Debug mode]."""
+    raw = os.environ.get("HPCFSDP_DEBUG", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"HPCFSDP_DEBUG={raw!r}: expected 0 or 1")
+    return raw == "1"
+
+
+# [Note: Failure handling]
+# A job must fail loudly, quickly and on every rank; never hang, never swallow an error.
+# * An exception inside a Work (on the communication thread or inline) is stored and re-raised
+#   by wait(). A failed Work nobody waited on is not lost: the next collective this process
+#   issues raises a RuntimeError naming it, and at interpreter exit it is printed (and the job
+#   aborted when it has several ranks).
+# * In a job of more than one rank, an uncaught exception in any thread (main thread: user code,
+#   forward/backward hooks; any other thread) prints "hpcfsdp: rank R of N: ..." and the
+#   traceback, then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
+#   will never join, are killed at once instead of waiting for the watchdog. This is
+#   `python -m mpi4py`'s behaviour made independent of the launcher (plain `mpiexec python x.py`,
+#   `srun python x.py`) and extended to threads, and it does not wait for the communication
+#   thread to drain (which could take as long as the stuck collective). Installed when the first
+#   ProcessGroup of a multi-rank job is created; it wraps the hooks in place at that time.
+# * A collective that never completes is handled by the watchdog ([Note: Watchdog]).
+
+# [Note: Debug mode]
+# With HPCFSDP_DEBUG=1 (read when a ProcessGroup is created) every collective of a group of more
+# than one rank is preceded, on the thread that runs it and so in issue order, by an Allgather
+# of a 7 x int64 fingerprint (_buffers.fingerprint: a 64-bit hash of kind, element count, dtype,
+# op and src, those fields raw, and the group's sequence number) on a duplicate of the group's
+# communicator (so it never mixes with the data traffic). If any rank's fingerprint differs
+# from group rank 0's, every rank raises the same RuntimeError naming the first rank that
+# differs and both calls, before the data collective is entered: wait() re-raises it and the
+# job aborts ([Note: Failure handling]) instead of hanging or computing on garbage. Off, the
+# cost is one attribute test per collective. On, it is one small Allgather per collective:
+# measured with `hpcfsdp bench comm` at 2 ranks on the 2-vCPU dev VM (MPICH 5, shared memory),
+# see the numbers in docs/ or the comm layer's report: roughly +15-30 us per collective, which
+# doubles the time of small (<= 16 KiB) collectives and is lost in the noise above ~1 MiB.
+
+_UNREPORTED: dict[int, "Work"] = {}  # failed Works whose exception nobody retrieved yet
+_HOOKS_INSTALLED = False
+_ABORTING = False
+
+
+def _raise_unreported() -> None:
+    works = list(_UNREPORTED.values())
+    _UNREPORTED.clear()
+    if not works:
+        return
+    first = works[0]
+    more = f" (and {len(works) - 1} more)" if len(works) > 1 else ""
+    raise RuntimeError(
+        f"an earlier collective failed on the communication thread and nobody waited on it: {first.desc}: "
+        f"{type(first._exc).__name__}: {first._exc}{more}"
+    ) from first._exc
+
+
+def _world() -> tuple[int, int]:
+    MPI = get_mpi()
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def _abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1, linger: float = 0.0) -> None:
+    """Print ``what`` (and the traceback ``printer`` writes) naming this rank, then MPI_Abort the job
+    (after ``linger`` seconds, to let other ranks print their own report)."""
+    global _ABORTING
+    _ABORTING = True
+    MPI = get_mpi()
+    r, n = _world()
+    try:
+        print(f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}", file=sys.stderr, flush=True)
+        if printer is not None:
+            printer()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(linger)
+    finally:
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
+
+
+def _install_abort_hooks() -> None:
+    """See [Note: Failure handling]. Idempotent; a no-op in a single-rank job."""
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    if _world()[1] == 1:
+        return
+    prev_sys, prev_thread = sys.excepthook, threading.excepthook
+
+    def excepthook(tp, val, tb):
+        _abort_job(f"uncaught {tp.__name__} on the main thread: {val}", lambda: prev_sys(tp, val, tb))
+
+    def thread_excepthook(args):
+        if args.exc_type is SystemExit:
+            return prev_thread(args)
+        name = args.thread.name if args.thread is not None else "?"
+        _abort_job(f"uncaught {args.exc_type.__name__} in thread {name!r}: {args.exc_value}",
+                   lambda: prev_thread(args))
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+
+
+@atexit.register
+def _report_unreported_at_exit() -> None:
+    """Runs after the comm thread drained (atexit order): never let a failed Work pass silently."""
+    works = list(_UNREPORTED.values())
+    _UNREPORTED.clear()
+    if not works or _ABORTING:
+        return
+    r, n = _world()
+    for w in works:
+        print(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no wait()): "
+              f"{w.desc}\n{w._tb}", file=sys.stderr, end="", flush=True)
+    if n > 1:
+        _abort_job(f"{len(works)} failed collective(s) were never waited on")
 
 
 # [Note: Communication thread]
@@ -157,19 +307,26 @@ def reset_collective_counts() -> None:
 # A rank waiting on a Work polls its Event with a short timeout (an inline call is watched by
 # the idle communication thread instead). When it has waited longer than HPCFSDP_COMM_TIMEOUT,
 # it prints which collective (kind, group size and world ranks, buffer sizes and dtypes) it is
-# waiting for and which one the comm thread is stuck in, then calls MPI.COMM_WORLD.Abort(1) so
-# that no other rank hangs. Work.wait(timeout=t) with an
-# explicit timeout raises TimeoutError instead (the caller asked for it).
+# waiting for, which one the comm thread is stuck in, and the last collectives it issued
+# ([Note: Collective history]), then calls MPI.COMM_WORLD.Abort(1) so that no other rank hangs.
+# Before aborting, the ranks that timed out tell group ranks 0 and 1 (point-to-point, tag
+# _WATCHDOG_TAG on the group's communicator: never matched by a collective) which collective
+# (sequence number, kind) they are stuck in; for a grace period (min(2 s, timeout / 4)) those
+# two collect the reports and print the group ranks that did not report, i.e. the rank that
+# skipped the collective or is stuck elsewhere, and the ranks stuck in a different collective.
+# All timed-out ranks wait out the grace period so that the collectors get to print.
+# Work.wait(timeout=t) with an explicit timeout raises TimeoutError instead (the caller asked).
 
 
 class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
-    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb")
+    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
         self._fn = fn
+        self._meta = None  # the history entry of a ProcessGroup collective (watchdog report)
         self._done = threading.Event()
         self._exc: BaseException | None = None
         self._result: Any = None
@@ -193,11 +350,14 @@ class Work:
     def _run(self) -> None:
         try:
             self._result = self._fn()
-        except BaseException as e:  # re-raised at wait()
+        except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
             self._exc = e
             self._tb = traceback.format_exc()
+            _UNREPORTED[id(self)] = self
         finally:
             self._fn = None
+            if callable(self._desc):  # the lazy description captures the buffers: format it, free them
+                self._desc = self._desc()
             self._done.set()
 
     def is_completed(self) -> bool:
@@ -207,6 +367,8 @@ class Work:
         return self._done.is_set() and self._exc is None
 
     def exception(self) -> BaseException | None:
+        if self._exc is not None:
+            _UNREPORTED.pop(id(self), None)
         return self._exc
 
     def result(self) -> Any:
@@ -220,6 +382,7 @@ class Work:
                 timeout = timeout.total_seconds()
             self._wait_loop(timeout)
         if self._exc is not None:
+            _UNREPORTED.pop(id(self), None)
             raise self._exc
         return True
 
@@ -240,18 +403,77 @@ class Work:
         return f"Work({self.desc}, {state})"
 
 
+_WATCHDOG_TAG = 0x7D0C  # point-to-point tag of the watchdog's reports (< the minimum MPI_TAG_UB 32767)
+
+
 def _watchdog_abort(work: Work, limit: float) -> None:
+    global _ABORTING
+    if _ABORTING:  # the other thread got here first
+        time.sleep(3600)
+    _ABORTING = True
     busy = _COMM_THREAD.current if _COMM_THREAD is not None else None
-    MPI = get_mpi()
-    msg = (
-        f"hpcfsdp: [world rank {MPI.COMM_WORLD.Get_rank()}] collective timed out after "
-        f"{limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}"
-    )
+    stuck = busy if busy is not None else work
+    r, n = _world()
+    msg = f"collective timed out after {limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}"
     if busy is not None and busy is not work:
         msg += f"; the communication thread is blocked in: {busy.desc}"
-    msg += ". Another rank did not join this collective (or joined a different one). Aborting the job."
-    print(msg, file=sys.stderr, flush=True)
-    MPI.COMM_WORLD.Abort(1)
+    msg += ". Another rank did not join this collective (or joined a different one)."
+    grace = min(2.0, max(0.5, limit / 4))
+    linger = 3 * grace  # non-collectors: long enough for collectors that timed out a little later
+    try:
+        report, linger = _peer_report(stuck._meta, grace, linger)
+        msg += report
+    except Exception as e:  # the report is a courtesy: never let it prevent the abort
+        msg += f"\n  (no report from the other ranks: {type(e).__name__}: {e})"
+    hist = recent_collectives()
+    if hist:
+        msg += f"\n  last {len(hist)} collectives issued by rank {r}, oldest first:\n    " + "\n    ".join(hist)
+    _abort_job(msg, linger=linger)
+
+
+def _peer_report(meta, grace: float, linger: float) -> tuple[str, float]:
+    """Exchange (sequence number, kind) of the stuck collective with group ranks 0 and 1; see [Note: Watchdog].
+
+    Returns (report, seconds to linger before aborting): collectors report and linger 0."""
+    MPI = get_mpi()
+    if meta is None or thread_level() < MPI.THREAD_MULTIPLE:
+        return "", linger
+    seq, kind, pg = meta[0], meta[1], meta[6]
+    comm, me, n = pg.comm, pg.rank(), pg.size()
+    if comm is None or n == 1:
+        return "", 0.0
+    mine = np.array([seq, B.KINDS.index(kind), me], np.int64)
+    reqs = [comm.Isend([mine, MPI.INT64_T], dest, _WATCHDOG_TAG) for dest in (0, 1) if dest != me and dest < n]
+    end = time.monotonic() + grace
+    if me > 1:
+        return "", linger
+    got: dict[int, tuple[int, int]] = {me: (seq, B.KINDS.index(kind))}
+    st, buf = MPI.Status(), np.empty(3, np.int64)
+    while time.monotonic() < end and len(got) < n:
+        if comm.Iprobe(MPI.ANY_SOURCE, _WATCHDOG_TAG, st):
+            comm.Recv([buf, MPI.INT64_T], st.Get_source(), _WATCHDOG_TAG)
+            got[int(buf[2])] = (int(buf[0]), int(buf[1]))
+        else:
+            time.sleep(0.005)
+    del reqs  # eager sends of 24 bytes; the job is about to be aborted anyway
+    wr = pg.world_ranks
+    missing = [q for q in range(n) if q not in got]
+    elsewhere = [q for q, (s_, _) in got.items() if s_ != seq]
+
+    def fmt(qs):
+        shown = ", ".join(f"{q} (world rank {wr[q]})" for q in qs[:16])
+        return shown + (f", ... ({len(qs)} in all)" if len(qs) > 16 else "")
+
+    out = ""
+    if missing:
+        out += (f"\n  group ranks not waiting on #{seq} {kind} of this group (they skipped it, or are stuck or "
+                f"computing elsewhere): {fmt(missing)}")
+    for q in elsewhere:
+        s_, k_ = got[q]
+        out += f"\n  group rank {q} (world rank {wr[q]}) is stuck in #{s_} {B.KINDS[k_]} of this group instead"
+    if not missing and not elsewhere:
+        out += f"\n  every rank of the group reports waiting on #{seq} {kind} (an MPI-level hang)"
+    return out, 0.0
 
 
 class _CommThread:
@@ -264,7 +486,7 @@ class _CommThread:
         self._inline_since: float | None = None
         self._thread = threading.Thread(target=self._loop, name="hpcfsdp-comm", daemon=True)
         self._thread.start()
-        atexit.register(self.drain)  # runs before mpi4py's MPI_Finalize (registered earlier)
+        atexit.register(self.drain)  # runs before MPI_Finalize and _report_unreported_at_exit
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until everything queued has run (at exit: no MPI call may outlive MPI_Finalize)."""
@@ -305,15 +527,21 @@ class _CommThread:
 
     def _loop(self) -> None:
         while True:
+            fire = None
             with self._cv:
                 while not self._q or self.current is not None:
                     # no wake-up per inline call (each costs ~100 us on a busy VM): poll instead
                     limit = comm_timeout()
                     if self._inline_since is not None and 0 < limit <= time.monotonic() - self._inline_since:
-                        _watchdog_abort(self.current, limit)
+                        fire = (self.current, limit)
+                        break
                     self._cv.wait(min(0.25, limit / 4) if limit > 0 else None)
-                work = self._q.popleft()
-                self.current = work
+                else:
+                    work = self._q.popleft()
+                    self.current = work
+            if fire is not None:  # outside the lock: the report takes a grace period
+                _watchdog_abort(*fire)
+                continue
             work._run()
             with self._cv:
                 self.current = None
@@ -336,9 +564,12 @@ def _comm_thread() -> _CommThread | None:
     return _COMM_THREAD
 
 
-def _execute(desc, fn: Callable[[], Any], async_op: bool) -> Work:
+def _execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = None) -> Work:
     """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
+    if meta is not None:
+        work._meta = meta
+        meta[7] = work._done
     t = _comm_thread()
     if t is None:
         work._run()
@@ -352,17 +583,17 @@ def _execute(desc, fn: Callable[[], Any], async_op: bool) -> Work:
     return work
 
 
-def _submit(desc, fn: Callable[[], Any], async_op: bool) -> Work | None:
-    work = _execute(desc, fn, async_op)
+def _submit(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = None) -> Work | None:
+    work = _execute(desc, fn, async_op, meta)
     if async_op:
         return work
     work.wait()
     return None
 
 
-def _call_sync(desc, fn: Callable[[], Any]) -> Any:
+def _call_sync(desc, fn: Callable[[], Any], meta: list | None = None) -> Any:
     """Run fn as the next MPI operation (after everything issued before) and return its result."""
-    return _execute(desc, fn, False).result()
+    return _execute(desc, fn, False, meta).result()
 
 
 class ProcessGroup:
@@ -378,7 +609,11 @@ class ProcessGroup:
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
         self._mode = progress_mode()  # validated before the (collective) Dup
+        self._debug = debug_enabled()
         self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
+        self._seq = 0  # collectives issued on this group (history, debug checks, watchdog reports)
+        # debug mode: fingerprints travel on a communicator of their own. See [Note: Debug mode]
+        self._check_comm = _call_sync("Comm.Dup", self.comm.Dup) if self._debug else None
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
         wg = MPI.COMM_WORLD.Get_group()
@@ -392,6 +627,8 @@ class ProcessGroup:
             wg.Free()
         self.name = name
         self.stats: collections.Counter = collections.Counter()
+        if self._size > 1:
+            _install_abort_hooks()
 
     # -- basic queries -----------------------------------------------------------------------
     def rank(self) -> int:
@@ -413,16 +650,43 @@ class ProcessGroup:
         nm = f" {self.name!r}" if self.name else ""
         return f"group{nm} (size {self._size}, world ranks {shown})"
 
-    def _count(self, kind: str, nbytes: int) -> None:
-        self.stats[kind] += 1
-        _COUNTS[kind] += 1
-        _BYTES[kind] += int(nbytes)
+    def _note(self, kind: str, nbytes: int, count: int = -1, dtype: Any = None, op: str = "", root: int = -1,
+              counted: bool = True) -> list:
+        """Count and record a collective about to be issued (after all local checks passed)."""
+        if _UNREPORTED:
+            _raise_unreported()
+        if counted:
+            self.stats[kind] += 1
+            _COUNTS[kind] += 1
+            _BYTES[kind] += int(nbytes)
+        self._seq += 1
+        entry = [self._seq, kind, count, "" if dtype is None else np.dtype(dtype).name, op, root, self, None]
+        _HISTORY.append(entry)
+        return entry
+
+    def _checked(self, fn: Callable[[], Any], meta: list) -> Callable[[], Any]:
+        """``fn`` preceded by the debug-mode fingerprint exchange. See [Note: Debug mode]."""
+        seq, kind, count, dtype, op, root = meta[:6]
+        fp = B.fingerprint(seq, kind, count, dtype, op, root)
+        comm = self._check_comm
+
+        def run():
+            MPI = get_mpi()
+            rows = np.empty((self._size, B.FP_LEN), np.int64)
+            comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
+            bad = B.fingerprint_mismatch(rows, self.world_ranks)
+            if bad is not None:
+                raise RuntimeError(f"HPCFSDP_DEBUG: ranks disagree on the collective issued on {self._gdesc()}: {bad}")
+            return fn()
+
+        return run
 
     def _check_alive(self) -> None:
         if self.comm is None:
             raise RuntimeError(f"{self!r} was destroyed")
 
-    def _issue(self, desc, fn: Callable[[], Any], async_op: bool, trivial: Callable[[], Any] | None):
+    def _issue(self, desc, fn: Callable[[], Any], async_op: bool, trivial: Callable[[], Any] | None,
+               meta: list):
         """Size-1 fast path inline when nothing is queued; else through the comm thread."""
         if trivial is not None:
             t = _COMM_THREAD
@@ -430,7 +694,9 @@ class ProcessGroup:
                 trivial()
                 return Work._completed(desc) if async_op else None
             fn = trivial
-        return _submit(desc, fn, async_op)
+        elif self._debug:
+            fn = self._checked(fn, meta)
+        return _submit(desc, fn, async_op, meta)
 
     # -- collectives on raw arrays -----------------------------------------------------------
     def all_gather_into(self, out_flat, in_flat, async_op: bool = False):
@@ -451,13 +717,13 @@ class ProcessGroup:
         B.check_same_kind(out_flat, in_flat, "all_gather_into")
         desc = lambda: (f"all_gather_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}) "
                 f"on {self._gdesc()}")
-        self._count("all_gather", in_flat.nbytes)
+        meta = self._note("all_gather", in_flat.nbytes, k, in_flat.dtype)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
         if n == 1:
             def trivial():
                 if B.ptr(out1) != B.ptr(in1):
                     out1[...] = in1
-            return self._issue(desc, None, async_op, trivial)
+            return self._issue(desc, None, async_op, trivial, meta)
         ev = B.record_event(in_flat)
         rank, mode = self._rank, self._mode
         itemsize = in1.dtype.itemsize
@@ -480,7 +746,7 @@ class ProcessGroup:
             else:
                 B.allgather_bytes(comm, in1, out1, in_place, k, mode)
 
-        return self._issue(desc, fn, async_op, None)
+        return self._issue(desc, fn, async_op, None, meta)
 
     def reduce_scatter_into(self, out_flat, in_flat, op: Any = ReduceOp.SUM, async_op: bool = False):
         """Reduce ``in_flat`` over the group and scatter equal pieces into ``out_flat``."""
@@ -502,13 +768,13 @@ class ProcessGroup:
         mpi_type, work_dtype = B.reduce_plan(in_flat.dtype)
         desc = lambda: (f"reduce_scatter_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}, "
                 f"op={op.name}) on {self._gdesc()}")
-        self._count("reduce_scatter", in_flat.nbytes)
+        meta = self._note("reduce_scatter", in_flat.nbytes, in_flat.size, in_flat.dtype, op.name)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
         if n == 1:
             def trivial():
                 if B.ptr(out1) != B.ptr(in1):
                     out1[...] = in1
-            return self._issue(desc, None, async_op, trivial)
+            return self._issue(desc, None, async_op, trivial, meta)
         ev = B.record_event(in_flat)
         if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
@@ -534,7 +800,7 @@ class ProcessGroup:
             if staged:
                 st.to_device(dst, out1)
 
-        return self._issue(desc, fn, async_op, None)
+        return self._issue(desc, fn, async_op, None, meta)
 
     def all_reduce_(self, arr, op: Any = ReduceOp.SUM, async_op: bool = False):
         """In-place all-reduce of ``arr`` over the group."""
@@ -543,10 +809,10 @@ class ProcessGroup:
         B.check_buffer(arr, "all_reduce_: array", writable=True)
         mpi_type, work_dtype = B.reduce_plan(arr.dtype)
         desc = lambda: f"all_reduce_({B.describe(arr)}, op={op.name}) on {self._gdesc()}"
-        self._count("all_reduce", arr.nbytes)
+        meta = self._note("all_reduce", arr.nbytes, arr.size, arr.dtype, op.name)
         n = self._size
         if n == 1:
-            return self._issue(desc, None, async_op, lambda: None)
+            return self._issue(desc, None, async_op, lambda: None, meta)
         ev = B.record_event(arr)
         a1 = arr.reshape(-1)
         comm, mode = self.comm, self._mode
@@ -565,7 +831,7 @@ class ProcessGroup:
             if staged:
                 B.stager().to_device(buf, a1)
 
-        return self._issue(desc, fn, async_op, None)
+        return self._issue(desc, fn, async_op, None, meta)
 
     def broadcast_(self, arr, src: int = 0, async_op: bool = False):
         """In-place broadcast of ``arr`` from group rank ``src``."""
@@ -573,9 +839,9 @@ class ProcessGroup:
         B.check_buffer(arr, "broadcast_: array", writable=True)
         src = self._check_rank(src, "broadcast_: src")
         desc = lambda: f"broadcast_({B.describe(arr)}, src={src}) on {self._gdesc()}"
-        self._count("broadcast", arr.nbytes)
+        meta = self._note("broadcast", arr.nbytes, arr.size, arr.dtype, root=src)
         if self._size == 1:
-            return self._issue(desc, None, async_op, lambda: None)
+            return self._issue(desc, None, async_op, lambda: None, meta)
         ev = B.record_event(arr)
         comm, mode = self.comm, self._mode
 
@@ -589,23 +855,23 @@ class ProcessGroup:
             if staged:
                 B.stager().to_device(buf, arr)
 
-        return self._issue(desc, fn, async_op, None)
+        return self._issue(desc, fn, async_op, None, meta)
 
     def barrier(self, async_op: bool = False):
         self._check_alive()
         desc = lambda: f"barrier() on {self._gdesc()}"
-        self._count("barrier", 0)
+        meta = self._note("barrier", 0)
         if self._size == 1:
-            return self._issue(desc, None, async_op, lambda: None)
+            return self._issue(desc, None, async_op, lambda: None, meta)
         comm, mode = self.comm, self._mode
-        return self._issue(desc, lambda: B.call_mpi(mode, comm.Barrier, comm.Ibarrier), async_op, None)
+        return self._issue(desc, lambda: B.call_mpi(mode, comm.Barrier, comm.Ibarrier), async_op, None, meta)
 
     # -- objects (blocking) ------------------------------------------------------------------
     def all_gather_object(self, obj: Any) -> list:
         """Every rank's ``obj`` in group-rank order (tagged JSON on the wire; no pickle)."""
         self._check_alive()
         data = B.encode_object(obj)
-        self._count("all_gather_object", len(data))
+        meta = self._note("all_gather_object", len(data))
         if self._size == 1:
             return [B.decode_object(data)]
         comm = self.comm
@@ -614,14 +880,14 @@ class ProcessGroup:
             blobs = comm.allgather(data)  # bytes objects only
             return [B.decode_object(b) for b in blobs]
 
-        return _call_sync(lambda: f"all_gather_object on {self._gdesc()}", fn)
+        return self._sync(lambda: f"all_gather_object on {self._gdesc()}", fn, meta)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` of group rank ``src`` on every rank (tagged JSON on the wire; no pickle)."""
         self._check_alive()
         src = self._check_rank(src, "broadcast_object: src")
         data = B.encode_object(obj) if self._rank == src else b""
-        self._count("broadcast_object", len(data))
+        meta = self._note("broadcast_object", len(data), root=src)
         if self._size == 1:
             return B.decode_object(data)
         comm = self.comm
@@ -635,7 +901,7 @@ class ProcessGroup:
                 comm.Bcast([buf, MPI.BYTE], src)
             return B.decode_object(buf.tobytes())
 
-        return _call_sync(lambda: f"broadcast_object on {self._gdesc()}", fn)
+        return self._sync(lambda: f"broadcast_object on {self._gdesc()}", fn, meta)
 
     # -- communicators -----------------------------------------------------------------------
     def split(self, color: int | None, key: int | None = None, name: str | None = None):
@@ -645,7 +911,8 @@ class ProcessGroup:
         c = MPI.UNDEFINED if color is None else int(color)
         k = self._rank if key is None else int(key)
         comm = self.comm
-        new = _call_sync(f"Comm.Split on {self._gdesc()}", lambda: comm.Split(c, k))
+        meta = self._note("split", 0, counted=False)
+        new = self._sync(f"Comm.Split on {self._gdesc()}", lambda: comm.Split(c, k), meta)
         if new == MPI.COMM_NULL:
             return None
         return ProcessGroup(new, dup=False, name=name)
@@ -667,7 +934,8 @@ class ProcessGroup:
                 sub.Free()
                 g.Free()
 
-        new = _call_sync(f"Comm.Create on {self._gdesc()}", fn)
+        meta = self._note("create_subgroup", 0, len(ranks), counted=False)
+        new = self._sync(f"Comm.Create on {self._gdesc()}", fn, meta)
         if new == MPI.COMM_NULL:
             return None
         return ProcessGroup(new, dup=False, name=name)
@@ -675,10 +943,19 @@ class ProcessGroup:
     def destroy(self) -> None:
         """Free the communicator (after everything issued on it has run)."""
         comm, self.comm = self.comm, None
+        check, self._check_comm = self._check_comm, None
         if comm is not None:
             MPI = get_mpi()
             if not MPI.Is_finalized():
                 _call_sync("Comm.Free", comm.Free)
+                if check is not None:
+                    _call_sync("Comm.Free", check.Free)
+
+    def _sync(self, desc, fn: Callable[[], Any], meta: list) -> Any:
+        """A blocking collective returning a value (objects, communicator creation), checked in debug mode."""
+        if self._debug and self._size > 1:
+            fn = self._checked(fn, meta)
+        return _call_sync(desc, fn, meta)
 
     def _check_rank(self, r: Any, what: str) -> int:
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)):

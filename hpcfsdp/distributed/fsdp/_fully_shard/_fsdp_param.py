@@ -141,6 +141,7 @@ class FSDPParam:
         if self.unsharded_param is None:
             ph = _backend.meta_array(self.global_shape, self.param_dtype)
             self.unsharded_param = Parameter(Tensor._wrap(ph), requires_grad=self.requires_grad)
+            self.unsharded_param._hp_storage_swaps = True  # ops re-read its storage in backward
 
     def set_unsharded_data(self, front):
         """``front``: the full parameter with the shard dim in front."""

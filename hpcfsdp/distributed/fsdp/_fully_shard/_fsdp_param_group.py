@@ -40,7 +40,7 @@ def exposed_comm_seconds(reset: bool = False) -> float:
         _exposed[0] = 0.0
     return value
 
-_Pending = collections.namedtuple("_Pending", "works out params had_grad")
+_Pending = collections.namedtuple("_Pending", "group works out params had_grad")
 
 
 class FSDPParamGroup:
@@ -73,7 +73,7 @@ class FSDPParamGroup:
         self.unshard_in_backward = True
         self.gradient_divide_factor = None
         self.reduce_scatter_unused_params = False
-        self.reduce_scatter_max_input_buffers = 2
+        self.reduce_scatter_max_input_buffers = 1
         self.unshard_async_op = False
         self._all_gather_comm = None
         self._reduce_scatter_comm = None
@@ -82,7 +82,7 @@ class FSDPParamGroup:
         # per-pass state
         self._ag = None  # (work, out buffer, layouts, total, world) while UNSHARDING
         self._pf_buf = None
-        self._pending = collections.deque()
+        self._pending = collections.deque()  # reductions in flight: shared by all groups of a root (lazy init)
         self._partial_reduce = None  # HSDP without all-reduce: locally accumulated reduce-scatter output
         self.uses_left = 0  # forward calls whose post-backward has not run yet
         self.backward_steps = 0  # completed backward passes (for error messages)
@@ -309,6 +309,10 @@ class FSDPParamGroup:
         return float(n)
 
     def _reduce_scatter(self):
+        # Finish the oldest reductions first, so that their input buffers are freed before this one's is
+        # allocated: at most reduce_scatter_max_input_buffers reductions in flight.
+        while len(self._pending) >= self.reduce_scatter_max_input_buffers:
+            self._finish_oldest()
         pg = self._rs_group or self.mesh_info.shard_process_group
         world = pg.size()
         grads = [p.unsharded_param.grad for p in self.rs_params]
@@ -345,15 +349,17 @@ class FSDPParamGroup:
                     self._partial_reduce = None
                 works.append(rpg.all_reduce_(out, ReduceOp.SUM, async_op=True))
         if out is not None:
-            self._pending.append(_Pending(works, out, self.rs_params, had_grad))
-        while len(self._pending) > self.reduce_scatter_max_input_buffers:
-            self._finish_oldest()
+            self._pending.append(_Pending(self, works, out, self.rs_params, had_grad))
 
     def _finish_oldest(self):
+        """Wait for the oldest reduction in flight (of any group of this root) and write its gradients."""
         item = self._pending.popleft()
         t0 = time.perf_counter()
         _wait_all(item.works)
         _exposed[0] += time.perf_counter() - t0
+        item.group._write_grads(item)
+
+    def _write_grads(self, item):
         out = item.out
         out *= out.dtype.type(1.0 / self._divide_factor())
         if self._all_reduce_hook is not None:

@@ -13,6 +13,7 @@ Every rank runs the same modules in the same order, so every rank issues the sam
 order on its communication thread; prefetch only changes when they are issued, never their order.
 """
 
+import collections
 from typing import Any
 
 from .... import _backend
@@ -129,10 +130,12 @@ class FSDPState:
         for root in self._modules:
             for n, p in root.named_parameters(remove_duplicate=False):
                 names.setdefault(id(p), n)
+        pending = collections.deque()  # reductions in flight, bounded across all groups of this root
         for st in ctx.all_states:
             st._ctx = ctx
             if st._param_group is not None:
                 st._param_group.lazy_init()
+                st._param_group._pending = pending
                 for fp in st._param_group.fsdp_params:
                     fp.fqn = names.get(id(fp.sharded_param))
         # The root keeps its parameters after forward when the user left the choice to FSDP (None).
