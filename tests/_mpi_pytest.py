@@ -4,6 +4,9 @@ import sys
 
 import pytest
 
+# the repository root on sys.path, as `python -m pytest` has it (tests import `tests._gradcheck`)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def _rank() -> int:
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MPI_LOCALRANKID"):

@@ -90,3 +90,133 @@ def test_rank_that_exits(tmp_path):
     assert "UNREACHABLE" not in out
     assert "rank 2" in out or all(f in out for f in EXPECTED["exit"]), out[-3000:]
     _check_committed_checkpoint(tmp_path)
+
+
+# -- the comm layer's failure handling, unit by unit ---------------------------------------------------------
+
+def test_comm_thread_exception_is_reraised_at_wait_with_its_traceback():
+    from hpcfsdp.distributed import process_group as P
+
+    def broken():
+        raise ValueError("MPI_ERR_TRUNCATE on the comm thread")
+
+    w = P._submit("test collective", broken, async_op=True)
+    with pytest.raises(ValueError, match="MPI_ERR_TRUNCATE on the comm thread") as info:
+        w.wait()
+    assert info.value is w.exception()
+    assert "in broken" in w._tb and "in _run" in w._tb  # captured on the thread that ran it
+    assert id(w) not in P._UNREPORTED  # retrieved: not reported again
+    with pytest.raises(ValueError):  # every wait() re-raises
+        w.wait()
+
+
+def test_unwaited_failed_work_is_raised_at_the_next_collective():
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed import process_group as P
+
+    pg = P.ProcessGroup(MPI.COMM_SELF, name="self")
+    w = P._submit("lost all_gather", lambda: 1 / 0, async_op=True)
+    while not w.is_completed():
+        time.sleep(0.001)
+    x = np.ones(3)
+    with pytest.raises(RuntimeError, match="an earlier collective failed on the communication thread and nobody "
+                                           "waited on it: lost all_gather: ZeroDivisionError") as info:
+        pg.all_reduce_(x)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    pg.all_reduce_(x)  # reported once; the group goes on
+    assert P.collective_counts().get("all_reduce", 0) >= 1
+    with pytest.raises(ZeroDivisionError):  # and the Work itself still holds it
+        w.wait()
+
+
+def test_recent_collectives_ring():
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed import process_group as P
+
+    pg = P.ProcessGroup(MPI.COMM_SELF, name="ring")
+    for i in range(P.HISTORY_LEN + 2):
+        pg.all_reduce_(np.ones(i + 1, np.float32), P.ReduceOp.MAX)
+    pg.broadcast_(np.ones(2, np.int64), src=0)
+    hist = P.recent_collectives()
+    assert len(hist) == P.HISTORY_LEN
+    assert hist[-1] == "#11 broadcast(count=2, dtype=int64, src=0) on group 'ring' (size 1, world ranks [0]) [done]"
+    assert hist[-2] == "#10 all_reduce(count=10, dtype=float32, op=MAX) on group 'ring' (size 1, world ranks [0]) [done]"
+
+
+def test_debug_env_is_validated():
+    from hpcfsdp.distributed import process_group as P
+
+    for val, on in (("", False), ("0", False), ("1", True)):
+        os.environ["HPCFSDP_DEBUG"] = val
+        try:
+            assert P.debug_enabled() is on
+        finally:
+            del os.environ["HPCFSDP_DEBUG"]
+
+
+def _job(script, n=2, launcher=True, env=None):
+    e = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=ROOT, **(env or {}))
+    if launcher:
+        argv = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", "60", "--", "python",
+                "-c", script]
+    else:  # plain `mpiexec python -c`: no `python -m mpi4py` around the program
+        argv = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(n), sys.executable, "-c", script]
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True, timeout=90)
+    return p.returncode, time.monotonic() - t0, p.stdout + p.stderr
+
+
+RAISE_JOB = """
+import sys, threading, time
+import numpy as np
+import hpcfsdp.distributed as dist
+dist.barrier()
+if dist.get_rank() == 1:
+    if "{where}" == "thread":
+        t = threading.Thread(target=lambda: 1 / 0, name="loader")
+        t.start(); t.join(); time.sleep(60)
+    else:
+        raise KeyError("no such batch on rank 1")
+dist.barrier()  # rank 0 waits here for a rank that never comes
+print("UNREACHABLE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where,launcher", [("main", False), ("main", True), ("thread", False), ("thread", True)])
+def test_uncaught_exception_aborts_the_job(where, launcher):
+    # An uncaught exception on the main thread, or in any other thread, of one rank ends the job at once, with or
+    # without `python -m mpi4py` (the launcher adds it; plain mpiexec and srun do not).
+    rc, elapsed, out = _job(RAISE_JOB.replace("{where}", where), launcher=launcher)
+    assert rc not in (0, 124) and elapsed < 30, (rc, elapsed, out[-3000:])
+    assert "UNREACHABLE" not in out
+    if where == "main":
+        assert "hpcfsdp: rank 1 of 2 is aborting the job (MPI_Abort): uncaught KeyError on the main thread" in out
+        assert "KeyError: 'no such batch on rank 1'" in out
+    else:
+        assert "hpcfsdp: rank 1 of 2 is aborting the job (MPI_Abort): uncaught ZeroDivisionError in thread " \
+               "'loader'" in out
+        assert "ZeroDivisionError: division by zero" in out
+
+
+UNWAITED_JOB = """
+import time
+from hpcfsdp.distributed import process_group as P
+import hpcfsdp.distributed as dist
+dist.barrier()
+if dist.get_rank() == 1:
+    P._submit("forgotten reduce_scatter", lambda: 1 / 0, async_op=True)  # never waited on
+    time.sleep(0.2)
+else:
+    time.sleep(60)  # without the report at exit, rank 0 would sleep it out
+"""
+
+
+def test_unwaited_failed_work_is_reported_at_exit():
+    rc, elapsed, out = _job(UNWAITED_JOB)
+    assert rc not in (0, 124) and elapsed < 30, (rc, elapsed, out[-3000:])
+    assert ("hpcfsdp: rank 1 of 2: a collective failed and its error was never retrieved (no wait()): "
+            "forgotten reduce_scatter") in out
+    assert "ZeroDivisionError: division by zero" in out
+    assert "rank 1 of 2 is aborting the job (MPI_Abort): 1 failed collective(s) were never waited on" in out

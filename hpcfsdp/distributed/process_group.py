@@ -87,12 +87,14 @@ class ReduceOp(enum.Enum):
         return f"<ReduceOp.{self.name}>"
 
 
-def _as_op(op: Any) -> ReduceOp:
-    if isinstance(op, ReduceOp):
-        return op
-    if isinstance(op, str) and op.upper() in ReduceOp.__members__:
-        return ReduceOp[op.upper()]
-    raise ValueError(f"op={op!r}: expected a ReduceOp (SUM, AVG, MAX, MIN, PRODUCT)")
+def _as_op(op: Any, dtype: Any = None) -> ReduceOp:
+    if not isinstance(op, ReduceOp):
+        if not (isinstance(op, str) and op.upper() in ReduceOp.__members__):
+            raise ValueError(f"op={op!r}: expected a ReduceOp (SUM, AVG, MAX, MIN, PRODUCT)")
+        op = ReduceOp[op.upper()]
+    if op is ReduceOp.AVG and dtype is not None and np.dtype(dtype) == np.bool_:
+        raise TypeError("op=ReduceOp.AVG is not defined for bool arrays; expected SUM, MAX, MIN or PRODUCT")
+    return op
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,8 +610,9 @@ class ProcessGroup:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
-        self._mode = progress_mode()  # validated before the (collective) Dup
+        self._mode = progress_mode()  # settings validated before the (collective) Dup
         self._debug = debug_enabled()
+        comm_timeout()
         self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
         self._seq = 0  # collectives issued on this group (history, debug checks, watchdog reports)
         # debug mode: fingerprints travel on a communicator of their own. See [Note: Debug mode]
@@ -751,8 +754,8 @@ class ProcessGroup:
     def reduce_scatter_into(self, out_flat, in_flat, op: Any = ReduceOp.SUM, async_op: bool = False):
         """Reduce ``in_flat`` over the group and scatter equal pieces into ``out_flat``."""
         self._check_alive()
-        op = _as_op(op)
         B.check_buffer(in_flat, "reduce_scatter_into: input")
+        op = _as_op(op, in_flat.dtype)
         B.check_buffer(out_flat, "reduce_scatter_into: output", writable=True)
         if in_flat.dtype != out_flat.dtype:
             raise TypeError(
@@ -805,8 +808,8 @@ class ProcessGroup:
     def all_reduce_(self, arr, op: Any = ReduceOp.SUM, async_op: bool = False):
         """In-place all-reduce of ``arr`` over the group."""
         self._check_alive()
-        op = _as_op(op)
         B.check_buffer(arr, "all_reduce_: array", writable=True)
+        op = _as_op(op, arr.dtype)
         mpi_type, work_dtype = B.reduce_plan(arr.dtype)
         desc = lambda: f"all_reduce_({B.describe(arr)}, op={op.name}) on {self._gdesc()}"
         meta = self._note("all_reduce", arr.nbytes, arr.size, arr.dtype, op.name)
