@@ -51,8 +51,8 @@ _CRASH_EXIT = 137  # the status of a SIGKILLed process
 
 _EPILOG = f"""\
 output (rank 0):
-  a tqdm bar (steps, loss, tokens/s, peak memory per rank) when stdout is a terminal or
-  {PROGRESS_ENV}=1, else one line per --log-interval; a JSONL metrics log, one record per logged
+  one line per --log-interval, under a tqdm bar (steps, loss, tokens/s, peak memory per rank)
+  when stdout is a terminal or {PROGRESS_ENV}=1; a JSONL metrics log, one record per logged
   step with step, loss, lr, grad_norm, tokens_per_s, step_time_s, comm_time_s (time the main thread
   waited on FSDP communication) and peak_mem_bytes (one entry per rank), plus one record with
   step and val_loss per evaluation; OUT_DIR/config.toml, the resolved configuration.
@@ -64,15 +64,15 @@ checkpoints:
 
 data:
   --data none trains on the byte-level corpus shipped with hpcfsdp. The last {VAL_FRACTION:.0%} of the
-  token windows are held out for --eval-interval; the sampler gives each rank a disjoint share of
-  the rest, reshuffled every epoch from --seed.
+  token windows are held out for evaluation (--eval-interval); the sampler gives each rank a
+  disjoint share of the rest, reshuffled every epoch from --seed.
 
 exit status: 0 done, 1 soak failed, 2 bad configuration (every rank prints the same message).
 
 environment:
-  {PROGRESS_ENV}=1|0           force the progress bar on or off
-  {CRASH_ENV}=K  testing aid: every rank exits hard (status {_CRASH_EXIT}) right after step
-                                  K, as if the job were killed
+  {PROGRESS_ENV}=1|0              force the progress bar on (or off)
+  {CRASH_ENV}=K  testing aid: every rank exits hard (status {_CRASH_EXIT})
+                                    right after step K, as if the job were killed
 """
 
 _SOAK_HELP = ("soak test: train --steps steps uninterrupted, then again in cycles of --checkpoint-interval steps "
@@ -262,12 +262,14 @@ class _Context:
         self.comm = dist.distributed_c10d._default_group().comm
         self.device = _guarded(self.comm, f"device={cfg.device!r}", lambda: compute_device(cfg.device))
         self.train_set, self.val_set = _guarded(self.comm, f"data={cfg.data!r}", lambda: _datasets(cfg))
+        problem = None
         if self.val_set is None and cfg.eval_interval:
-            _agree(self.comm, f"eval_interval={cfg.eval_interval}: the data is too small to hold out "
-                              f"{VAL_FRACTION:.0%} of it for evaluation; use --eval-interval 0")
-        if len(self.train_set) < self.world:
-            _agree(self.comm, f"data: {len(self.train_set)} training windows of block_size={cfg.block_size} "
-                              f"cannot be shared by {self.world} ranks")
+            problem = (f"eval_interval={cfg.eval_interval}: the data is too small to hold out {VAL_FRACTION:.0%} "
+                       f"of it for evaluation; use --eval-interval 0")
+        elif len(self.train_set) < self.world:
+            problem = (f"data: {len(self.train_set)} training windows of block_size={cfg.block_size} cannot be "
+                       f"shared by {self.world} ranks")
+        _agree(self.comm, problem)
 
 
 def _step_seed(seed, step, rank):
@@ -398,7 +400,7 @@ class _Session:
 class _Output:
     """Rank 0's metrics log, progress bar and lines; a no-op on the other ranks."""
 
-    def __init__(self, cfg, ctx, start, *, total=None):
+    def __init__(self, cfg, ctx, start):
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
         self.peaks = [0] * ctx.world  # the latest per-rank peak memory, for the bar
@@ -417,7 +419,7 @@ class _Output:
         if want_bar and not self.quiet:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total or cfg.steps, initial=start, desc="train", unit="step",
+            self.bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step",
                             dynamic_ncols=True, file=sys.stdout)
 
     def say(self, line):
@@ -488,8 +490,7 @@ def _gather_peaks(ctx):
 # ----------------------------------------------------------------------------------- resume
 
 
-_ARCH_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_weights")
-_DATA_FIELDS = ("data", "data_dtype", "seed")
+_SAME_ON_RESUME = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_weights", "seed")
 
 
 def _check_resumable(cfg, path):
@@ -501,14 +502,18 @@ def _check_resumable(cfg, path):
     if not isinstance(saved, dict):
         raise ValueError(f"{path} holds no training configuration: not written by hpcfsdp train")
     mine = cfg.to_dict()
-    for name in _ARCH_FIELDS + _DATA_FIELDS:
+    for name in _SAME_ON_RESUME:
         if name in saved and saved[name] != mine[name]:
             raise ValueError(f"{name}={mine[name]!r}, but the checkpoint {path} was written with "
                              f"{name}={saved[name]!r}; resume with the same model, data and seed")
 
 
 def _resume(cfg, ctx, session, ckpt):
-    if not os.path.lexists(ckpt):
+    seen = ctx.comm.allgather(os.path.lexists(ckpt))
+    if any(seen) and not all(seen):
+        raise _Agreed(f"resume: {ckpt} exists on ranks {[r for r, s in enumerate(seen) if s]} only; "
+                      f"checkpoints must be on a file system every rank sees")
+    if not seen[0]:
         if ctx.rank == 0:
             print(f"no checkpoint at {ckpt} yet: starting from step 0", flush=True)
         return
@@ -532,7 +537,7 @@ def train(cfg, *, crash_after=None) -> int:
         if ctx.rank == 0:
             print(f"the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to train", flush=True)
         return 0
-    out = _Output(cfg, ctx, start)
+    out = _guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: _Output(cfg, ctx, start))
     first = last = None
     try:
         while session.step < cfg.steps:
@@ -542,7 +547,6 @@ def train(cfg, *, crash_after=None) -> int:
             last = rec["loss"]
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
                 session.save(ckpt)
-            peaks = None
             if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                 peaks = _gather_peaks(ctx)
                 out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
@@ -618,8 +622,11 @@ def soak(cfg) -> int:
     ref_params = ref.local_params()
     del ref
     gc.collect()
+    if ctx.rank == 0:
+        print(f"soak: uninterrupted run done, loss {reference[0]['loss']:.4f} -> {reference[-1]['loss']:.4f}",
+              flush=True)
 
-    out = _Output(cfg, ctx, 0)
+    out = _guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: _Output(cfg, ctx, 0))
     session = _Session(cfg, ctx)
     failure, rss, t0 = None, [], time.perf_counter()
     try:

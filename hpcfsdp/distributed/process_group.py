@@ -132,7 +132,7 @@ _HISTORY: collections.deque = collections.deque(maxlen=HISTORY_LEN)
 def _history_line(e) -> str:
     seq, kind, count, dtype, op, root, pg, done = e
     args = [f"count={count}"] if count >= 0 else []
-    args += [f"dtype={dtype}"] if dtype else []
+    args += [f"dtype={B.dtype_name(dtype)}"] if dtype is not None else []
     args += [f"op={op}"] if op else []
     args += [f"src={root}"] if root >= 0 else []
     state = "pending" if done is not None and not done.is_set() else "done"
@@ -156,8 +156,10 @@ def debug_enabled() -> bool:
 # A job must fail loudly, quickly and on every rank; never hang, never swallow an error.
 # * An exception inside a Work (on the communication thread or inline) is stored and re-raised
 #   by wait(). A failed Work nobody waited on is not lost: the next collective this process
-#   issues raises a RuntimeError naming it, and at interpreter exit it is printed (and the job
-#   aborted when it has several ranks).
+#   issues raises a RuntimeError naming it; in a multi-rank job, if nobody retrieved it within
+#   HPCFSDP_COMM_TIMEOUT (the main thread may be stuck elsewhere, e.g. in a raw mpi4py call),
+#   the idle communication thread prints it and aborts the job; and at interpreter exit it is
+#   printed (and the job aborted when it has several ranks).
 # * In a job of more than one rank, an uncaught exception in any thread (main thread: user code,
 #   forward/backward hooks; any other thread) prints "hpcfsdp: rank R of N: ..." and the
 #   traceback, then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
@@ -182,13 +184,13 @@ def debug_enabled() -> bool:
 # see the numbers in docs/ or the comm layer's report: roughly +15-30 us per collective, which
 # doubles the time of small (<= 16 KiB) collectives and is lost in the noise above ~1 MiB.
 
-_UNREPORTED: dict[int, "Work"] = {}  # failed Works whose exception nobody retrieved yet
+_UNREPORTED: dict[int, tuple["Work", float]] = {}  # failed Works nobody retrieved yet, and when they failed
 _HOOKS_INSTALLED = False
 _ABORTING = False
 
 
 def _raise_unreported() -> None:
-    works = list(_UNREPORTED.values())
+    works = [w for w, _ in list(_UNREPORTED.values())]
     _UNREPORTED.clear()
     if not works:
         return
@@ -252,7 +254,7 @@ def _install_abort_hooks() -> None:
 @atexit.register
 def _report_unreported_at_exit() -> None:
     """Runs after the comm thread drained (atexit order): never let a failed Work pass silently."""
-    works = list(_UNREPORTED.values())
+    works = [w for w, _ in list(_UNREPORTED.values())]
     _UNREPORTED.clear()
     if not works or _ABORTING:
         return
@@ -316,7 +318,8 @@ def _report_unreported_at_exit() -> None:
 # (sequence number, kind) they are stuck in; for a grace period (min(2 s, timeout / 4)) those
 # two collect the reports and print the group ranks that did not report, i.e. the rank that
 # skipped the collective or is stuck elsewhere, and the ranks stuck in a different collective.
-# All timed-out ranks wait out the grace period so that the collectors get to print.
+# The other timed-out ranks print their own message at once and wait three grace periods
+# before aborting, so that collectors that timed out a little later still get to print.
 # Work.wait(timeout=t) with an explicit timeout raises TimeoutError instead (the caller asked).
 
 
@@ -355,7 +358,7 @@ class Work:
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
             self._exc = e
             self._tb = traceback.format_exc()
-            _UNREPORTED[id(self)] = self
+            _UNREPORTED[id(self)] = (self, time.monotonic())
         finally:
             self._fn = None
             if callable(self._desc):  # the lazy description captures the buffers: format it, free them
@@ -537,17 +540,38 @@ class _CommThread:
                     if self._inline_since is not None and 0 < limit <= time.monotonic() - self._inline_since:
                         fire = (self.current, limit)
                         break
+                    stale = _stale_failure(limit) if _UNREPORTED else None
+                    if stale is not None:
+                        fire = (stale, -limit)
+                        break
                     self._cv.wait(min(0.25, limit / 4) if limit > 0 else None)
                 else:
                     work = self._q.popleft()
                     self.current = work
             if fire is not None:  # outside the lock: the report takes a grace period
-                _watchdog_abort(*fire)
+                if fire[1] < 0:
+                    w = fire[0]
+                    _abort_job(f"a collective failed on the communication thread and nobody retrieved its error "
+                               f"within {-fire[1]:g} s (HPCFSDP_COMM_TIMEOUT): {w.desc}",
+                               lambda: print(w._tb, file=sys.stderr, end="", flush=True))
+                else:
+                    _watchdog_abort(*fire)
                 continue
             work._run()
             with self._cv:
                 self.current = None
                 self._cv.notify_all()  # drain() waiters
+
+
+def _stale_failure(limit: float) -> Work | None:
+    """A failed Work of a multi-rank job that nobody retrieved for ``limit`` seconds (see [Note: Failure handling])."""
+    if limit <= 0 or _world()[1] == 1:
+        return None
+    now = time.monotonic()
+    for w, t in list(_UNREPORTED.values()):
+        if now - t >= limit:
+            return w
+    return None
 
 
 _COMM_THREAD: _CommThread | None = None
@@ -663,14 +687,14 @@ class ProcessGroup:
             _COUNTS[kind] += 1
             _BYTES[kind] += int(nbytes)
         self._seq += 1
-        entry = [self._seq, kind, count, "" if dtype is None else np.dtype(dtype).name, op, root, self, None]
+        entry = [self._seq, kind, count, dtype, op, root, self, None]  # dtype's name only when printed
         _HISTORY.append(entry)
         return entry
 
     def _checked(self, fn: Callable[[], Any], meta: list) -> Callable[[], Any]:
         """``fn`` preceded by the debug-mode fingerprint exchange. See [Note: Debug mode]."""
         seq, kind, count, dtype, op, root = meta[:6]
-        fp = B.fingerprint(seq, kind, count, dtype, op, root)
+        fp = B.fingerprint(seq, kind, count, "" if dtype is None else B.dtype_name(dtype), op, root)
         comm = self._check_comm
 
         def run():
