@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from hpcfsdp.cli import _soak as soak_cli
 from hpcfsdp.cli import train as train_cli
 from hpcfsdp.cli.config import METRICS_FIELDS, TrainConfig
 from hpcfsdp.cli.main import main as hpcfsdp_main
@@ -177,13 +178,13 @@ def test_soak_passes(tmp_path):
 def test_soak_comparison_names_the_first_differing_step():
     ref = [{"step": i + 1, "loss": 5.0 - i / 10, "grad_norm": 1.0} for i in range(6)]
     same = [dict(r) for r in ref[3:]]
-    assert train_cli.compare_to_reference(same, ref) is None
+    assert soak_cli.compare_to_reference(same, ref) is None
     off = [dict(r) for r in ref[3:]]
     off[1]["loss"] = math.nextafter(off[1]["loss"], 0.0)  # one ulp is a failure: reloads must be exact
-    msg = train_cli.compare_to_reference(off, ref)
+    msg = soak_cli.compare_to_reference(off, ref)
     assert msg.startswith("step 5: loss") and "uninterrupted" in msg
     nan = [dict(r, loss=float("nan")) for r in ref[:1]]
-    assert "not finite" in train_cli.compare_to_reference(nan, [dict(r, loss=float("nan")) for r in ref])
+    assert "not finite" in soak_cli.compare_to_reference(nan, [dict(r, loss=float("nan")) for r in ref])
 
 
 # ------------------------------------------------------------------------------------------- bad configuration

@@ -526,7 +526,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def exit_with_config_error(err: Exception, prog: str = "hpcfsdp train") -> int:
     """Print `<prog>: error: <message>` to stderr (argparse style) and return exit code 2."""
-    print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"{prog}: error: {err}\n")  # one write: lines of different ranks do not interleave
+    sys.stderr.flush()
     return 2
 
 
