@@ -16,3 +16,4 @@ def add_parser(subparsers):
     bench_comm.add_parser(sub)
     bench_train.add_parser(sub)
     bench_train.add_compare_parser(sub)
+    bench_train.add_checkpoint_parser(sub)

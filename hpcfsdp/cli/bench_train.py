@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["add_parser", "add_compare_parser", "bench_train", "run_compare"]
+__all__ = ["add_parser", "add_compare_parser", "add_checkpoint_parser", "bench_train", "run_compare"]
 
 # Dense peak FLOP/s for MFU, by (device kind, precision). Only what we know; otherwise MFU is omitted.
 _PEAK_FLOPS = {("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "none"): 67e12,
@@ -48,6 +48,9 @@ def add_parser(subparsers):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-prefetch", action="store_true", help="disable forward and backward prefetching")
+    p.add_argument("--meta-init", action="store_true",
+                   help="build the model on the meta device and materialise only each rank's shards (no rank ever "
+                   "holds the full model: what peak-memory measurements need)")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="append the result as one JSON line to this file ('-' = stdout)")
@@ -97,10 +100,18 @@ def bench_train(args) -> dict:
         rank, world = dist.get_rank(), dist.get_world_size()
         cfg.validate(world)
     device = compute_device(cfg.device)
-    model = build_gpt(cfg, device)
+    if args.meta_init:
+        with hp.device("meta"):
+            model = build_gpt(cfg, "meta")
+    else:
+        model = build_gpt(cfg, device)
     n_params = sum(p.numel() for p in model.parameters())
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
+    if args.meta_init:
+        model.to_empty(device=device)
+        hp.manual_seed(cfg.seed)
+        model.init_weights()
         if args.no_prefetch:
             from hpcfsdp.distributed.fsdp import FSDPModule
 
@@ -291,3 +302,46 @@ def run_compare(args) -> int:
     return 0
 
 
+
+
+# -- checkpoint I/O ---------------------------------------------------------------------------------------------
+def add_checkpoint_parser(subparsers):
+    p = subparsers.add_parser(
+        "checkpoint",
+        help="sharded checkpoint save/load throughput against raw NumPy file I/O",
+        description="Save and load a float32 vector of --bytes sharded over the ranks of this job, and write/read "
+        "the same bytes per rank with ndarray.tofile/np.fromfile on the same disk; report GB/s of each. Reads may "
+        "be served from the page cache; the comparison is like for like.",
+    )
+    p.add_argument("--bytes", default="1G", help="total checkpoint size (e.g. 256M, 1G)")
+    p.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temporary one)")
+    p.add_argument("--json", default=None, help="append the result as one JSON line to this file ('-' = stdout)")
+    p.set_defaults(func=_run_checkpoint)
+
+
+def _run_checkpoint(args) -> int:
+    from hpcfsdp.distributed import _mpi
+    from hpcfsdp.distributed.checkpoint._format import benchmark_io
+
+    from .bench_comm import _parse_bytes
+
+    comm = _mpi.get_mpi().COMM_WORLD
+    base = args.dir or (tempfile.mkdtemp(prefix="hpcfsdp-ckpt-bench-") if comm.rank == 0 else None)
+    base = comm.bcast(base, root=0)
+    try:
+        res = benchmark_io(os.path.join(base, "io"), _parse_bytes(args.bytes), comm)
+    finally:
+        comm.Barrier()
+        if comm.rank == 0 and not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    if comm.rank == 0:
+        line = json.dumps(res)
+        if args.json == "-":
+            print(line)
+        elif args.json:
+            with open(args.json, "a") as f:
+                f.write(line + "\n")
+        print(f"checkpoint {res['bytes'] / 2**30:.2f} GiB on {res['world_size']} ranks: save "
+              f"{res['save_GBps']:.2f} GB/s (raw write {res['raw_write_GBps']:.2f}), load {res['load_GBps']:.2f} GB/s "
+              f"(raw read {res['raw_read_GBps']:.2f})", flush=True)
+    return 0
