@@ -158,6 +158,8 @@ def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad
         if high is None or not isinstance(high, (tuple, list)):
             raise TypeError("randint() missing the required argument 'size'")
         low, high, size = 0, low, high
+    if not low < high:
+        raise ValueError(f"randint: expected low < high, got low={low} and high={high}")
     dt = _backend.to_dtype(dtype) if dtype is not None else int64
     return Tensor._wrap(_random("randint", _parse_shape((size,)), dt, _backend.to_device(device), low, high),
                         requires_grad)
@@ -174,6 +176,8 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
     if end is None:
         start, end = 0, start
     vals = [v.item() if isinstance(v, Tensor) else v for v in (start, end, step)]
+    if vals[2] == 0:
+        raise ValueError(f"arange: step must be nonzero, got step={vals[2]!r}")
     if dtype is None:
         dtype = float32 if builtins.any(isinstance(v, float) for v in vals) else int64
     dt = _backend.to_dtype(dtype)

@@ -367,6 +367,11 @@ def masked_fill(self, mask, value):
     m = mask._data if isinstance(mask, Tensor) else mask
     if m.dtype != np.bool_:
         raise RuntimeError(f"masked_fill only supports boolean masks, but got mask with dtype {m.dtype}")
+    try:
+        np.broadcast_shapes(tuple(m.shape), tuple(self.shape))
+    except ValueError:
+        raise RuntimeError(f"masked_fill: the mask of shape {tuple(m.shape)} does not broadcast to the tensor's "
+                           f"shape {tuple(self.shape)}") from None
     if isinstance(value, Tensor):
         if value.ndim != 0:
             raise RuntimeError(f"masked_fill only supports a 0-dimensional value tensor, but got one with "

@@ -87,10 +87,34 @@ def train_parity(make_model, shard_fn, steps=10, lr=1e-2, batches=None, loss_fn=
         rl.backward()
         ropt.step()
         ropt.zero_grad()
-        got = hp.tensor([float(np.mean(losses))], dtype=hp.float64)
-        dist.all_reduce(got, op=dist.ReduceOp.AVG)
-        np.testing.assert_allclose(got.item(), rl.item(), rtol=1e-5, atol=1e-6, err_msg=f"loss at step {step}")
+        np.testing.assert_allclose(global_mean(np.mean(losses)), rl.item(), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"loss at step {step}")
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(full(p), ref_params[name].detach().numpy(), atol=atol, rtol=rtol, err_msg=name)
     return model, ref
+
+
+def global_mean(value):
+    """Mean of a Python float over all ranks (the global-batch loss from per-rank losses)."""
+    t = hp.tensor([float(value)], dtype=hp.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    return t.item()
+
+
+def rounded_reference_step(ref, ropt, x, y, dtype, keep_full=lambda name: False):
+    """One step of the unsharded reference computing with parameters rounded to ``dtype`` (the casts mixed
+    precision applies; ``keep_full(name)`` parameters stay float32) on float32 master weights. Returns the loss."""
+    master = {n: p._data.copy() for n, p in ref.named_parameters()}
+    with hp.no_grad():
+        for n, p in ref.named_parameters():
+            if not keep_full(n):
+                p._data[...] = p._data.astype(dtype).astype(np.float32)
+    _, loss = ref(hp.tensor(x), hp.tensor(y))
+    loss.backward()
+    with hp.no_grad():
+        for n, p in ref.named_parameters():
+            p._data[...] = master[n]
+    ropt.step()
+    ropt.zero_grad()
+    return loss.item()

@@ -103,6 +103,17 @@ def _env(c, name, value, fn):
 
 # (id, callable(ctx), exception type, message fragment)
 CASES = [
+    # validations added after the first catalogue run
+    ("arange-zero-step", lambda c: hp.arange(0, 10, 0), ValueError, "step must be nonzero"),
+    ("randint-empty-range", lambda c: hp.randint(5, 2, (3,)), ValueError, "expected low < high, got low=5 and high=2"),
+    ("masked-fill-shape", lambda c: hp.ones(2, 3).masked_fill(hp.ones(4, dtype=hp.bool), 0.0), RuntimeError,
+     "does not broadcast to the tensor's shape (2, 3)"),
+    ("adam-lr-type", lambda c: hp.optim.Adam([hp.nn.Parameter(hp.ones(2))], lr="x"), TypeError,
+     "lr must be a number, got 'x'"),
+    ("lambda-lr-not-callable", lambda c: hp.optim.lr_scheduler.LambdaLR(
+        hp.optim.SGD([hp.nn.Parameter(hp.ones(2))], lr=0.1), lr_lambda=3), TypeError, "lr_lambda must be a callable"),
+    ("clip-norm-type", lambda c: hp.nn.utils.clip_grad_norm_([hp.nn.Parameter(hp.ones(2))], 1.0, norm_type="fro"),
+     ValueError, "norm_type must be a number"),
     # -- tensors
     ("add-shape-mismatch", lambda c: hp.ones(2, 3) + hp.ones(4, 5), RuntimeError,
      "shapes of the operands (2, 3) and (4, 5) do not broadcast"),

@@ -7,7 +7,8 @@ from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from hpcfsdp.distributed.tensor import DTensor
 
-from _fsdp_util import Blocks, full, gpt_batches, local, tiny_gpt, train_parity, world
+from _fsdp_util import (Blocks, full, global_mean, gpt_batches, local, rounded_reference_step, tiny_gpt,
+                        train_parity, world)
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -205,23 +206,8 @@ def test_mixed_precision_reduce_dtype_and_parity(dtype):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        # reference: parameters rounded to the low precision for compute, master weights float32
-        master = {n: p._data.copy() for n, p in ref.named_parameters()}
-        with hp.no_grad():
-            for p in ref.parameters():
-                p._data[...] = p._data.astype(dt).astype(np.float32)
-        _, rl = ref(hp.tensor(x), hp.tensor(y))
-        rl.backward()
-        with hp.no_grad():
-            for n, p in ref.named_parameters():
-                p._data[...] = master[n]
-        ropt.step()
-        ropt.zero_grad()
-        got = hp.tensor([loss.item()], dtype=hp.float64)
-        import hpcfsdp.distributed as dist
-
-        dist.all_reduce(got, op=dist.ReduceOp.AVG)
-        np.testing.assert_allclose(got.item(), rl.item(), rtol=2e-2)
+        rl = rounded_reference_step(ref, ropt, x, y, dt)
+        np.testing.assert_allclose(global_mean(loss.item()), rl, rtol=2e-2)
     assert seen and all(d == hp.float32 for d in seen)
     for p in model.parameters():
         assert p.dtype == hp.float32  # sharded master weights stay float32

@@ -52,6 +52,13 @@ def _parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a byte count like 1024, 1K, 16M, 1G") from None
 
 
+def _parse_ops(text: str) -> str:
+    bad = [o for o in str(text).split(",") if o.strip() and o.strip() not in OPS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown collective(s) {', '.join(bad)}; expected a subset of {','.join(OPS)}")
+    return text
+
+
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "comm",
@@ -66,7 +73,7 @@ def add_parser(subparsers):
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size and implementation")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size and implementation")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16", "int64"])
-    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    p.add_argument("--ops", type=_parse_ops, default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--no-raw", action="store_true", help="skip the raw mpi4py comparison")
     p.add_argument("--json", default=None, help="write the rows as JSON lines to this file ('-' = stdout)")

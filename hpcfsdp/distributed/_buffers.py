@@ -33,6 +33,7 @@ __all__ = [
     "allgather_bytes",
     "finish_reduce",
     "ptr",
+    "copy_into",
     "overlaps",
     "may_share",
     "check_same_kind",
@@ -334,6 +335,12 @@ def ptr(a: Any) -> int:
     return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
 
 
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` unless they are the same memory (a size-1 gather or scatter)."""
+    if ptr(dst) != ptr(src):
+        dst[...] = src
+
+
 def may_share(a, b) -> bool:
     """Cheap test: could ``a`` and ``b`` share memory (same base or overlapping bounds)?"""
     if is_cupy_array(a) or is_cupy_array(b):
@@ -432,7 +439,7 @@ def decode_object(data: bytes) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# collective fingerprints (debug mode, HPCFSDP_DEBUG=1; see [Note: Debug mode] in process_group.py)
+# collective fingerprints (debug mode, HPCFSDP_DEBUG=1; see [Note: Debug mode] in _failure.py)
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object",
          "broadcast_object", "split", "create_subgroup")

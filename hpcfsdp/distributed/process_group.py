@@ -31,7 +31,8 @@ Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``col
 "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object".
 Size-1 groups count too (they make no MPI call). ``recent_collectives()``: the last few issued.
 
-Failure: see [Note: Watchdog], [Note: Failure handling] and [Note: Debug mode] (HPCFSDP_DEBUG=1).
+Failure (_failure.py): see [Note: Watchdog], [Note: Failure handling] and [Note: Debug mode]
+(HPCFSDP_DEBUG=1).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ import atexit
 import collections
 import datetime
 import enum
-import os
-import sys
 import threading
 import time
 import traceback
@@ -50,6 +49,8 @@ from typing import Any, Callable
 import numpy as np
 
 from hpcfsdp.distributed import _buffers as B
+from hpcfsdp.distributed import _failure as F
+from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
 from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
     comm_timeout,
     get_mpi,
@@ -72,6 +73,13 @@ __all__ = [
     "debug_enabled",
     "recent_collectives",
 ]
+
+# The failure machinery's names as this module offered them before it moved to _failure.py
+# (tests and tools reach them here); the same objects, so mutations are shared.
+HISTORY_LEN = F.HISTORY_LEN
+_UNREPORTED = F.UNREPORTED
+_WATCHDOG_TAG = F.WATCHDOG_TAG
+_peer_report = F.peer_report
 
 
 class ReduceOp(enum.Enum):
@@ -119,157 +127,6 @@ def reset_collective_counts() -> None:
     _BYTES.clear()
 
 
-# [Note: Collective history]
-# Every collective (and communicator split) this process issues is appended to a ring of the
-# last HISTORY_LEN: [per-group sequence number, kind, element count, dtype, op, src, group,
-# completion event]. Only small values are kept (no buffers: the ring must not pin an all-gather
-# output). The watchdog prints it, so a hang at a thousand ranks shows what each rank did last.
-
-HISTORY_LEN = 8
-_HISTORY: collections.deque = collections.deque(maxlen=HISTORY_LEN)
-
-
-def _history_line(e) -> str:
-    seq, kind, count, dtype, op, root, pg, done = e
-    args = [f"count={count}"] if count >= 0 else []
-    args += [f"dtype={B.dtype_name(dtype)}"] if dtype is not None else []
-    args += [f"op={op}"] if op else []
-    args += [f"src={root}"] if root >= 0 else []
-    state = "pending" if done is not None and not done.is_set() else "done"
-    return f"#{seq} {kind}({', '.join(args)}) on {pg._gdesc()} [{state}]"
-
-
-def recent_collectives() -> list[str]:
-    """The last collectives this process issued, oldest first, as text. See [Note: Collective history]."""
-    return [_history_line(e) for e in list(_HISTORY)]
-
-
-def debug_enabled() -> bool:
-    """HPCFSDP_DEBUG=1: check before each collective that all ranks call the same one. See [Note: Debug mode]."""
-    raw = os.environ.get("HPCFSDP_DEBUG", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"HPCFSDP_DEBUG={raw!r}: expected 0 or 1")
-    return raw == "1"
-
-
-# [Note: Failure handling]
-# A job must fail loudly, quickly and on every rank; never hang, never swallow an error.
-# * An exception inside a Work (on the communication thread or inline) is stored and re-raised
-#   by wait(). A failed Work nobody waited on is not lost: the next collective this process
-#   issues raises a RuntimeError naming it; in a multi-rank job, if nobody retrieved it within
-#   HPCFSDP_COMM_TIMEOUT (the main thread may be stuck elsewhere, e.g. in a raw mpi4py call),
-#   the idle communication thread prints it and aborts the job; and at interpreter exit it is
-#   printed (and the job aborted when it has several ranks).
-# * In a job of more than one rank, an uncaught exception in any thread (main thread: user code,
-#   forward/backward hooks; any other thread) prints "hpcfsdp: rank R of N: ..." and the
-#   traceback, then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
-#   will never join, are killed at once instead of waiting for the watchdog. This is
-#   `python -m mpi4py`'s behaviour made independent of the launcher (plain `mpiexec python x.py`,
-#   `srun python x.py`) and extended to threads, and it does not wait for the communication
-#   thread to drain (which could take as long as the stuck collective). Installed when the first
-#   ProcessGroup of a multi-rank job is created; it wraps the hooks in place at that time.
-# * A collective that never completes is handled by the watchdog ([Note: Watchdog]).
-
-# [Note: Debug mode]
-# With HPCFSDP_DEBUG=1 (read when a ProcessGroup is created) every collective of a group of more
-# than one rank is preceded, on the thread that runs it and so in issue order, by an Allgather
-# of a 7 x int64 fingerprint (_buffers.fingerprint: a 64-bit hash of kind, element count, dtype,
-# op and src, those fields raw, and the group's sequence number) on a duplicate of the group's
-# communicator (so it never mixes with the data traffic). If any rank's fingerprint differs
-# from group rank 0's, every rank raises the same RuntimeError naming the first rank that
-# differs and both calls, before the data collective is entered: wait() re-raises it and the
-# job aborts ([Note: Failure handling]) instead of hanging or computing on garbage. Off, the
-# cost is one attribute test per collective. On, it is one 56-byte Allgather (8-14 us raw on
-# this VM) plus ~4 us of Python per collective. Measured at 2 ranks on the 2-vCPU dev VM (MPICH
-# 5, shared memory, other jobs running), the same collectives on a debug and a plain group
-# interleaved, 400 repetitions, median (min): all_reduce 1 KiB 84 -> 114 us (78 -> 103),
-# 16 KiB 103 -> 133 (95 -> 121), 1 MiB 422 -> 463 (360 -> 379), 16 MiB 8141 -> 8189 (within
-# the noise); all_gather alike. `hpcfsdp bench comm` (not interleaved) agrees: +21-27 us
-# (+22-31 %) from 1 to 16 KiB, +7-22 % around 1 MiB, noise-dominated above. So about +25 us per
-# collective: a debugging aid for short runs, not for production training.
-
-_UNREPORTED: dict[int, tuple["Work", float]] = {}  # failed Works nobody retrieved yet, and when they failed
-_HOOKS_INSTALLED = False
-_ABORTING = False
-
-
-def _raise_unreported() -> None:
-    works = [w for w, _ in list(_UNREPORTED.values())]
-    _UNREPORTED.clear()
-    if not works:
-        return
-    first = works[0]
-    more = f" (and {len(works) - 1} more)" if len(works) > 1 else ""
-    raise RuntimeError(
-        f"an earlier collective failed on the communication thread and nobody waited on it: {first.desc}: "
-        f"{type(first._exc).__name__}: {first._exc}{more}"
-    ) from first._exc
-
-
-def _world() -> tuple[int, int]:
-    MPI = get_mpi()
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-def _abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1, linger: float = 0.0) -> None:
-    """Print ``what`` (and the traceback ``printer`` writes) naming this rank, then MPI_Abort the job
-    (after ``linger`` seconds, to let other ranks print their own report)."""
-    global _ABORTING
-    _ABORTING = True
-    MPI = get_mpi()
-    r, n = _world()
-    try:
-        print(f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}", file=sys.stderr, flush=True)
-        if printer is not None:
-            printer()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(linger)
-    finally:
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            MPI.COMM_WORLD.Abort(code)
-        os._exit(code)
-
-
-def _install_abort_hooks() -> None:
-    """See [Note: Failure handling]. Idempotent; a no-op in a single-rank job."""
-    global _HOOKS_INSTALLED
-    if _HOOKS_INSTALLED:
-        return
-    _HOOKS_INSTALLED = True
-    if _world()[1] == 1:
-        return
-    prev_sys, prev_thread = sys.excepthook, threading.excepthook
-
-    def excepthook(tp, val, tb):
-        _abort_job(f"uncaught {tp.__name__} on the main thread: {val}", lambda: prev_sys(tp, val, tb))
-
-    def thread_excepthook(args):
-        if args.exc_type is SystemExit:
-            return prev_thread(args)
-        name = args.thread.name if args.thread is not None else "?"
-        _abort_job(f"uncaught {args.exc_type.__name__} in thread {name!r}: {args.exc_value}",
-                   lambda: prev_thread(args))
-
-    sys.excepthook = excepthook
-    threading.excepthook = thread_excepthook
-
-
-@atexit.register
-def _report_unreported_at_exit() -> None:
-    """Runs after the comm thread drained (atexit order): never let a failed Work pass silently."""
-    works = [w for w, _ in list(_UNREPORTED.values())]
-    _UNREPORTED.clear()
-    if not works or _ABORTING:
-        return
-    r, n = _world()
-    for w in works:
-        print(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no wait()): "
-              f"{w.desc}\n{w._tb}", file=sys.stderr, end="", flush=True)
-    if n > 1:
-        _abort_job(f"{len(works)} failed collective(s) were never waited on")
-
-
 # [Note: Communication thread]
 # One thread per process runs every MPI call of the comm layer, in the order the main thread
 # issued them (a FIFO), for all process groups together. This is the analogue of the one NCCL
@@ -310,21 +167,6 @@ def _report_unreported_at_exit() -> None:
 # completed. Async calls always go through the thread. While an inline call runs, the idle
 # communication thread watches its deadline (see [Note: Watchdog]). HPCFSDP_COMM_INLINE=0
 # sends every call through the thread.
-#
-# [Note: Watchdog]
-# A rank waiting on a Work polls its Event with a short timeout (an inline call is watched by
-# the idle communication thread instead). When it has waited longer than HPCFSDP_COMM_TIMEOUT,
-# it prints which collective (kind, group size and world ranks, buffer sizes and dtypes) it is
-# waiting for, which one the comm thread is stuck in, and the last collectives it issued
-# ([Note: Collective history]), then calls MPI.COMM_WORLD.Abort(1) so that no other rank hangs.
-# Before aborting, the ranks that timed out tell group ranks 0 and 1 (point-to-point, tag
-# _WATCHDOG_TAG on the group's communicator: never matched by a collective) which collective
-# (sequence number, kind) they are stuck in; for a grace period (min(2 s, timeout / 4)) those
-# two collect the reports and print the group ranks that did not report, i.e. the rank that
-# skipped the collective or is stuck elsewhere, and the ranks stuck in a different collective.
-# The other timed-out ranks print their own message at once and wait three grace periods
-# before aborting, so that collectors that timed out a little later still get to print.
-# Work.wait(timeout=t) with an explicit timeout raises TimeoutError instead (the caller asked).
 
 
 class Work:
@@ -362,7 +204,7 @@ class Work:
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
             self._exc = e
             self._tb = traceback.format_exc()
-            _UNREPORTED[id(self)] = (self, time.monotonic())
+            F.UNREPORTED[id(self)] = (self, time.monotonic())
         finally:
             self._fn = None
             if callable(self._desc):  # the lazy description captures the buffers: format it, free them
@@ -377,7 +219,7 @@ class Work:
 
     def exception(self) -> BaseException | None:
         if self._exc is not None:
-            _UNREPORTED.pop(id(self), None)
+            F.UNREPORTED.pop(id(self), None)
         return self._exc
 
     def result(self) -> Any:
@@ -391,7 +233,7 @@ class Work:
                 timeout = timeout.total_seconds()
             self._wait_loop(timeout)
         if self._exc is not None:
-            _UNREPORTED.pop(id(self), None)
+            F.UNREPORTED.pop(id(self), None)
             raise self._exc
         return True
 
@@ -410,79 +252,6 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self.is_completed() else "pending"
         return f"Work({self.desc}, {state})"
-
-
-_WATCHDOG_TAG = 0x7D0C  # point-to-point tag of the watchdog's reports (< the minimum MPI_TAG_UB 32767)
-
-
-def _watchdog_abort(work: Work, limit: float) -> None:
-    global _ABORTING
-    if _ABORTING:  # the other thread got here first
-        time.sleep(3600)
-    _ABORTING = True
-    busy = _COMM_THREAD.current if _COMM_THREAD is not None else None
-    stuck = busy if busy is not None else work
-    r, n = _world()
-    msg = f"collective timed out after {limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}"
-    if busy is not None and busy is not work:
-        msg += f"; the communication thread is blocked in: {busy.desc}"
-    msg += ". Another rank did not join this collective (or joined a different one)."
-    grace = min(2.0, max(0.5, limit / 4))
-    linger = 3 * grace  # non-collectors: long enough for collectors that timed out a little later
-    try:
-        report, linger = _peer_report(stuck._meta, grace, linger)
-        msg += report
-    except Exception as e:  # the report is a courtesy: never let it prevent the abort
-        msg += f"\n  (no report from the other ranks: {type(e).__name__}: {e})"
-    hist = recent_collectives()
-    if hist:
-        msg += f"\n  last {len(hist)} collectives issued by rank {r}, oldest first:\n    " + "\n    ".join(hist)
-    _abort_job(msg, linger=linger)
-
-
-def _peer_report(meta, grace: float, linger: float) -> tuple[str, float]:
-    """Exchange (sequence number, kind) of the stuck collective with group ranks 0 and 1; see [Note: Watchdog].
-
-    Returns (report, seconds to linger before aborting): collectors report and linger 0."""
-    MPI = get_mpi()
-    if meta is None or thread_level() < MPI.THREAD_MULTIPLE:
-        return "", linger
-    seq, kind, pg = meta[0], meta[1], meta[6]
-    comm, me, n = pg.comm, pg.rank(), pg.size()
-    if comm is None or n == 1:
-        return "", 0.0
-    mine = np.array([seq, B.KINDS.index(kind), me], np.int64)
-    reqs = [comm.Isend([mine, MPI.INT64_T], dest, _WATCHDOG_TAG) for dest in (0, 1) if dest != me and dest < n]
-    end = time.monotonic() + grace
-    if me > 1:
-        return "", linger
-    got: dict[int, tuple[int, int]] = {me: (seq, B.KINDS.index(kind))}
-    st, buf = MPI.Status(), np.empty(3, np.int64)
-    while time.monotonic() < end and len(got) < n:
-        if comm.Iprobe(MPI.ANY_SOURCE, _WATCHDOG_TAG, st):
-            comm.Recv([buf, MPI.INT64_T], st.Get_source(), _WATCHDOG_TAG)
-            got[int(buf[2])] = (int(buf[0]), int(buf[1]))
-        else:
-            time.sleep(0.005)
-    del reqs  # eager sends of 24 bytes; the job is about to be aborted anyway
-    wr = pg.world_ranks
-    missing = [q for q in range(n) if q not in got]
-    elsewhere = [q for q, (s_, _) in got.items() if s_ != seq]
-
-    def fmt(qs):
-        shown = ", ".join(f"{q} (world rank {wr[q]})" for q in qs[:16])
-        return shown + (f", ... ({len(qs)} in all)" if len(qs) > 16 else "")
-
-    out = ""
-    if missing:
-        out += (f"\n  group ranks not waiting on #{seq} {kind} of this group (they skipped it, or are stuck or "
-                f"computing elsewhere): {fmt(missing)}")
-    for q in elsewhere:
-        s_, k_ = got[q]
-        out += f"\n  group rank {q} (world rank {wr[q]}) is stuck in #{s_} {B.KINDS[k_]} of this group instead"
-    if not missing and not elsewhere:
-        out += f"\n  every rank of the group reports waiting on #{seq} {kind} (an MPI-level hang)"
-    return out, 0.0
 
 
 class _CommThread:
@@ -542,40 +311,24 @@ class _CommThread:
                     # no wake-up per inline call (each costs ~100 us on a busy VM): poll instead
                     limit = comm_timeout()
                     if self._inline_since is not None and 0 < limit <= time.monotonic() - self._inline_since:
-                        fire = (self.current, limit)
+                        fire = (_watchdog_abort, self.current, limit)
                         break
-                    stale = _stale_failure(limit) if _UNREPORTED else None
+                    stale = F.stale_failure(limit) if F.UNREPORTED else None
                     if stale is not None:
-                        fire = (stale, -limit)
+                        fire = (F.abort_unretrieved, stale, limit)
                         break
                     self._cv.wait(min(0.25, limit / 4) if limit > 0 else None)
                 else:
                     work = self._q.popleft()
                     self.current = work
             if fire is not None:  # outside the lock: the report takes a grace period
-                if fire[1] < 0:
-                    w = fire[0]
-                    _abort_job(f"a collective failed on the communication thread and nobody retrieved its error "
-                               f"within {-fire[1]:g} s (HPCFSDP_COMM_TIMEOUT): {w.desc}",
-                               lambda: print(w._tb, file=sys.stderr, end="", flush=True))
-                else:
-                    _watchdog_abort(*fire)
+                abort, stuck, limit = fire
+                abort(stuck, limit)
                 continue
             work._run()
             with self._cv:
                 self.current = None
                 self._cv.notify_all()  # drain() waiters
-
-
-def _stale_failure(limit: float) -> Work | None:
-    """A failed Work of a multi-rank job that nobody retrieved for ``limit`` seconds (see [Note: Failure handling])."""
-    if limit <= 0 or _world()[1] == 1:
-        return None
-    now = time.monotonic()
-    for w, t in list(_UNREPORTED.values()):
-        if now - t >= limit:
-            return w
-    return None
 
 
 _COMM_THREAD: _CommThread | None = None
@@ -592,6 +345,12 @@ def _comm_thread() -> _CommThread | None:
                     return None
                 _COMM_THREAD = _CommThread()
     return _COMM_THREAD
+
+
+def _watchdog_abort(work: Work, limit: float) -> None:
+    """``work`` timed out: report it with what the comm thread is running, and abort. See [Note: Watchdog]."""
+    t = _COMM_THREAD
+    F.watchdog_abort(work, limit, t.current if t is not None else None)
 
 
 def _execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = None) -> Work:
@@ -659,7 +418,7 @@ class ProcessGroup:
         self.name = name
         self.stats: collections.Counter = collections.Counter()
         if self._size > 1:
-            _install_abort_hooks()
+            F.install_abort_hooks()
 
     # -- basic queries -----------------------------------------------------------------------
     def rank(self) -> int:
@@ -684,33 +443,16 @@ class ProcessGroup:
     def _note(self, kind: str, nbytes: int, count: int = -1, dtype: Any = None, op: str = "", root: int = -1,
               counted: bool = True) -> list:
         """Count and record a collective about to be issued (after all local checks passed)."""
-        if _UNREPORTED:
-            _raise_unreported()
+        if F.UNREPORTED:
+            F.raise_unreported()
         if counted:
             self.stats[kind] += 1
             _COUNTS[kind] += 1
             _BYTES[kind] += int(nbytes)
         self._seq += 1
         entry = [self._seq, kind, count, dtype, op, root, self, None]  # dtype's name only when printed
-        _HISTORY.append(entry)
+        F.HISTORY.append(entry)
         return entry
-
-    def _checked(self, fn: Callable[[], Any], meta: list) -> Callable[[], Any]:
-        """``fn`` preceded by the debug-mode fingerprint exchange. See [Note: Debug mode]."""
-        seq, kind, count, dtype, op, root = meta[:6]
-        fp = B.fingerprint(seq, kind, count, "" if dtype is None else B.dtype_name(dtype), op, root)
-        comm = self._check_comm
-
-        def run():
-            MPI = get_mpi()
-            rows = np.empty((self._size, B.FP_LEN), np.int64)
-            comm.Allgather([fp, MPI.INT64_T], [rows, MPI.INT64_T])
-            bad = B.fingerprint_mismatch(rows, self.world_ranks)
-            if bad is not None:
-                raise RuntimeError(f"HPCFSDP_DEBUG: ranks disagree on the collective issued on {self._gdesc()}: {bad}")
-            return fn()
-
-        return run
 
     def _check_alive(self) -> None:
         if self.comm is None:
@@ -726,7 +468,7 @@ class ProcessGroup:
                 return Work._completed(desc) if async_op else None
             fn = trivial
         elif self._debug:
-            fn = self._checked(fn, meta)
+            fn = F.debug_checked(self, fn, meta)
         return _submit(desc, fn, async_op, meta)
 
     # -- collectives on raw arrays -----------------------------------------------------------
@@ -734,27 +476,13 @@ class ProcessGroup:
         """Gather every rank's ``in_flat`` into ``out_flat`` (rank-major). See module docstring."""
         self._check_alive()
         B.check_buffer(in_flat, "all_gather_into: input")
-        B.check_buffer(out_flat, "all_gather_into: output", writable=True)
-        if in_flat.dtype != out_flat.dtype:
-            raise TypeError(
-                f"all_gather_into: output dtype {out_flat.dtype} != input dtype {in_flat.dtype}"
-            )
-        n, k = self._size, in_flat.size
-        if out_flat.size != k * n:
-            raise ValueError(
-                f"all_gather_into: output has {out_flat.size} elements, expected input size {k} x "
-                f"group size {n} = {k * n} ({self._gdesc()})"
-            )
-        B.check_same_kind(out_flat, in_flat, "all_gather_into")
+        n, k = self._size, self._check_output("all_gather_into", out_flat, in_flat, gather=True)
         desc = lambda: (f"all_gather_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}) "
                 f"on {self._gdesc()}")
         meta = self._note("all_gather", in_flat.nbytes, k, in_flat.dtype)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
-        if n == 1:
-            def trivial():
-                if B.ptr(out1) != B.ptr(in1):
-                    out1[...] = in1
-            return self._issue(desc, None, async_op, trivial, meta)
+        if n == 1:  # the output is the input
+            return self._issue(desc, None, async_op, lambda: B.copy_into(out1, in1), meta)
         ev = B.record_event(in_flat)
         rank, mode = self._rank, self._mode
         itemsize = in1.dtype.itemsize
@@ -784,28 +512,14 @@ class ProcessGroup:
         self._check_alive()
         B.check_buffer(in_flat, "reduce_scatter_into: input")
         op = _as_op(op, in_flat.dtype)
-        B.check_buffer(out_flat, "reduce_scatter_into: output", writable=True)
-        if in_flat.dtype != out_flat.dtype:
-            raise TypeError(
-                f"reduce_scatter_into: output dtype {out_flat.dtype} != input dtype {in_flat.dtype}"
-            )
-        n, k = self._size, out_flat.size
-        if in_flat.size != k * n:
-            raise ValueError(
-                f"reduce_scatter_into: input has {in_flat.size} elements, expected output size {k} x "
-                f"group size {n} = {k * n} ({self._gdesc()})"
-            )
-        B.check_same_kind(out_flat, in_flat, "reduce_scatter_into")
+        n, k = self._size, self._check_output("reduce_scatter_into", out_flat, in_flat, gather=False)
         mpi_type, work_dtype = B.reduce_plan(in_flat.dtype)
         desc = lambda: (f"reduce_scatter_into(out={B.describe(out_flat)}, in={B.describe(in_flat)}, "
                 f"op={op.name}) on {self._gdesc()}")
         meta = self._note("reduce_scatter", in_flat.nbytes, in_flat.size, in_flat.dtype, op.name)
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
-        if n == 1:
-            def trivial():
-                if B.ptr(out1) != B.ptr(in1):
-                    out1[...] = in1
-            return self._issue(desc, None, async_op, trivial, meta)
+        if n == 1:  # the output is the input
+            return self._issue(desc, None, async_op, lambda: B.copy_into(out1, in1), meta)
         ev = B.record_event(in_flat)
         if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
@@ -990,8 +704,25 @@ class ProcessGroup:
     def _sync(self, desc, fn: Callable[[], Any], meta: list) -> Any:
         """A blocking collective returning a value (objects, communicator creation), checked in debug mode."""
         if self._debug and self._size > 1:
-            fn = self._checked(fn, meta)
+            fn = F.debug_checked(self, fn, meta)
         return _call_sync(desc, fn, meta)
+
+    def _check_output(self, what: str, out_flat, in_flat, *, gather: bool) -> int:
+        """Check ``out_flat`` against the already checked ``in_flat`` of a gather (output = size x input)
+        or a scatter (input = size x output); return the element count of one rank's piece."""
+        B.check_buffer(out_flat, f"{what}: output", writable=True)
+        if in_flat.dtype != out_flat.dtype:
+            raise TypeError(f"{what}: output dtype {out_flat.dtype} != input dtype {in_flat.dtype}")
+        big, small = (out_flat, in_flat) if gather else (in_flat, out_flat)
+        big_name, small_name = ("output", "input") if gather else ("input", "output")
+        n, k = self._size, small.size
+        if big.size != k * n:
+            raise ValueError(
+                f"{what}: {big_name} has {big.size} elements, expected {small_name} size {k} x "
+                f"group size {n} = {k * n} ({self._gdesc()})"
+            )
+        B.check_same_kind(out_flat, in_flat, what)
+        return k
 
     def _check_rank(self, r: Any, what: str) -> int:
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)):

@@ -8,6 +8,9 @@ __all__ = ["Adam"]
 
 
 def _check_hparams(lr, betas, eps, weight_decay):
+    for name, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {v!r}")
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:

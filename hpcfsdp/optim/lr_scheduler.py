@@ -82,6 +82,9 @@ class LambdaLR(LRScheduler):
             if len(lr_lambda) != len(optimizer.param_groups):
                 raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
             self.lr_lambdas = list(lr_lambda)
+        for fn in self.lr_lambdas:
+            if not callable(fn):
+                raise TypeError(f"lr_lambda must be a callable (or one per param group), got {fn!r}")
         super().__init__(optimizer, last_epoch)
 
     def state_dict(self):

@@ -52,9 +52,10 @@ def strategy_mesh(strategy: ShardingStrategy, device_type: str = "cpu", device_m
             mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
     dims = None
     if strategy == ShardingStrategy.NO_SHARD:
-        dims = DataParallelMeshDims(replicate=mesh.mesh_dim_names[0] if mesh.mesh_dim_names else None)
-        if dims.replicate is None:
-            raise ValueError("NO_SHARD with a user device_mesh needs mesh_dim_names")
+        if not mesh.mesh_dim_names:
+            raise ValueError("NO_SHARD with a user device_mesh needs mesh_dim_names, e.g. "
+                             "init_device_mesh('cpu', (world,), mesh_dim_names=('replicate',))")
+        dims = DataParallelMeshDims(replicate=mesh.mesh_dim_names[0])
     return mesh, dims
 
 

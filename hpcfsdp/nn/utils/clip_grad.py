@@ -75,7 +75,10 @@ def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = F
     import hpcfsdp
 
     tensors = [t for t in _grads_of(tensors) if t is not None]
-    norm_type = float(norm_type)
+    try:
+        norm_type = float(norm_type)
+    except (TypeError, ValueError):
+        raise ValueError(f"norm_type must be a number (1, 2, inf, ...), got {norm_type!r}") from None
     if norm_type < 0:
         raise ValueError(f"norm_type must be non-negative (or inf), got {norm_type}")
     if not tensors:
