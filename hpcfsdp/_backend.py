@@ -363,13 +363,19 @@ def manual_seed(seed):
 # small VMs this runs on, page faults cost as much as a third of the non-GEMM time of a GPT step.
 # At import we fix the mmap threshold at glibc's maximum (32 MiB) and keep up to 1 GiB of freed heap,
 # so activations of one step reuse the pages of the previous one, as PyTorch's caching allocators do.
-# HPCFSDP_MALLOC_TUNE=0 leaves malloc alone.
+# The price is resident memory: freed pages stay mapped, so peak RSS counts them. Where memory is the
+# constraint, HPCFSDP_MALLOC_TUNE=memory does the opposite: every array of 1 MiB or more gets its own
+# mapping, returned to the OS when freed (measured in BENCHMARKS.md: peak RSS per rank -6 %, step time
+# +15 %). HPCFSDP_MALLOC_TUNE=0 leaves malloc alone.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def _tune_host_allocator():
-    if os.environ.get("HPCFSDP_MALLOC_TUNE", "1") == "0" or not sys.platform.startswith("linux"):
+    mode = os.environ.get("HPCFSDP_MALLOC_TUNE", "speed").lower()
+    if mode in ("0", "off", "none") or not sys.platform.startswith("linux"):
         return False
+    if mode not in ("1", "speed", "memory"):
+        raise ValueError(f"HPCFSDP_MALLOC_TUNE={mode!r}: expected speed (default), memory or 0")
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc only (musl's mallopt does nothing)
@@ -377,6 +383,8 @@ def _tune_host_allocator():
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    if mode == "memory":
+        return builtins.bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20))
     return builtins.bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and builtins.bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 

@@ -93,15 +93,16 @@ def table():
 
 
 def memory():
-    rows = lines("memory.jsonl")
     trows = lines("memory_torch.jsonl")
-    if not rows:
-        return
-    single = next(r for r in rows if r["strategy"] == "none")
-    fsdp = next(r for r in rows if r["strategy"] != "none")
-    a, b = mib(max(fsdp["peak_mem_bytes"])), mib(max(single["peak_mem_bytes"]))
     print("| | unsharded, 1 process | FULL_SHARD x4, per rank (max) | ratio |\n|---|---|---|---|")
-    print(f"| hpcfsdp peak RSS | {b:.0f} MiB | {a:.0f} MiB | **{a / b:.3f}** |")
+    for tune in ("speed", "memory"):
+        rows = lines(f"memory_{tune}.jsonl")
+        if not rows:
+            continue
+        single = next(r for r in rows if r["strategy"] == "none")
+        fsdp = next(r for r in rows if r["strategy"] != "none")
+        a, b = mib(max(fsdp["peak_mem_bytes"])), mib(max(single["peak_mem_bytes"]))
+        print(f"| hpcfsdp peak RSS, HPCFSDP_MALLOC_TUNE={tune} | {b:.0f} MiB | {a:.0f} MiB | **{a / b:.3f}** |")
     if len(trows) >= 2:
         ts = next(r for r in trows if r["mode"] == "single")
         tf = next(r for r in trows if r["mode"] != "single")

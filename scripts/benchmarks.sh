@@ -11,7 +11,7 @@ TORCH_PY=${TORCH_PY:-../peer-venv/bin/python}
 PEER=${PEER:-../shared/peer/torch_fsdp2_bench.py}
 HP="$PY -m hpcfsdp.cli.main"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HPCFSDP_NO_PROGRESS=1
-sections=${*:-single compare prefetch comm table memory ckpt}
+sections=${*:-single compare prefetch comm table memory ckpt debug soak}
 MED="--n-layer 4 --n-embd 256 --n-head 8 --block-size 128 --vocab-size 4096 --batch-size 4"
 
 for s in $sections; do case $s in
@@ -43,12 +43,28 @@ table)  # issue 9: step time / tokens/s / peak memory per rank for 1, 2, 4 ranks
   done ;;
 memory)  # issue 9: parameter-dominated GPT, per-rank peak RSS at 4 ranks vs the unsharded process
   BIG="--n-layer 12 --n-embd 1024 --n-head 16 --vocab-size 8192 --block-size 128 --batch-size 1 --no-tie"
-  $HP bench train $BIG --strategy none --warmup 1 --steps 2 --json $R/memory.jsonl
-  $HP launch -n 4 -- hpcfsdp bench train $BIG --strategy FULL_SHARD --meta-init --warmup 1 --steps 2 --json $R/memory.jsonl
+  for tune in speed memory; do  # the host allocator's two settings ([Note: Host allocator])
+    HPCFSDP_MALLOC_TUNE=$tune $HP bench train $BIG --strategy none --warmup 1 --steps 2 --json $R/memory_$tune.jsonl
+    HPCFSDP_MALLOC_TUNE=$tune $HP launch -n 4 -- hpcfsdp bench train $BIG --strategy FULL_SHARD --meta-init \
+      --warmup 1 --steps 2 --json $R/memory_$tune.jsonl
+  done
   TBIG="--layers 12 --d-model 1024 --heads 16 --vocab 8192 --seq 128 --batch 1 --warmup 1 --steps 2"
   $TORCH_PY $PEER --mode single $TBIG --json $R/memory_torch.jsonl > /dev/null
   ${TORCH_PY%/python}/torchrun --standalone --nproc-per-node 4 $PEER --mode fsdp --meta-init $TBIG --json $R/memory_torch.jsonl > /dev/null ;;
 ckpt)  # issue 7: checkpoint save/load throughput vs raw NumPy I/O, 1 GiB, 2 and 4 ranks
   for n in 2 4; do $HP launch -n $n -- hpcfsdp bench checkpoint --bytes 1G --json $R/ckpt.jsonl; done ;;
+debug)  # issue 10: cost of HPCFSDP_DEBUG=1 (fingerprint check before every collective), alternating off/on
+  for r in 1 2; do
+    for d in 0 1; do
+      HPCFSDP_DEBUG=$d $HP launch -n 2 -- hpcfsdp bench comm --min-bytes 1K --max-bytes 16M --iters 20 --no-raw \
+        --ops all_reduce,all_gather --json $R/debug_$d.jsonl > /dev/null
+    done
+  done ;;
+soak)  # issue 10: a 10-minute soak: checkpoint/reload cycles checked against the uninterrupted run
+  rm -rf /tmp/hpcfsdp-soak
+  /usr/bin/time -f "soak wall %e s" $HP launch -n 2 -- hpcfsdp train --soak --steps 1100 --checkpoint-interval 50 \
+    --n-layer 4 --n-embd 128 --n-head 4 --block-size 64 --batch-size 8 --log-interval 50 \
+    --out-dir /tmp/hpcfsdp-soak --checkpoint-dir /tmp/hpcfsdp-soak/ckpt 2>&1 | tail -4 | tee $R/soak.txt
+  cp /tmp/hpcfsdp-soak/soak.json $R/soak.json ;;
 *) echo "unknown section $s" >&2; exit 2 ;;
 esac; done

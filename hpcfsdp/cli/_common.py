@@ -63,7 +63,13 @@ def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
               offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=reshard, **kw)
-    fully_shard(model, reshard_after_forward=None if reshard else False, **kw)
+    if not model.config.tie_weights:
+        # An untied head is a unit of its own: its input requires grad, so its gradient is reduce-scattered
+        # (and freed) as soon as its backward is done instead of at the end of backward with the root's.
+        fully_shard(model.lm_head, reshard_after_forward=reshard, **kw)
+    # The root keeps its parameters from forward to backward unless resharding was asked for explicitly.
+    root = reshard if cfg.reshard_after_forward is not None else (None if reshard else False)
+    fully_shard(model, reshard_after_forward=root, **kw)
     return mesh
 
 

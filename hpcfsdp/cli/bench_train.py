@@ -48,6 +48,9 @@ def add_parser(subparsers):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-prefetch", action="store_true", help="disable forward and backward prefetching")
+    p.add_argument("--reshard-after-forward", choices=["auto", "true", "false"], default="auto",
+                   help="auto: by strategy, and the root keeps its parameters between forward and backward; "
+                   "true/false: every unit, the root included")
     p.add_argument("--meta-init", action="store_true",
                    help="build the model on the meta device and materialise only each rank's shards (no rank ever "
                    "holds the full model: what peak-memory measurements need)")
@@ -64,7 +67,8 @@ def _config(args):
                        n_head=args.n_head, n_embd=args.n_embd, batch_size=args.batch_size, seed=args.seed,
                        strategy=args.strategy if args.strategy != "none" else "FULL_SHARD",
                        mesh=parse_mesh(args.mesh) if args.mesh else None, mixed_precision=args.mixed_precision,
-                       device=args.device, tie_weights=args.tie_weights, dropout=0.0, weight_decay=0.1)
+                       device=args.device, tie_weights=args.tie_weights, dropout=0.0, weight_decay=0.1,
+                       reshard_after_forward={"auto": None, "true": True, "false": False}[args.reshard_after_forward])
 
 
 def _state_bytes(model, optim) -> int:
