@@ -53,13 +53,8 @@ memory)  # issue 9: parameter-dominated GPT, per-rank peak RSS at 4 ranks vs the
   ${TORCH_PY%/python}/torchrun --standalone --nproc-per-node 4 $PEER --mode fsdp --meta-init $TBIG --json $R/memory_torch.jsonl > /dev/null ;;
 ckpt)  # issue 7: checkpoint save/load throughput vs raw NumPy I/O, 1 GiB, 2 and 4 ranks
   for n in 2 4; do $HP launch -n $n -- hpcfsdp bench checkpoint --bytes 1G --json $R/ckpt.jsonl; done ;;
-debug)  # issue 10: cost of HPCFSDP_DEBUG=1 (fingerprint check before every collective), alternating off/on
-  for r in 1 2; do
-    for d in 0 1; do
-      HPCFSDP_DEBUG=$d $HP launch -n 2 -- hpcfsdp bench comm --min-bytes 1K --max-bytes 16M --iters 20 --no-raw \
-        --ops all_reduce,all_gather --json $R/debug_$d.jsonl > /dev/null
-    done
-  done ;;
+debug)  # issue 10: cost of HPCFSDP_DEBUG=1 (fingerprint check before every collective), interleaved per call
+  $HP launch -n 2 -- python scripts/debug_cost.py --json $R/debug_cost.json ;;
 soak)  # issue 10: a 10-minute soak: checkpoint/reload cycles checked against the uninterrupted run
   rm -rf /tmp/hpcfsdp-soak
   /usr/bin/time -f "soak wall %e s" $HP launch -n 2 -- hpcfsdp train --soak --steps 1100 --checkpoint-interval 50 \
