@@ -317,7 +317,7 @@ def set_default_timeout(seconds: float | None) -> None:
 def comm_timeout() -> float:
     """Watchdog deadline in seconds: init_process_group(timeout=) > HPCFSDP_COMM_TIMEOUT > 600.
 
-    A value <= 0 disables the watchdog. See [Note: Watchdog] in process_group.py.
+    A value <= 0 disables the watchdog. See [Note: Watchdog] in _failure.py.
     """
     if _TIMEOUT_OVERRIDE is not None:
         return _TIMEOUT_OVERRIDE
