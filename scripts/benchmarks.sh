@@ -29,6 +29,12 @@ prefetch)  # issue 5/9: prefetch on vs off at 2 ranks, exposed communication
       $HP launch -n 2 -- hpcfsdp bench train $MED --warmup 2 --steps 6 $pf --json $R/prefetch.jsonl
     done
   done ;;
+prefetch-gpt)  # issue 5: prefetch on vs off at 2 ranks on the default GPT (large units), alternating
+  for r in 1 2; do
+    for pf in "" "--no-prefetch"; do
+      $HP launch -n 2 -- hpcfsdp bench train --no-tie --warmup 1 --steps 3 $pf --json $R/prefetch_gpt.jsonl
+    done
+  done ;;
 comm)  # issue 4: busbw of hpcfsdp vs raw mpi4py on identical buffers, 2 ranks
   $HP launch -n 2 -- hpcfsdp bench comm --min-bytes 1K --max-bytes 256M --iters 10 --json $R/comm_n2.jsonl ;;
 table)  # issue 9: step time / tokens/s / peak memory per rank for 1, 2, 4 ranks x strategies x precision
@@ -57,7 +63,7 @@ debug)  # issue 10: cost of HPCFSDP_DEBUG=1 (fingerprint check before every coll
   $HP launch -n 2 -- python scripts/debug_cost.py --json $R/debug_cost.json ;;
 soak)  # issue 10: a 10-minute soak: checkpoint/reload cycles checked against the uninterrupted run
   rm -rf /tmp/hpcfsdp-soak
-  /usr/bin/time -f "soak wall %e s" $HP launch -n 2 -- hpcfsdp train --soak --steps 1100 --checkpoint-interval 50 \
+  /usr/bin/time -f "soak wall %e s" $HP launch -n 2 -- hpcfsdp train --soak --steps 1500 --checkpoint-interval 50 \
     --n-layer 4 --n-embd 128 --n-head 4 --block-size 64 --batch-size 8 --log-interval 50 \
     --out-dir /tmp/hpcfsdp-soak --checkpoint-dir /tmp/hpcfsdp-soak/ckpt 2>&1 | tail -4 | tee $R/soak.txt
   cp /tmp/hpcfsdp-soak/soak.json $R/soak.json ;;

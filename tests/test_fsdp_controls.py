@@ -296,3 +296,20 @@ def test_peak_memory_bounded_by_three_groups_plus_activations():
     bound = sharded_grads + 3 * largest + activations
     assert peak <= bound, (peak, bound, sharded_grads, largest, activations)
     assert peak < 0.75 * full_bytes + activations  # far from materialising the whole model
+
+
+def test_post_optim_event_is_waited_before_the_next_all_gather():
+    w, _ = world()
+    model = _sharded(True, n_layer=1)
+    waited = []
+
+    class Event:  # the CuPy event protocol: synchronize() blocks until the recorded work is done
+        def synchronize(self):
+            waited.append(True)
+
+    model.set_post_optim_event(Event())
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    model(hp.tensor(local(x)), hp.tensor(local(y)))
+    assert waited == [True]
+    model(hp.tensor(local(x)), hp.tensor(local(y)))
+    assert waited == [True]  # waited once, then cleared

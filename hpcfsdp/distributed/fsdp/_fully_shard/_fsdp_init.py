@@ -2,7 +2,7 @@
 
 from typing import Any, Iterable
 
-from ....nn import Module, Parameter
+from ....nn import Module
 from ... import device_mesh as _dm
 from ._fsdp_api import DataParallelMeshDims
 from ._fsdp_common import DDPMeshInfo, FSDPMeshInfo, HSDPMeshInfo, get_module_fsdp_state
@@ -121,12 +121,10 @@ def get_post_forward_mesh_info(reshard_after_forward: Any, mesh_info: FSDPMeshIn
 
 
 def get_device_from_mesh(mesh) -> str:
-    dt = getattr(mesh, "device_type", "cpu")
-    if dt == "cuda":
-        from .... import _backend
+    """The compute device of a mesh: cpu, or this rank's current CUDA device (chosen by init_device_mesh)."""
+    from .... import _backend
 
-        return str(_backend.device("cuda", _backend.current_cuda_index()))
-    return dt
+    return str(_backend.to_device(getattr(mesh, "device_type", "cpu")))
 
 
 def get_managed_modules_and_params(root_modules: Iterable[Module], ignored_params: set | None):
@@ -172,7 +170,3 @@ def check_param_devices(params, device: str) -> None:
                 f"fully_shard on a {want!r} mesh: parameter {type(m).__name__}.{name} is on {str(p.device)!r}; "
                 f"move the module to {want!r} (or build it on 'meta') first"
             )
-
-
-def is_parameter(x) -> bool:
-    return isinstance(x, Parameter)

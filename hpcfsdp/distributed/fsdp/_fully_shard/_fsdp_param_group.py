@@ -78,6 +78,7 @@ class FSDPParamGroup:
         self._all_gather_comm = None
         self._reduce_scatter_comm = None
         self._all_reduce_hook = None
+        self.post_optim_event = None  # set_post_optim_event: the next all-gather waits on it
         self._rs_group = None  # set_separate_reduce_scatter_group
         # per-pass state
         self._ag = None  # (work, out buffer, layouts, total, world) while UNSHARDING
@@ -157,6 +158,9 @@ class FSDPParamGroup:
             p.init_unsharded()
 
     def _all_gather_input(self):
+        event, self.post_optim_event = self.post_optim_event, None
+        if event is not None:  # the optimizer step that wrote the shards must be done (a CuPy event)
+            getattr(event, "synchronize", getattr(event, "wait", lambda: None))()
         for p in self.fsdp_params:
             if not p.views_intact():
                 p.repack(self.flat)

@@ -33,7 +33,6 @@ class FSDPStateContext:
         self.all_states: list = []
         self.final_callback_queued = False
         self.is_last_backward = True
-        self.post_optim_event = None
         self.forward_order: list = []  # states in pre-forward order (recorded on the first iteration)
         self.forward_order_frozen = False
         self.post_forward_order: list = []  # states in post-forward order, this iteration
