@@ -287,7 +287,7 @@ def progress(req) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# MPI calls made by the communication thread (process_group.py)
+# MPI calls made by the communication thread (_comm_thread.py)
 
 _STAGER: HostStager | None = None
 

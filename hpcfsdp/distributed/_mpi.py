@@ -25,7 +25,7 @@ __all__ = [
 
 # [Note: MPI thread level]
 # Collectives run on one communication thread per process (see [Note: Communication thread] in
-# process_group.py) while the main thread computes. The main thread never calls MPI while that
+# _comm_thread.py) while the main thread computes. The main thread never calls MPI while that
 # thread does: every MPI call of the comm layer is funnelled through the communication thread,
 # so MPI_THREAD_SERIALIZED would be enough. We still request MPI_THREAD_MULTIPLE (mpi4py's
 # default) because user code may call mpi4py directly from the main thread. If the library
@@ -336,7 +336,7 @@ _MODES = ("blocking", "test")
 def progress_mode() -> str:
     """How the comm thread drives MPI: HPCFSDP_COMM_PROGRESS = blocking (default) | test.
 
-    See [Note: Progress and busy polling] in process_group.py.
+    See [Note: Progress and busy polling] in _comm_thread.py.
     """
     raw = os.environ.get("HPCFSDP_COMM_PROGRESS", "blocking").strip().lower() or "blocking"
     if raw not in _MODES:
@@ -347,6 +347,6 @@ def progress_mode() -> str:
 def inline_enabled() -> bool:
     """HPCFSDP_COMM_INLINE (default 1): blocking calls may run on the calling thread.
 
-    See [Note: Inline calls] in process_group.py.
+    See [Note: Inline calls] in _comm_thread.py.
     """
     return os.environ.get("HPCFSDP_COMM_INLINE", "1").strip() != "0"

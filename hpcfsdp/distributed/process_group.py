@@ -1,4 +1,4 @@
-"""ProcessGroup over one MPI communicator; Work; the communication thread; raw-array collectives.
+"""ProcessGroup over one MPI communicator, ReduceOp, the collective counters and the raw-array collectives.
 
 Raw-array API (what FSDP calls; arrays are C-contiguous NumPy or CuPy arrays of any shape, only
 their element counts matter; ``op`` is a ``ReduceOp`` or its name; ``src`` is a rank *in the
@@ -31,24 +31,24 @@ Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``col
 "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object".
 Size-1 groups count too (they make no MPI call). ``recent_collectives()``: the last few issued.
 
+Work, the communication thread and the hand-off of each call to it (inline or queued) live in
+_comm_thread.py: see [Note: Communication thread], [Note: Progress and busy polling] and
+[Note: Inline calls] there; their names stay importable from here.
+
 Failure (_failure.py): see [Note: Watchdog], [Note: Failure handling] and [Note: Debug mode]
 (HPCFSDP_DEBUG=1).
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import datetime
 import enum
-import threading
-import time
-import traceback
 from typing import Any, Callable
 
 import numpy as np
 
 from hpcfsdp.distributed import _buffers as B
+from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
 from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
@@ -80,6 +80,23 @@ HISTORY_LEN = F.HISTORY_LEN
 _UNREPORTED = F.UNREPORTED
 _WATCHDOG_TAG = F.WATCHDOG_TAG
 _peer_report = F.peer_report
+
+# Likewise the communication thread's names (moved to _comm_thread.py). The running thread itself
+# lives only in CT.COMM_THREAD; reading ``_COMM_THREAD`` here forwards to it (module __getattr__).
+Work = CT.Work
+_CommThread = CT.CommThread
+_THREAD_LOCK = CT._THREAD_LOCK
+_comm_thread = CT.comm_thread
+_watchdog_abort = CT._watchdog_abort
+_execute = CT.execute
+_submit = CT.submit
+_call_sync = CT.call_sync
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_COMM_THREAD":
+        return CT.COMM_THREAD
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ReduceOp(enum.Enum):
@@ -204,7 +221,7 @@ class ProcessGroup:
                meta: list):
         """Size-1 fast path inline when nothing is queued; else through the comm thread."""
         if trivial is not None:
-            t = _COMM_THREAD
+            t = CT.COMM_THREAD
             if t is None or t.idle():
                 trivial()
                 return Work._completed(desc) if async_op else None
