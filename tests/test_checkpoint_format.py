@@ -81,7 +81,6 @@ def ckdir(tmp_path):
 
 
 def test_roundtrip_all_dtypes_and_independent_safetensors_reader(ckdir):
-    from safetensors.numpy import load_file
 
     ref = reference()
     F.save_pieces(ckdir, split_pieces(ref, 3), comm=SELF, extras={"step": 17, "rng": [1, 2]}, mesh_info={"dp": 1})

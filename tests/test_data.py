@@ -189,7 +189,6 @@ def test_resume_continues_with_the_next_unseen_samples(world_before, world_after
 
 def test_resume_by_window_index_exactly():
     n = 57
-    ds = TokenDataset(np.arange(n + 4) % 256, 4)
     full = list(DistributedSampler(n, 3, 1, seed=9))
     s = DistributedSampler(n, 3, 1, seed=9)
     it = iter(s)

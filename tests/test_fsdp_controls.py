@@ -8,7 +8,6 @@ from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import (
     DataParallelMeshDims,
     FSDPModule,
-    MixedPrecisionPolicy,
     UnshardHandle,
     disable_fsdp_module_new_init,
     fully_shard,

@@ -4,7 +4,7 @@ import pytest
 
 import hpcfsdp as hp
 from hpcfsdp import nn
-from hpcfsdp.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from hpcfsdp.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from hpcfsdp.distributed.tensor import DTensor
 
 from _fsdp_util import (Blocks, full, global_mean, gpt_batches, local, rounded_reference_step, tiny_gpt,

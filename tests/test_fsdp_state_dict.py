@@ -3,17 +3,14 @@ import numpy as np
 import pytest
 
 import hpcfsdp as hp
-import hpcfsdp.distributed as dist
 import hpcfsdp.distributed.checkpoint as dcp
 from hpcfsdp.distributed.fsdp import (
     FSDP,
-    FullOptimStateDictConfig,
     FullStateDictConfig,
     LocalStateDictConfig,
     ShardedStateDictConfig,
     StateDictSettings,
     StateDictType,
-    fully_shard,
 )
 from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy
 from hpcfsdp.distributed.process_group import collective_counts, reset_collective_counts

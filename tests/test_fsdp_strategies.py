@@ -9,18 +9,12 @@ import pytest
 
 import hpcfsdp as hp
 import hpcfsdp.distributed as dist
-from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import (
     FSDP,
-    BackwardPrefetch,
-    CPUOffload,
-    FullyShardedDataParallel,
     MixedPrecision,
     ShardingStrategy,
 )
 from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-from hpcfsdp.distributed.process_group import collective_counts, reset_collective_counts
-from hpcfsdp.distributed.tensor import DTensor
 from hpcfsdp.models.gpt import Block
 
 from _fsdp_util import full, global_mean, gpt_batches, local, rounded_reference_step, tiny_gpt, world

@@ -14,7 +14,6 @@ order on its communication thread; prefetch only changes when they are issued, n
 """
 
 import collections
-from typing import Any
 
 from .... import _backend
 from ...._tensor import Tensor

@@ -5,7 +5,6 @@ import functools
 import warnings
 from typing import Any, Callable, Iterable
 
-from ....nn import Module
 from ...tensor import Shard
 from ._fsdp_api import AllGather, DataParallelMeshDims, MixedPrecisionPolicy, OffloadPolicy, ReduceScatter
 from ._fsdp_common import DDPMeshInfo, FSDPMeshInfo, HSDPMeshInfo, get_module_fsdp_state, registry
