@@ -76,7 +76,7 @@ def test_timeout_kills_the_job(tmp_path):
 
 def test_ranks_per_node_reaches_the_ranks():
     out = subprocess.run(HPC + ["launch", "-n", "2", "--ranks-per-node", "1", "--", "python", "-c",
-                                "import os; print('RPN', os.environ['HPCFSDP_RANKS_PER_NODE'])"],
+                                "import os; os.write(1, ('RPN %s\\n' % os.environ['HPCFSDP_RANKS_PER_NODE']).encode())"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.count("RPN 1") == 2
 
