@@ -1,6 +1,9 @@
 """Hook handles shared by Module registrations."""
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .module import Module
 
 __all__ = ["RemovableHandle"]
 
