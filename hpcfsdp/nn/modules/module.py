@@ -124,8 +124,9 @@ class Module(StateDictMixin):
                             hook(self, args, kwargs, None)
                         else:
                             hook(self, args, None)
-                    except Exception:
-                        pass
+                    except Exception as hook_error:
+                        warnings.warn(f"forward hook with always_call=True raised an exception that was ignored "
+                                      f"(forward itself had raised): {hook_error!r}", stacklevel=2)
             raise
 
     def __call__(self, *args, **kwargs):
