@@ -1,8 +1,7 @@
 """Adam (L2 weight decay folded into the gradient) and its shared update kernel (torch.optim.Adam)."""
 import math
 
-from hpcfsdp import _backend
-from hpcfsdp.optim.optimizer import Optimizer, _step_tensor, _zeros_state
+from hpcfsdp.optim.optimizer import Optimizer, _grads_of, _step_tensor, _zeros_state
 
 __all__ = ["Adam"]
 
@@ -35,15 +34,7 @@ def _adam_update(opt, group, decoupled):
     eps = group["eps"]
     weight_decay = group["weight_decay"]
     amsgrad = group["amsgrad"]
-    maximize = group["maximize"]
-    for p in group["params"]:
-        if p.grad is None:
-            continue
-        param = p._data
-        xp = _backend.array_module(param)
-        g = p.grad._data
-        if maximize:
-            g = -g
+    for p, param, xp, g in _grads_of(group):
         state = opt.state[p]
         if len(state) == 0:
             state["step"] = _step_tensor(0.0)

@@ -37,6 +37,16 @@ def _typename(obj):
 # dtype, so float32 parameters update in float32 as PyTorch's CPU kernels do.
 
 
+def _grads_of(group):
+    """(parameter, its local array, array module, gradient array) for every parameter of ``group`` that has a
+    gradient; the gradient is negated when the group maximizes."""
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        g = p.grad._data
+        yield p, p._data, _backend.array_module(p._data), (-g if group["maximize"] else g)
+
+
 def _wrap_state(param, array):
     wrap_like = getattr(type(param), "__hp_wrap_like__", None)
     if wrap_like is not None:

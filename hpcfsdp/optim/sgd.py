@@ -1,6 +1,5 @@
 """SGD with momentum, dampening, Nesterov momentum, weight decay and maximize (torch.optim.SGD)."""
-from hpcfsdp import _backend
-from hpcfsdp.optim.optimizer import Optimizer, _wrap_state
+from hpcfsdp.optim.optimizer import Optimizer, _grads_of, _wrap_state
 
 __all__ = ["SGD"]
 
@@ -45,15 +44,7 @@ class SGD(Optimizer):
             dampening = group["dampening"]
             weight_decay = group["weight_decay"]
             nesterov = group["nesterov"]
-            maximize = group["maximize"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                param = p._data
-                xp = _backend.array_module(param)
-                g = p.grad._data
-                if maximize:
-                    g = -g
+            for p, param, xp, g in _grads_of(group):
                 if weight_decay != 0:
                     g = g + weight_decay * param
                 if momentum != 0:
