@@ -181,9 +181,9 @@ def abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1
 
 def abort_unretrieved(work: Work, limit: float) -> None:
     """Abort the job over ``work``, which failed and whose error nobody retrieved within ``limit`` seconds."""
+    # message and traceback in one write: the abort must not outrun a second one
     abort_job(f"a collective failed on the communication thread and nobody retrieved its error "
-              f"within {limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}",
-              lambda: print(work._tb, file=sys.stderr, end="", flush=True))
+              f"within {limit:g} s (HPCFSDP_COMM_TIMEOUT): {work.desc}\n{work._tb.rstrip()}")
 
 
 def install_abort_hooks() -> None:
