@@ -1,12 +1,13 @@
 """Array backends: dtypes, devices, the array module (NumPy or CuPy) and random generators."""
 import builtins
 import ctypes
-import os
 import sys
 import threading
 
 import ml_dtypes
 import numpy as np
+
+from . import _settings
 
 __all__ = [
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
@@ -371,11 +372,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def _tune_host_allocator():
-    mode = os.environ.get("HPCFSDP_MALLOC_TUNE", "speed").lower()
-    if mode in ("0", "off", "none") or not sys.platform.startswith("linux"):
+    mode = _settings.get("HPCFSDP_MALLOC_TUNE")
+    if mode == "off" or not sys.platform.startswith("linux"):
         return False
-    if mode not in ("1", "speed", "memory"):
-        raise ValueError(f"HPCFSDP_MALLOC_TUNE={mode!r}: expected speed (default), memory or 0")
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc only (musl's mallopt does nothing)

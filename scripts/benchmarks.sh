@@ -10,7 +10,7 @@ PY=${PY:-.venv/bin/python}
 TORCH_PY=${TORCH_PY:-../peer-venv/bin/python}
 PEER=${PEER:-../shared/peer/torch_fsdp2_bench.py}
 HP="$PY -m hpcfsdp.cli.main"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HPCFSDP_NO_PROGRESS=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HPCFSDP_PROGRESS=0
 sections=${*:-single compare prefetch comm table memory ckpt debug soak}
 MED="--n-layer 4 --n-embd 256 --n-head 8 --block-size 128 --vocab-size 4096 --batch-size 4"
 

@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-device-results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 HPCFSDP_NO_PROGRESS=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 HPCFSDP_PROGRESS=0
 $PY -m pip install -q -e . --no-deps 2>&1 | tail -1
 $PY -m pip install -q ml_dtypes safetensors tqdm pytest pytest-mpi pytest-timeout hypothesis 2>&1 | tail -1
 {

@@ -7,7 +7,7 @@ import sys
 HP = [sys.executable, "-m", "hpcfsdp.cli.main"]
 TINY = ["--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "32", "--vocab-size", "256",
         "--batch-size", "2", "--warmup", "1", "--steps", "2"]
-ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", HPCFSDP_NO_PROGRESS="1")
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", HPCFSDP_PROGRESS="0")
 
 
 def _run(cmd, timeout=240):

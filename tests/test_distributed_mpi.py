@@ -62,8 +62,10 @@ def test_cuda_awareness_decision_order(fresh_cuda_probe):
     mp = fresh_cuda_probe
     mp.setenv("HPCFSDP_CUDA_AWARE", "1")
     assert _mpi.cuda_aware(refresh=True) == (True, "env HPCFSDP_CUDA_AWARE")
-    mp.setenv("HPCFSDP_CUDA_AWARE", "yes")
-    with pytest.raises(ValueError, match="HPCFSDP_CUDA_AWARE='yes': expected 0 or 1"):
+    mp.setenv("HPCFSDP_CUDA_AWARE", "off")
+    assert _mpi.cuda_aware(refresh=True) == (False, "env HPCFSDP_CUDA_AWARE")
+    mp.setenv("HPCFSDP_CUDA_AWARE", "maybe")
+    with pytest.raises(ValueError, match="HPCFSDP_CUDA_AWARE='maybe': expected 1/true/yes/on, 0/false/no/off or auto"):
         _mpi.cuda_aware(refresh=True)
     mp.delenv("HPCFSDP_CUDA_AWARE")
     mp.setattr(_mpi, "_mpix_query_cuda_support", lambda: None)

@@ -150,11 +150,11 @@ def test_debug_env_is_validated(monkeypatch):
 
     monkeypatch.delenv("HPCFSDP_DEBUG", raising=False)
     assert P.debug_enabled() is False
-    for val, on in (("", False), ("0", False), ("1", True), (" 1 ", True)):
+    for val, on in (("", False), ("0", False), ("1", True), (" 1 ", True), ("true", True), ("off", False)):
         monkeypatch.setenv("HPCFSDP_DEBUG", val)
         assert P.debug_enabled() is on
-    monkeypatch.setenv("HPCFSDP_DEBUG", "true")
-    with pytest.raises(ValueError, match="HPCFSDP_DEBUG='true': expected 0 or 1"):
+    monkeypatch.setenv("HPCFSDP_DEBUG", "maybe")
+    with pytest.raises(ValueError, match="HPCFSDP_DEBUG='maybe': expected 1/true/yes/on or 0/false/no/off"):
         P.debug_enabled()
 
 

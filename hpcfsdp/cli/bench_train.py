@@ -269,7 +269,7 @@ def run_compare(args) -> int:
         args.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd = 1024, 64, 4, 4, 128
         args.batch_size, args.repeats, args.warmup, args.steps = 4, 1, 1, 3
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               HPCFSDP_NO_PROGRESS="1")
+               HPCFSDP_PROGRESS="0")
     launch = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", str(args.nprocs), "--"]
     have_torch = bool(args.torch_python)
     if have_torch and not args.peer_script:

@@ -1,4 +1,4 @@
-"""`hpcfsdp info`: what MPI, GPUs and capabilities this job sees, and how each was decided."""
+"""`hpcfsdp info`: what MPI, GPUs and capabilities this job sees, how each was decided, and the settings."""
 
 import json
 import sys
@@ -11,18 +11,28 @@ def add_parser(subparsers):
         "info",
         help="print the MPI / GPU capability probe",
         description="Print the MPI vendor, thread level, node layout, CUDA-awareness (and how it was "
-        "decided), half-precision MPI types and CuPy/GPU availability. Run it under mpiexec/srun "
-        "to see the job's layout.",
+        "decided), half-precision MPI types and CuPy/GPU availability, and the effective HPCFSDP_* "
+        "settings (value, and whether set or the default). Run it under mpiexec/srun to see the job's layout.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--all-ranks", action="store_true", help="print the probe of every rank (default: rank 0 only)")
     p.set_defaults(func=run)
 
 
+def _setting_line(name: str, row: dict) -> str:
+    how = "set" if row["set"] else "default"
+    if "error" in row:
+        return f"  {name}: INVALID ({row['error']})"
+    return f"  {name}: {row['value']!r} ({how}{', internal' if row.get('internal') else ''})"
+
+
 def _text(info: dict) -> str:
     lines = []
     for key, value in info.items():
-        if isinstance(value, dict):
+        if key == "settings":
+            lines.append("settings:")
+            lines.extend(_setting_line(k, v) for k, v in value.items())
+        elif isinstance(value, dict):
             lines.append(f"{key}:")
             lines.extend(f"  {k}: {v}" for k, v in value.items())
         else:
@@ -31,9 +41,10 @@ def _text(info: dict) -> str:
 
 
 def run(args) -> int:
+    from hpcfsdp import _settings
     from hpcfsdp.distributed import _mpi
 
-    info = _mpi.probe()
+    info = dict(_mpi.probe(), settings=_settings.effective())
     comm = _mpi.get_mpi().COMM_WORLD
     if args.all_ranks:
         everyone = comm.gather(info, root=0)

@@ -27,6 +27,8 @@ import sys
 import time
 import types
 
+from hpcfsdp import _settings
+
 __all__ = ["add_parser", "run", "train", "CRASH_ENV", "PROGRESS_ENV", "VAL_FRACTION"]
 
 CRASH_ENV = "HPCFSDP_TRAIN_CRASH_AFTER_STEP"  # testing aid: die hard (os._exit) right after this step
@@ -115,12 +117,10 @@ def _say_error(message, prog="hpcfsdp train"):
 def _crash_step():
     from .config import ConfigError
 
-    value = os.environ.get(CRASH_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"{CRASH_ENV}={value!r}: expected a step number >= 1")
-    return int(value)
+    try:
+        return _settings.get(CRASH_ENV)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def run(args) -> int:
@@ -393,7 +393,7 @@ class _Output:
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
         self.peaks = [0] * ctx.world  # the latest per-rank peak memory, for the bar
-        self.quiet = bool(os.environ.get("HPCFSDP_NO_PROGRESS")) or os.environ.get(PROGRESS_ENV) == "0"
+        self.quiet = _settings.get(PROGRESS_ENV) is False
         if ctx.rank != 0:
             return
         path = cfg.metrics_file()
@@ -404,7 +404,7 @@ class _Output:
         if start:
             _trim_metrics(path, start)
         self.metrics = open(path, "a" if start else "w")
-        want_bar = os.environ.get(PROGRESS_ENV) == "1" or sys.stdout.isatty()
+        want_bar = _settings.get(PROGRESS_ENV) or sys.stdout.isatty()
         if want_bar and not self.quiet:
             from tqdm import tqdm
 

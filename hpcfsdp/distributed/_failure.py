@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from hpcfsdp import _settings
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed._mpi import get_mpi, thread_level
 
@@ -82,10 +83,7 @@ def recent_collectives() -> list[str]:
 
 def debug_enabled() -> bool:
     """HPCFSDP_DEBUG=1: check before each collective that all ranks call the same one. See [Note: Debug mode]."""
-    raw = os.environ.get("HPCFSDP_DEBUG", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"HPCFSDP_DEBUG={raw!r}: expected 0 or 1")
-    return raw == "1"
+    return _settings.get("HPCFSDP_DEBUG")
 
 
 def debug_checked(pg: ProcessGroup, fn: Callable[[], Any], meta: list) -> Callable[[], Any]:

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from hpcfsdp import _settings
+
 __all__ = [
     "init_mpi",
     "get_mpi",
@@ -107,16 +109,7 @@ def vendor() -> tuple[str, str]:
 
 
 def _ranks_per_node_override() -> int | None:
-    raw = os.environ.get("HPCFSDP_RANKS_PER_NODE", "").strip()
-    if not raw:
-        return None
-    try:
-        k = int(raw)
-    except ValueError:
-        raise ValueError(f"HPCFSDP_RANKS_PER_NODE={raw!r}: expected a positive integer") from None
-    if k <= 0:
-        raise ValueError(f"HPCFSDP_RANKS_PER_NODE={raw!r}: expected a positive integer")
-    return k
+    return _settings.get("HPCFSDP_RANKS_PER_NODE")
 
 
 def node_comm(comm=None):
@@ -210,11 +203,9 @@ def cuda_aware(refresh: bool = False) -> tuple[bool, str]:
     if _CUDA_AWARE is not None and not refresh:
         return _CUDA_AWARE
     MPI = get_mpi()
-    raw = os.environ.get("HPCFSDP_CUDA_AWARE", "").strip()
-    if raw:
-        if raw not in ("0", "1"):
-            raise ValueError(f"HPCFSDP_CUDA_AWARE={raw!r}: expected 0 or 1")
-        _CUDA_AWARE = (raw == "1", "env HPCFSDP_CUDA_AWARE")
+    forced = _settings.get("HPCFSDP_CUDA_AWARE")
+    if forced is not None:
+        _CUDA_AWARE = (forced, "env HPCFSDP_CUDA_AWARE")
         return _CUDA_AWARE
     kinds = None
     try:
@@ -321,16 +312,7 @@ def comm_timeout() -> float:
     """
     if _TIMEOUT_OVERRIDE is not None:
         return _TIMEOUT_OVERRIDE
-    raw = os.environ.get("HPCFSDP_COMM_TIMEOUT", "").strip()
-    if not raw:
-        return 600.0
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"HPCFSDP_COMM_TIMEOUT={raw!r}: expected a number of seconds") from None
-
-
-_MODES = ("blocking", "test")
+    return _settings.get("HPCFSDP_COMM_TIMEOUT")
 
 
 def progress_mode() -> str:
@@ -338,10 +320,7 @@ def progress_mode() -> str:
 
     See [Note: Progress and busy polling] in _comm_thread.py.
     """
-    raw = os.environ.get("HPCFSDP_COMM_PROGRESS", "blocking").strip().lower() or "blocking"
-    if raw not in _MODES:
-        raise ValueError(f"HPCFSDP_COMM_PROGRESS={raw!r}: expected one of {_MODES}")
-    return raw
+    return _settings.get("HPCFSDP_COMM_PROGRESS")
 
 
 def inline_enabled() -> bool:
@@ -349,4 +328,4 @@ def inline_enabled() -> bool:
 
     See [Note: Inline calls] in _comm_thread.py.
     """
-    return os.environ.get("HPCFSDP_COMM_INLINE", "1").strip() != "0"
+    return _settings.get("HPCFSDP_COMM_INLINE")

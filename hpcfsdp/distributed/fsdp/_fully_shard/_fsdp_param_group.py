@@ -19,10 +19,9 @@ backward (``finalize``). This bounds memory to a few unsharded groups while redu
 """
 
 import collections
-import os
 import time
 
-from .... import _backend
+from .... import _backend, _settings
 from ...._tensor import Tensor
 from ...process_group import ReduceOp
 from ._fsdp_common import ShardedState, TrainingState, check_transition
@@ -376,16 +375,13 @@ class FSDPParamGroup:
                 g = _backend.to_numpy(g)
             if g.dtype != p.dtype:
                 g = g.astype(p.dtype)
-            if _CHECK_FINITE:
+            if _settings.get("HPCFSDP_CHECK_FINITE"):
                 _check_finite(g, p, self)
             sp = p.sharded_param
             if sp.grad is None:
                 sp.grad = p.sharded_grad(g)
             else:
                 sp.grad._data += g
-
-
-_CHECK_FINITE = os.environ.get("HPCFSDP_CHECK_FINITE", "0") not in ("", "0")
 
 
 def _check_finite(g, p, group):

@@ -1,0 +1,157 @@
+"""The ``HPCFSDP_*`` environment variables: one table of name, parser, default and doc, read at use time."""
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Setting", "SETTINGS", "get", "is_set", "effective", "parse_bool", "public_names"]
+
+# [Note: Settings]
+# Every environment variable hpcfsdp reads is a row of SETTINGS; nothing else in the package calls
+# os.environ for an HPCFSDP_* name. A value is parsed each time it is asked for (tests and launchers
+# change the environment between calls), so get() is cheap and has no cache. Unset, or an empty string,
+# gives the default, except for on/off switches, where an empty value means off (parse_bool). A value
+# that does not parse is a ValueError naming the variable, the value and what was expected: a typo in
+# a switch must not silently leave a check off or turn it on. Rows marked internal are testing aids,
+# documented in the README under their own heading; they are not for production runs.
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def parse_bool(raw: str) -> bool:
+    """On/off switch: 1/true/yes/on is True; 0/false/no/off or empty is False (any case); else ValueError."""
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected 1/true/yes/on or 0/false/no/off")
+
+
+def _parse_auto_bool(raw: str) -> bool | None:
+    """A switch whose default is decided at run time: empty or ``auto`` is None, else parse_bool."""
+    low = raw.strip().lower()
+    if low in ("", "auto"):
+        return None
+    try:
+        return parse_bool(low)
+    except ValueError:
+        raise ValueError("expected 1/true/yes/on, 0/false/no/off or auto") from None
+
+
+def _parse_seconds(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+
+
+def _parse_positive_int(raw: str) -> int:
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
+    if k <= 0:
+        raise ValueError("expected a positive integer")
+    return k
+
+
+def _choice(*choices: str, aliases: dict[str, str] | None = None) -> Callable[[str], str]:
+    aliases = aliases or {}
+
+    def parse(raw: str) -> str:
+        low = raw.strip().lower()
+        low = aliases.get(low, low)
+        if low not in choices:
+            raise ValueError(f"expected one of {choices}")
+        return low
+
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One environment variable: its parser (raw string -> value), default when unset, and doc."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    internal: bool = False
+
+    @property
+    def empty_is_default(self) -> bool:
+        return self.parse is not parse_bool
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("HPCFSDP_COMM_TIMEOUT", _parse_seconds, 600.0,
+            "seconds a collective may wait before the job is aborted with a report naming it; <= 0 disables "
+            "the watchdog; init_process_group(timeout=) overrides it"),
+    Setting("HPCFSDP_DEBUG", parse_bool, False,
+            "before each collective, ranks check they call the same one with the same sizes (slow; for debugging)"),
+    Setting("HPCFSDP_CHECK_FINITE", parse_bool, False,
+            "fail on the first NaN/Inf in a reduced gradient, naming the parameter and the step"),
+    Setting("HPCFSDP_RANKS_PER_NODE", _parse_positive_int, None,
+            "ranks per node, overriding MPI's shared-memory split (simulates several nodes on one machine)"),
+    Setting("HPCFSDP_CUDA_AWARE", _parse_auto_bool, None,
+            "whether MPI takes GPU buffers; unset or auto = probe the MPI library"),
+    Setting("HPCFSDP_MALLOC_TUNE", _choice("speed", "memory", "off", aliases={"1": "speed", "0": "off", "none": "off"}),
+            "speed", "how NumPy's host memory is reused between steps: speed (keep freed pages), memory "
+            "(return large blocks to the OS), off (leave malloc alone); read at import"),
+    Setting("HPCFSDP_COMM_PROGRESS", _choice("blocking", "test"), "blocking",
+            "how the communication thread drives MPI: blocking calls, or test = MPI_Test polling with back-off"),
+    Setting("HPCFSDP_COMM_INLINE", parse_bool, True,
+            "blocking collectives may run on the calling thread when the communication thread is idle"),
+    Setting("HPCFSDP_PROGRESS", _parse_auto_bool, None,
+            "progress bar of `hpcfsdp train` on rank 0: on, off, or unset = only when stdout is a terminal"),
+    Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
+            "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
+)}
+
+
+def _setting(name: str) -> Setting:
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not an hpcfsdp setting; known: {sorted(SETTINGS)}") from None
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable is in the environment with a value that does not mean 'the default'."""
+    s = _setting(name)
+    raw = os.environ.get(name)
+    return raw is not None and not (s.empty_is_default and not raw.strip())
+
+
+def get(name: str) -> Any:
+    """The value of setting ``name`` now: parsed from the environment, or its default when unset."""
+    s = _setting(name)
+    raw = os.environ.get(name)
+    if raw is None or (s.empty_is_default and not raw.strip()):
+        return s.default
+    try:
+        return s.parse(raw.strip())
+    except ValueError as e:
+        raise ValueError(f"{name}={raw!r}: {e}") from None
+
+
+def public_names() -> list[str]:
+    """Names of the settings meant for users (not the internal testing aids)."""
+    return [n for n, s in SETTINGS.items() if not s.internal]
+
+
+def effective() -> dict[str, dict[str, Any]]:
+    """Every setting's value now and whether it was set; a value that does not parse is reported, not raised."""
+    out = {}
+    for name, s in SETTINGS.items():
+        row: dict[str, Any] = {"set": is_set(name)}
+        try:
+            row["value"] = get(name)
+        except ValueError as e:
+            row["value"], row["error"] = None, str(e)
+        if s.internal:
+            row["internal"] = True
+        out[name] = row
+    return out
