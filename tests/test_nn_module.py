@@ -175,6 +175,24 @@ def test_forward_hook_always_call_runs_on_error():
     assert seen == [None]
 
 
+def test_failing_always_call_hook_keeps_the_forward_error_and_warns():
+    # forward raised, then an always_call hook raised too: the user sees forward's exception, and a
+    # warning names the hook's error (it must not be replaced by the hook's error or anything else).
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    def bad_hook(mod, args, out):
+        raise KeyError("hook broke")
+
+    m = Boom()
+    m.register_forward_hook(bad_hook, always_call=True)
+    with pytest.warns(UserWarning, match=r"always_call=True raised an exception that was ignored.*KeyError\('hook broke'\)"):
+        with pytest.raises(ValueError, match="boom") as info:
+            m(1)
+    assert type(info.value) is ValueError and info.value.__context__ is None
+
+
 def test_state_dict_keys_detached_persistent_only():
     net = Net()
     sd = net.state_dict()

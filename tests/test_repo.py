@@ -16,6 +16,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = [ln.strip() for ln in _read(".ci", "run").splitlines() if ln.strip() and not ln.startswith("#")]
     command = ci[-1]
     assert "tests/run_all.py" in command and 'pip install -e ".[test]"' in command
+    assert command.index("ruff check") < command.index("tests/run_all.py"), "CI lints before the tests"
     blocks = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)
     assert any(command in b.splitlines() for b in blocks), f"README has no code line equal to: {command}"
 

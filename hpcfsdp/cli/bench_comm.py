@@ -191,7 +191,7 @@ def bench_comm(*, min_bytes=1 << 10, max_bytes=256 << 20, iters=20, warmup=3, dt
                 if "mpi4py" in row and row["mpi4py"]["busbw_GBps"] > 0:
                     row["ratio"] = row["hpcfsdp"]["busbw_GBps"] / row["mpi4py"]["busbw_GBps"]
                 rows.append(row)
-                del full, part
+                full = part = None  # free this size's buffers before the next size allocates
     finally:
         rawc.Free()
         pg.destroy()

@@ -1,6 +1,7 @@
 """Module: the base class of every layer, with PyTorch's registration, hook and state-dict semantics."""
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Optional, Set, Tuple
 
