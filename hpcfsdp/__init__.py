@@ -14,7 +14,7 @@ from . import autograd  # noqa: E402
 
 dtype = _backend.np.dtype  # isinstance(x, hp.dtype) works: hp dtypes are NumPy dtypes
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402, F401  (hpcfsdp.__version__)
 
 __all__ = [
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",

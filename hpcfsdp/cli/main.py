@@ -4,6 +4,8 @@ import argparse
 import importlib
 import sys
 
+from hpcfsdp._version import __version__
+
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # Subcommand modules, in the order `hpcfsdp --help` lists them. Each exposes
@@ -25,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hpcfsdp",
         description="Fully sharded data-parallel training on MPI, NumPy and CuPy.",
     )
+    parser.add_argument("--version", action="version", version=f"hpcfsdp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)
