@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hpcfsdp.cli import _soak as soak_cli
+from hpcfsdp.cli import runtime
 from hpcfsdp.cli import train as train_cli
 from hpcfsdp.cli.config import METRICS_FIELDS, TrainConfig
 from hpcfsdp.cli.main import main as hpcfsdp_main
@@ -226,7 +227,7 @@ def test_batches_resume_mid_epoch_and_across_epochs():
             return list(idx), None
 
     def stream(sampler, n):
-        b = train_cli._Batches(Rows(), sampler, 3)
+        b = runtime.Batches(Rows(), sampler, 3)
         return [b.next()[0] for _ in range(n)]
 
     full = stream(DistributedSampler(10, 2, 0, seed=7), 8)  # 5 samples per epoch per rank: batches straddle epochs
@@ -244,7 +245,7 @@ def test_batches_resume_mid_epoch_and_across_epochs():
 
 def test_held_out_windows_share_no_token_with_training():
     cfg = TrainConfig(block_size=16)
-    tr, val = train_cli._datasets(cfg)
+    tr, val = runtime.train_val_datasets(cfg)
     assert tr.lo == 0 and val.lo - tr.hi >= cfg.block_size  # last train target index < first val input index
     n = tr.hi + len(val) + cfg.block_size
     assert len(val) == int(n * train_cli.VAL_FRACTION) - cfg.block_size
@@ -256,6 +257,6 @@ def test_metrics_of_the_lost_run_are_dropped_on_resume(tmp_path):
     p = tmp_path / "m.jsonl"
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 8)] + [json.dumps({"step": 4, "val_loss": 2})]
     p.write_text("\n".join(lines) + '\n{"step": 8, "lo')  # the last line was cut by the kill
-    train_cli._trim_metrics(str(p), 4)
+    runtime.trim_metrics(str(p), 4)
     kept = records(p)
     assert [r["step"] for r in kept] == [1, 2, 3, 4, 4] and kept[-1] == {"step": 4, "val_loss": 2}

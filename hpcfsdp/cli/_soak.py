@@ -18,7 +18,7 @@ import math
 import os
 import time
 
-from .train import _Context, _gather_peaks, _guarded, _Output, _say_error, _Session
+from .runtime import Context, Session, Output, gather_peaks, guarded, say_error
 
 __all__ = ["soak", "compare_to_reference", "SOAK_RSS_LIMIT_MIB"]
 
@@ -54,14 +54,14 @@ def soak(cfg) -> int:
     """See [Note: Soak test]."""
     from ._common import current_rss_bytes
 
-    ctx = _Context(cfg)
+    ctx = Context(cfg)
     interval = cfg.checkpoint_interval or max(1, cfg.steps // 4)
     ckpt = os.path.join(cfg.checkpoint_dir or os.path.join(cfg.out_dir, "soak-checkpoint"), "latest")
     ncycles = -(-cfg.steps // interval)
     if ctx.rank == 0:
         print(f"soak: {cfg.steps} steps uninterrupted, then {ncycles} cycles of {interval} steps with a "
               f"checkpoint and a reload into a fresh model after each ({ckpt})", flush=True)
-    ref = _Session(cfg, ctx)
+    ref = Session(cfg, ctx)
     reference = [ref.train_step() for _ in range(cfg.steps)]
     ref_params = ref.local_params()
     del ref
@@ -70,8 +70,8 @@ def soak(cfg) -> int:
         print(f"soak: uninterrupted run done, loss {reference[0]['loss']:.4f} -> {reference[-1]['loss']:.4f}",
               flush=True)
 
-    out = _guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: _Output(cfg, ctx, 0))
-    session = _Session(cfg, ctx)
+    out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, 0))
+    session = Session(cfg, ctx)
     failure, rss, t0 = None, [], time.perf_counter()
     try:
         for cycle in range(1, ncycles + 1):
@@ -81,7 +81,7 @@ def soak(cfg) -> int:
                 rec = session.train_step()
                 recs.append(rec)
                 if rec["step"] % cfg.log_interval == 0 or rec["step"] == cfg.steps:
-                    peaks = _gather_peaks(ctx)
+                    peaks = gather_peaks(ctx)
                     out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
             failure = _first(ctx.comm.allgather(compare_to_reference(recs, reference)))
             if failure:
@@ -89,7 +89,7 @@ def soak(cfg) -> int:
             session.save(ckpt)
             del session
             gc.collect()
-            session = _Session(cfg, ctx)
+            session = Session(cfg, ctx)
             session.load(ckpt)
             if session.step != recs[-1]["step"]:
                 failure = f"cycle {cycle}: the reloaded checkpoint is at step {session.step}, not {recs[-1]['step']}"
@@ -120,5 +120,5 @@ def soak(cfg) -> int:
                   f"equal; rss {rss[0] / 2**20:.0f} -> {rss[-1] / 2**20:.0f} MiB", flush=True)
         else:
             print(f"soak FAILED: {failure}", flush=True)
-            _say_error(f"soak failed: {failure}")
+            say_error(f"soak failed: {failure}")
     return 0 if failure is None else 1

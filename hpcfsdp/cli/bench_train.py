@@ -88,7 +88,7 @@ def bench_train(args) -> dict:
     import numpy as np
 
     import hpcfsdp as hp
-    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_param_group import exposed_comm_seconds
+    from hpcfsdp.distributed.fsdp import exposed_comm_seconds
 
     from ._common import build_gpt, compute_device, make_optimizer, peak_memory_bytes, shard_gpt
 
@@ -100,7 +100,7 @@ def bench_train(args) -> dict:
         import hpcfsdp.distributed as dist
 
         dist.init_process_group()
-        comm = dist.distributed_c10d._default_group().comm
+        comm = dist.group.WORLD.comm
         rank, world = dist.get_rank(), dist.get_world_size()
         cfg.validate(world)
     device = compute_device(cfg.device)

@@ -131,34 +131,73 @@ def render_script(
     becomes (nodes, ranks per node) for HYBRID_SHARD.
     """
     cfg = TrainConfig(**vars(config)) if config is not None else TrainConfig()
-    explicit = set(config_explicit)
+    ntasks_per_node = _check_job(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
+                                 {"mpi": mpi, "launcher": launcher, "entry": entry, "cuda_aware": cuda_aware},
+                                 {"job_name": job_name, "output": output, "partition": partition, "account": account,
+                                  "qos": qos, "constraint": constraint})
+    template = _resolve_config(template, cfg, set(config_explicit), nodes, gpus_per_node, ntasks_per_node,
+                               mesh_auto)
+    world_size = nodes * ntasks_per_node
+    values = {
+        "common_doc": _COMMON_DOC.format(template=template),
+        "job_name": job_name or f"hpcfsdp-{template}",
+        "nodes": nodes,
+        "ntasks_per_node": ntasks_per_node,
+        "mesh": format_mesh(cfg.mesh) if cfg.mesh is not None else str(world_size),
+        "gpu_directive": (f"#SBATCH --gpus-per-node={gpus_per_node}" if gpus_per_node > 0
+                          else "# CPU-only job: no GPUs requested (--gpus-per-node 0)."),
+        "time": time,
+        "output": output,
+        "extra_directives": "\n".join(_extra_directives(cpus_per_task, exclusive, partition=partition,
+                                                         account=account, qos=qos, constraint=constraint)),
+        "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware)),
+        "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template)),
+        "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
+        "train_args": _format_args(cfg.to_args()),
+        "bench_args": "".join(" " + shlex.quote(t) for t in (shlex.split(bench_args) if bench_args else [])),
+    }
+    text = string.Template(template_text(template)).substitute(values)
+    while "\n\n\n" in text:  # an empty placeholder line
+        text = text.replace("\n\n\n", "\n\n")
+    assert "--gpus-per-task" not in text.replace("Do not use --gpus-per-task", ""), "template requests --gpus-per-task"
+    return text
+
+
+def _positive_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _check_job(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time, choices, names) -> int:
+    """Validate the job's Slurm settings (ConfigError naming the field); returns ntasks_per_node resolved."""
     for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "nodes" else 0):
             raise ConfigError(f"{name}={value!r}: expected an integer >= {1 if name == 'nodes' else 0}")
     if ntasks_per_node is None:
         ntasks_per_node = gpus_per_node if gpus_per_node > 0 else 1
-    if isinstance(ntasks_per_node, bool) or not isinstance(ntasks_per_node, int) or ntasks_per_node < 1:
+    if not _positive_int(ntasks_per_node):
         raise ConfigError(f"ntasks_per_node={ntasks_per_node!r}: expected a positive integer")
     if gpus_per_node > 0 and ntasks_per_node > gpus_per_node:
         raise ConfigError(
             f"ntasks_per_node={ntasks_per_node}: expected <= gpus_per_node={gpus_per_node} (one GPU per rank)"
         )
-    if cpus_per_task is not None and (isinstance(cpus_per_task, bool) or not isinstance(cpus_per_task, int)
-                                      or cpus_per_task < 1):
+    if cpus_per_task is not None and not _positive_int(cpus_per_task):
         raise ConfigError(f"cpus_per_task={cpus_per_task!r}: expected a positive integer")
-    for name, value, allowed in (("mpi", mpi, MPI_PLUGINS), ("launcher", launcher, LAUNCHERS),
-                                 ("entry", entry, ENTRIES), ("cuda_aware", cuda_aware, ("auto", "0", "1"))):
-        if value not in allowed:
-            raise ConfigError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+    allowed = {"mpi": MPI_PLUGINS, "launcher": LAUNCHERS, "entry": ENTRIES, "cuda_aware": ("auto", "0", "1")}
+    for name, value in choices.items():
+        if value not in allowed[name]:
+            raise ConfigError(f"{name}={value!r}: expected one of {', '.join(allowed[name])}")
     if not _TIME_RE.match(str(time)):
         raise ConfigError(f"time={time!r}: expected a Slurm time limit such as 30, 01:00:00 or 1-12:00:00")
-    for name, value, rx in (("job_name", job_name, _NAME_RE), ("output", output, _NAME_RE),
-                            ("partition", partition, _LIST_RE), ("account", account, _NAME_RE),
-                            ("qos", qos, _NAME_RE), ("constraint", constraint, _LIST_RE)):
-        if value is not None and not rx.match(str(value).replace("/", "")):
+    patterns = {"job_name": _NAME_RE, "output": _NAME_RE, "partition": _LIST_RE, "account": _NAME_RE,
+                "qos": _NAME_RE, "constraint": _LIST_RE}
+    for name, value in names.items():
+        if value is not None and not patterns[name].match(str(value).replace("/", "")):
             raise ConfigError(f"{name}={value!r}: expected no spaces or shell characters")
+    return ntasks_per_node
 
-    # Template and the configuration it implies.
+
+def _resolve_config(template, cfg, explicit, nodes, gpus_per_node, ntasks_per_node, mesh_auto) -> str:
+    """The template to fill, and ``cfg`` (changed in place) as it implies: strategy, mesh, device."""
     if template is None:
         if cfg.strategy == "HYBRID_SHARD":
             template = "hsdp"
@@ -184,21 +223,26 @@ def render_script(
     elif cfg.device == "cpu" and gpus_per_node > 0:
         raise ConfigError(f"device='cpu': the job requests --gpus-per-node {gpus_per_node}; use --device cuda "
                           f"or --gpus-per-node 0")
-    world_size = nodes * ntasks_per_node
     if template != "bench-comm":
-        cfg.validate(world_size)
+        cfg.validate(nodes * ntasks_per_node)
+    return template
 
-    # Pieces of the script.
-    gpu_directive = (f"#SBATCH --gpus-per-node={gpus_per_node}" if gpus_per_node > 0
-                     else "# CPU-only job: no GPUs requested (--gpus-per-node 0).")
+
+def _extra_directives(cpus_per_task, exclusive, **options) -> list:
+    """#SBATCH lines for the optional settings that were given."""
     extra = []
     if cpus_per_task is not None:
         extra.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    for opt, value in (("partition", partition), ("account", account), ("qos", qos), ("constraint", constraint)):
+    for opt, value in options.items():
         if value is not None:
             extra.append(f"#SBATCH --{opt}={value}")
     if exclusive:
         extra.append("#SBATCH --exclusive")
+    return extra
+
+
+def _env_setup(mpi, gpus_per_node, cuda_aware) -> list:
+    """The script's environment lines: Python, threads per rank, GPU support of the MPI."""
     env = [
         'PYTHON="${PYTHON:-python3}"',
         'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
@@ -214,6 +258,11 @@ def render_script(
         env.append(f"export HPCFSDP_CUDA_AWARE={cuda_aware}")
     else:
         env.append("# export HPCFSDP_CUDA_AWARE=1  # skip the probe: 1 = MPI takes GPU buffers, 0 = stage via host")
+    return env
+
+
+def _launch_words(launcher, mpi, nodes, ntasks_per_node, template) -> list:
+    """srun (with the MPI plugin and block distribution for HSDP) or mpiexec inside the allocation."""
     if launcher == "srun":
         launch = ["srun"]
         if mpi != "default":
@@ -221,31 +270,9 @@ def render_script(
         launch += [f"--nodes={nodes}", f"--ntasks-per-node={ntasks_per_node}", "--kill-on-bad-exit=1"]
         if template == "hsdp":
             launch.append("--distribution=block")
-    else:  # MPICH Hydra inside the allocation; Open MPI: mpiexec -n N --map-by ppr:P:node
-        launch = ["mpiexec", "-n", str(world_size), "-ppn", str(ntasks_per_node)]
-    entry_text = '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp"
-    bench_tokens = shlex.split(bench_args) if bench_args else []
-    values = {
-        "common_doc": _COMMON_DOC.format(template=template),
-        "job_name": job_name or f"hpcfsdp-{template}",
-        "nodes": nodes,
-        "ntasks_per_node": ntasks_per_node,
-        "mesh": format_mesh(cfg.mesh) if cfg.mesh is not None else str(world_size),
-        "gpu_directive": gpu_directive,
-        "time": time,
-        "output": output,
-        "extra_directives": "\n".join(extra),
-        "env_setup": "\n".join(env),
-        "launch": " ".join(launch),
-        "entry": entry_text,
-        "train_args": _format_args(cfg.to_args()),
-        "bench_args": "".join(" " + shlex.quote(t) for t in bench_tokens),
-    }
-    text = string.Template(template_text(template)).substitute(values)
-    while "\n\n\n" in text:  # an empty placeholder line
-        text = text.replace("\n\n\n", "\n\n")
-    assert "--gpus-per-task" not in text.replace("Do not use --gpus-per-task", ""), "template requests --gpus-per-task"
-    return text
+        return launch
+    # MPICH Hydra inside the allocation; Open MPI: mpiexec -n N --map-by ppr:P:node
+    return ["mpiexec", "-n", str(nodes * ntasks_per_node), "-ppn", str(ntasks_per_node)]
 
 
 def render_examples() -> dict:

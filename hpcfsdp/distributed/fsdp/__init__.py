@@ -16,6 +16,7 @@ from ._fully_shard import (
     register_fsdp_forward_method,
     share_comm_ctx,
 )
+from ._fully_shard._fsdp_param_group import exposed_comm_seconds
 from .fully_sharded_data_parallel import FSDP, FullyShardedDataParallel
 from .api import (
     BackwardPrefetch,
@@ -43,4 +44,5 @@ __all__ = [
     "LocalOptimStateDictConfig", "LocalStateDictConfig", "MixedPrecision", "OptimStateDictConfig",
     "ShardedOptimStateDictConfig", "ShardedStateDictConfig", "ShardingStrategy", "StateDictConfig",
     "StateDictSettings", "StateDictType",
+    "exposed_comm_seconds",  # not PyTorch's: seconds the main thread waited on FSDP communication
 ]
