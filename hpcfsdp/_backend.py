@@ -7,7 +7,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from . import _settings
+import hpcfsdp._settings as _settings  # a leaf: safe while hpcfsdp is still importing
 
 __all__ = [
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
