@@ -130,6 +130,15 @@ def test_info_prints_the_effective_settings():
     assert "  HPCFSDP_COMM_TIMEOUT: 42.0 (set)\n" in text and "  HPCFSDP_DEBUG: False (default)\n" in text
 
 
+def test_info_names_a_bad_setting_instead_of_a_traceback():
+    env = dict(os.environ, HPCFSDP_RANKS_PER_NODE="two", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "info"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr == "hpcfsdp info: error: HPCFSDP_RANKS_PER_NODE='two': expected a positive integer\n"
+    assert "  HPCFSDP_RANKS_PER_NODE: INVALID (HPCFSDP_RANKS_PER_NODE='two': expected a positive integer)" in out.stdout
+
+
 def test_readme_documents_exactly_the_settings():
     readme = open(os.path.join(ROOT, "README.md")).read()
     table = re.findall(r"^\| `(HPCFSDP_\w+)` \|", readme, re.M)

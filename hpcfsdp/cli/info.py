@@ -44,7 +44,12 @@ def run(args) -> int:
     from hpcfsdp import _settings
     from hpcfsdp.distributed import _mpi
 
-    info = dict(_mpi.probe(), settings=_settings.effective())
+    try:
+        info = dict(_mpi.probe(), settings=_settings.effective())
+    except ValueError as e:  # an HPCFSDP_* variable the probe reads does not parse: name it, show them all
+        print(f"hpcfsdp info: error: {e}", file=sys.stderr)
+        print(_text({"settings": _settings.effective()}))
+        return 2
     comm = _mpi.get_mpi().COMM_WORLD
     if args.all_ranks:
         everyone = comm.gather(info, root=0)
