@@ -15,29 +15,29 @@ sections=${*:-single compare prefetch comm table memory ckpt debug soak}
 MED="--n-layer 4 --n-embd 256 --n-head 8 --block-size 128 --vocab-size 4096 --batch-size 4"
 
 for s in $sections; do case $s in
-single)  # issue 3: unsharded single-process step vs PyTorch eager, default GPT, alternating A B A B
+single)  # unsharded single-process step vs PyTorch eager, default GPT, alternating A B A B
   for r in 1 2; do
     $HP bench train --strategy none --no-tie --warmup 1 --steps 3 --json $R/single_hp.jsonl
     $TORCH_PY $PEER --mode single --threads 1 --warmup 1 --steps 3 --json $R/single_torch.jsonl > /dev/null
   done ;;
-compare)  # issue 9: FULL_SHARD at 2 ranks / unsharded, hpcfsdp and PyTorch FSDP2 (gloo), alternating
+compare)  # FULL_SHARD at 2 ranks / unsharded, hpcfsdp and PyTorch FSDP2 (gloo), alternating
   $HP bench compare -n 2 --repeats 2 --warmup 1 --steps 3 --no-tie --torch-python $TORCH_PY --peer-script $PEER \
     --json $R/compare_n2.json ;;
-prefetch)  # issue 5/9: prefetch on vs off at 2 ranks, exposed communication
+prefetch)  # prefetch on vs off at 2 ranks, exposed communication
   for r in 1 2; do
     for pf in "" "--no-prefetch"; do
       $HP launch -n 2 -- hpcfsdp bench train $MED --warmup 2 --steps 6 $pf --json $R/prefetch.jsonl
     done
   done ;;
-prefetch-gpt)  # issue 5: prefetch on vs off at 2 ranks on the default GPT (large units), alternating
+prefetch-gpt)  # prefetch on vs off at 2 ranks on the default GPT (large units), alternating
   for r in 1 2; do
     for pf in "" "--no-prefetch"; do
       $HP launch -n 2 -- hpcfsdp bench train --no-tie --warmup 1 --steps 3 $pf --json $R/prefetch_gpt.jsonl
     done
   done ;;
-comm)  # issue 4: busbw of hpcfsdp vs raw mpi4py on identical buffers, 2 ranks
+comm)  # busbw of hpcfsdp vs raw mpi4py on identical buffers, 2 ranks
   $HP launch -n 2 -- hpcfsdp bench comm --min-bytes 1K --max-bytes 256M --iters 10 --json $R/comm_n2.jsonl ;;
-table)  # issue 9: step time / tokens/s / peak memory per rank for 1, 2, 4 ranks x strategies x precision
+table)  # step time / tokens/s / peak memory per rank for 1, 2, 4 ranks x strategies x precision
   for mp in none bf16; do
     $HP bench train $MED --strategy none --mixed-precision $mp --warmup 1 --steps 4 --json $R/table.jsonl
     $HP launch -n 1 -- hpcfsdp bench train $MED --strategy FULL_SHARD --mixed-precision $mp --warmup 1 --steps 4 --json $R/table.jsonl
@@ -47,7 +47,7 @@ table)  # issue 9: step time / tokens/s / peak memory per rank for 1, 2, 4 ranks
     done
     $HP launch -n 4 --ranks-per-node 2 -- hpcfsdp bench train $MED --strategy HYBRID_SHARD --mesh 2x2 --mixed-precision $mp --warmup 1 --steps 4 --json $R/table.jsonl
   done ;;
-memory)  # issue 9: parameter-dominated GPT, per-rank peak RSS at 4 ranks vs the unsharded process
+memory)  # parameter-dominated GPT, per-rank peak RSS at 4 ranks vs the unsharded process
   BIG="--n-layer 12 --n-embd 1024 --n-head 16 --vocab-size 8192 --block-size 128 --batch-size 1 --no-tie"
   for tune in speed memory; do  # the host allocator's two settings ([Note: Host allocator])
     HPCFSDP_MALLOC_TUNE=$tune $HP bench train $BIG --strategy none --warmup 1 --steps 2 --json $R/memory_$tune.jsonl
@@ -57,11 +57,11 @@ memory)  # issue 9: parameter-dominated GPT, per-rank peak RSS at 4 ranks vs the
   TBIG="--layers 12 --d-model 1024 --heads 16 --vocab 8192 --seq 128 --batch 1 --warmup 1 --steps 2"
   $TORCH_PY $PEER --mode single $TBIG --json $R/memory_torch.jsonl > /dev/null
   ${TORCH_PY%/python}/torchrun --standalone --nproc-per-node 4 $PEER --mode fsdp --meta-init $TBIG --json $R/memory_torch.jsonl > /dev/null ;;
-ckpt)  # issue 7: checkpoint save/load throughput vs raw NumPy I/O, 1 GiB, 2 and 4 ranks
+ckpt)  # checkpoint save/load throughput vs raw NumPy I/O, 1 GiB, 2 and 4 ranks
   for n in 2 4; do $HP launch -n $n -- hpcfsdp bench checkpoint --bytes 1G --json $R/ckpt.jsonl; done ;;
-debug)  # issue 10: cost of HPCFSDP_DEBUG=1 (fingerprint check before every collective), interleaved per call
+debug)  # cost of HPCFSDP_DEBUG=1 (fingerprint check before every collective), interleaved per call
   $HP launch -n 2 -- python scripts/debug_cost.py --json $R/debug_cost.json ;;
-soak)  # issue 10: a 10-minute soak: checkpoint/reload cycles checked against the uninterrupted run
+soak)  # a 10-minute soak: checkpoint/reload cycles checked against the uninterrupted run
   rm -rf /tmp/hpcfsdp-soak
   /usr/bin/time -f "soak wall %e s" $HP launch -n 2 -- hpcfsdp train --soak --steps 1500 --checkpoint-interval 50 \
     --n-layer 4 --n-embd 128 --n-head 4 --block-size 64 --batch-size 8 --log-interval 50 \

@@ -113,7 +113,7 @@ class TrainConfig:
     metrics_path: Optional[str] = None  # JSONL metrics log; None = <out_dir>/metrics.jsonl
     eval_interval: int = 0  # evaluate held-out loss every N steps; 0 = never
     eval_iters: int = 10  # batches per evaluation
-    soak: bool = False  # soak mode: run long, check memory and loss stay bounded (issue 10)
+    soak: bool = False  # soak mode: run long, check memory and loss stay bounded
 
     def __post_init__(self):
         # Accept the file / flag spellings of the composite fields.

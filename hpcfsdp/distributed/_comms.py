@@ -1,4 +1,4 @@
-"""Default MPI implementations of FSDP's AllGather / ReduceScatter communication interfaces (seed 001)."""
+"""Default MPI implementations of FSDP's AllGather / ReduceScatter communication interfaces."""
 
 from __future__ import annotations
 

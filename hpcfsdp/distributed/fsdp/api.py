@@ -1,4 +1,4 @@
-"""FSDP1-style configuration objects: sharding strategy, prefetch, precision, offload, state-dict types (seed 000)."""
+"""FSDP1-style configuration objects: sharding strategy, prefetch, precision, offload, state-dict types."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""Sharding plans (seed 004): which modules become fully_shard units, chosen by planners, applied in one call."""
+"""Sharding plans: which modules become fully_shard units, chosen by planners, applied in one call."""
 
 from .api import FullyShardSpec, ShardingPlan, ShardingPlanner, UnitStats, apply_sharding_plan
 from .planners import MemoryBudgetPlanner, MemoryEstimate, ModuleClassPlanner, ParamCountPlanner

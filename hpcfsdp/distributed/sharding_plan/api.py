@@ -1,4 +1,4 @@
-"""ShardingPlan and ShardingPlanner (seed 004) for fully_shard units, and apply_sharding_plan."""
+"""ShardingPlan and ShardingPlanner for fully_shard units, and apply_sharding_plan."""
 
 import abc
 import inspect
@@ -19,7 +19,7 @@ __all__ = ["ShardingPlan", "ShardingPlanner", "FullyShardSpec", "UnitStats", "ap
 # root is always a unit, so every parameter has exactly one owner. Planners emit units children
 # first (post-order) with the root last, the order ``fully_shard`` must be applied in.
 #
-# ``output_plan`` and ``return_local_tensor`` keep the seed's fields. FSDP's forward outputs are
+# ``output_plan`` and ``return_local_tensor`` keep the spec's fields. FSDP's forward outputs are
 # always ordinary local tensors holding the full values (parameters are gathered, activations are
 # never sharded), so every module behaves as if listed in ``return_local_tensor``; it is accepted and
 # checked. A non-empty ``output_plan`` asks for sharded activations: that is tensor parallelism, which
