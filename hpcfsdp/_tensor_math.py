@@ -35,7 +35,7 @@ def _as_operand(x, like):
     raise TypeError(f"unsupported operand of type {type(x).__name__}; expected a Tensor or a number")
 
 
-def _promote2(a, b, op_name):
+def _promote_operands(a, b, op_name):
     """Cast a and b (Tensors or scalars, at least one a Tensor) to their PyTorch result dtype."""
     if isinstance(a, TensorBase) and isinstance(b, TensorBase):
         da, db = a._data.dtype, b._data.dtype
@@ -59,7 +59,7 @@ def _promote2(a, b, op_name):
 
 
 def _binary(op, a, b, name):
-    a, b = _promote2(a, b, name)
+    a, b = _promote_operands(a, b, name)
     try:
         return op.apply(a, b)
     except ValueError as e:
@@ -71,7 +71,7 @@ def _to_float(t):
     return t if dtype_category(t._data.dtype) == 2 else t.to(_backend.float32)
 
 
-def _dims(dim, ndim):
+def _wrap_dims(dim, ndim):
     if dim is None:
         return None
     if isinstance(dim, (list, tuple)):
@@ -79,7 +79,7 @@ def _dims(dim, ndim):
     return wrap_dim(dim, ndim)
 
 
-def _maxmin(self, dim, keepdim, other, is_min):
+def _max_or_min(self, dim, keepdim, other, is_min):
     if isinstance(dim, TensorBase):
         other = dim
     if other is not None:
@@ -175,7 +175,7 @@ class TensorMathMixin:
     def __matmul__(self, other):
         if not isinstance(other, TensorBase):
             other = _as_operand(other, self)
-        a, b = _promote2(self, other, "matmul")
+        a, b = _promote_operands(self, other, "matmul")
         return ops.Matmul.apply(a, b)
 
     def __rmatmul__(self, other):
@@ -245,26 +245,26 @@ class TensorMathMixin:
 
     # -- reductions ------------------------------------------------------------------------------------
     def sum(self, dim=None, keepdim=False, *, dtype=None):
-        return ops.Sum.apply(self, _dims(dim, self.ndim), keepdim, None if dtype is None else _backend.to_dtype(dtype))
+        return ops.Sum.apply(self, _wrap_dims(dim, self.ndim), keepdim, None if dtype is None else _backend.to_dtype(dtype))
 
     def mean(self, dim=None, keepdim=False, *, dtype=None):
         a = self if dtype is None else self.to(dtype)
         if dtype_category(a._data.dtype) != 2:
             raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating "
                                f"point or complex dtype. Got: {a.dtype}")
-        return ops.Mean.apply(a, _dims(dim, a.ndim), keepdim)
+        return ops.Mean.apply(a, _wrap_dims(dim, a.ndim), keepdim)
 
     def amax(self, dim=(), keepdim=False):
-        return ops.Amax.apply(self, _dims(dim, self.ndim) or None, keepdim, False)
+        return ops.Amax.apply(self, _wrap_dims(dim, self.ndim) or None, keepdim, False)
 
     def amin(self, dim=(), keepdim=False):
-        return ops.Amax.apply(self, _dims(dim, self.ndim) or None, keepdim, True)
+        return ops.Amax.apply(self, _wrap_dims(dim, self.ndim) or None, keepdim, True)
 
     def max(self, dim=None, keepdim=False, *, other=None):
-        return _maxmin(self, dim, keepdim, other, False)
+        return _max_or_min(self, dim, keepdim, other, False)
 
     def min(self, dim=None, keepdim=False, *, other=None):
-        return _maxmin(self, dim, keepdim, other, True)
+        return _max_or_min(self, dim, keepdim, other, True)
 
     def argmax(self, dim=None, keepdim=False):
         a = self._data
@@ -285,7 +285,7 @@ class TensorMathMixin:
             dim, unbiased = None, dim
         if correction is None:
             correction = 0 if unbiased is False else 1
-        return ops.Var.apply(_to_float(self), _dims(dim, self.ndim), correction, keepdim)
+        return ops.Var.apply(_to_float(self), _wrap_dims(dim, self.ndim), correction, keepdim)
 
     def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None):
         return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
@@ -299,10 +299,10 @@ class TensorMathMixin:
         return ops.LogSoftmax.apply(a, wrap_dim(dim, a.ndim))
 
     def all(self, dim=None, keepdim=False):
-        return self._wrap(self._xp().asarray(self._data.all(axis=_dims(dim, self.ndim), keepdims=keepdim)))
+        return self._wrap(self._xp().asarray(self._data.all(axis=_wrap_dims(dim, self.ndim), keepdims=keepdim)))
 
     def any(self, dim=None, keepdim=False):
-        return self._wrap(self._xp().asarray(self._data.any(axis=_dims(dim, self.ndim), keepdims=keepdim)))
+        return self._wrap(self._xp().asarray(self._data.any(axis=_wrap_dims(dim, self.ndim), keepdims=keepdim)))
 
     def masked_fill(self, mask, value):
         m = mask._data if isinstance(mask, TensorBase) else mask

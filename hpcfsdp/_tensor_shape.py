@@ -57,7 +57,7 @@ def _index_arg(i, xp):
     return a
 
 
-def _norm_index(self, idx):
+def _normalize_index(self, idx):
     xp = self._xp()
     if isinstance(idx, tuple):
         return tuple(_index_arg(i, xp) for i in idx)
@@ -161,7 +161,8 @@ class TensorShapeMixin:
                 s = cur
             elif cur != 1 and cur != s:
                 raise RuntimeError(f"The expanded size of the tensor ({s}) must match the existing size ({cur}) at "
-                                   f"non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: {list(shp)}")
+                                   f"non-singleton dimension {i}.  Target sizes: {list(sizes)}.  "
+                                   f"Tensor sizes: {list(shp)}")
             out.append(s)
         return ops.Expand.apply(self, tuple(out))
 
@@ -213,7 +214,7 @@ class TensorShapeMixin:
         return ops.Clone.apply(self)
 
     def __getitem__(self, idx):
-        return ops.GetItem.apply(self, _norm_index(self, idx))
+        return ops.GetItem.apply(self, _normalize_index(self, idx))
 
     def __setitem__(self, idx, value):
         check_inplace(self)
@@ -224,4 +225,4 @@ class TensorShapeMixin:
             value = value._data
         if _backend.is_meta_array(self._data):
             return
-        self._data[_norm_index(self, idx)] = value
+        self._data[_normalize_index(self, idx)] = value

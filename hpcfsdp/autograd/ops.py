@@ -479,8 +479,8 @@ class Matmul(Op):
         ka = a.shape[-1]
         kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
         if ka != kb:
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_matrix_shape(a)} and {_matrix_shape(b)}): "
-                               f"inner dimensions {ka} and {kb} differ")
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_matrix_shape(a)} and "
+                               f"{_matrix_shape(b)}): inner dimensions {ka} and {kb} differ")
         ctx.a, ctx.b = a, b
         try:
             return array_matmul(a, b)
