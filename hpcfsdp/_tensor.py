@@ -18,15 +18,18 @@ __all__ = ["Tensor", "Size", "promote_types", "result_type_scalar"]
 
 
 # [Note: Tensor and Function]
-# Tensor and the autograd graph need each other: Tensor's methods apply Functions (autograd/ops.py,
-# through the mixins), register hooks and make AccumulateGrad nodes (autograd/function.py), and
-# Function.apply wraps its outputs in Tensors. That is the one import cycle of the package, as in PyTorch
-# and tinygrad: autograd/function.py imports this module (as a module object, so that the cycle also
-# loads when the mixins pull in the ops before Tensor is defined), and this module imports
-# autograd/function.py. Everything else is layered: the array helpers (_array.py) and TensorBase
-# (_tensor_base.py) sit below both; the ops and the engine use only those and function.py; the mixins
-# use the ops; Tensor combines the mixins. Code below Tensor makes tensors through one it holds
-# (``t._wrap(array)``). tests/test_layering.py checks that no other cycle exists.
+# Tensor and the autograd graph need each other: Tensor's methods apply Functions (the ops, through the
+# mixins), register hooks and make AccumulateGrad nodes (autograd/function.py), and Function.apply wraps
+# its outputs in Tensors. That is the one import cycle of the package, as in PyTorch and tinygrad:
+# this module imports autograd/function.py, and autograd/function.py imports this module. Everything
+# else is layered below or above the pair: _array.py (array and dtype helpers) and _tensor_base.py
+# (TensorBase) are below both; the ops import only those and function.py; the engine imports TensorBase
+# and function.py and makes tensors through the ones it is given (``t._wrap(array)`` is always a plain
+# Tensor); the mixins import the ops; this module combines the mixins; _creation.py is above it.
+# Load order: hpcfsdp/__init__.py imports _creation.py, hence this module, before autograd. The mixins
+# load the ops and function.py while Tensor is not yet defined, so function.py imports this module as a
+# module object and reads ``_tensor.Tensor`` only when called. tests/test_layering.py checks that no
+# other cycle exists (See [Note: Import cycles] there).
 class Tensor(TensorBase, TensorMathMixin, TensorShapeMixin, TensorInplaceMixin):
     """An n-dimensional array on a device with autograd support (PyTorch's torch.Tensor).
 

@@ -1,4 +1,8 @@
-"""The backward engine: reverse topological order, gradient accumulation, hooks, queue_callback."""
+"""The backward engine: reverse topological order, gradient accumulation, hooks, queue_callback.
+
+It works on graph nodes and arrays; gradients handed to hooks and ``.grad`` become Tensors through
+function.py or the tensors the engine was given (``t._wrap``), so it does not import Tensor.
+"""
 import heapq
 import sys
 import threading
