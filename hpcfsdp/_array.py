@@ -7,8 +7,7 @@ import builtins
 
 import numpy as np
 
-from . import _backend
-from ._backend import bfloat16, float16, float32
+from ._backend import array_module, bfloat16, float16, float32, generator, int64, meta_array, to_dtype
 
 __all__ = ["HALF_DTYPES", "SCALAR_TYPES", "dtype_category", "promote_types", "result_type_scalar", "wrap_dim",
            "new_array", "random_array", "shape_of", "sum_to", "array_matmul", "index_add"]
@@ -46,7 +45,7 @@ def result_type_scalar(dtype, scalar):
     if isinstance(scalar, (builtins.bool, np.bool_)):
         return dtype
     if isinstance(scalar, (builtins.int, np.integer)):
-        return _backend.int64 if dtype.kind == "b" else dtype
+        return int64 if dtype.kind == "b" else dtype
     if isinstance(scalar, (builtins.float, np.floating)):
         return dtype if dtype_category(dtype) == 2 else float32
     raise TypeError(f"unsupported scalar {scalar!r} of type {type(scalar).__name__}; expected bool, int or float")
@@ -82,10 +81,10 @@ def sum_to(grad, shape):
 # -- new arrays ------------------------------------------------------------------------------------------
 def new_array(device, shape, dtype, kind):
     """A fresh array on ``device``: kind is 'empty', 'zeros' or 'ones' (meta: no memory)."""
-    dtype = _backend.to_dtype(dtype)
+    dtype = to_dtype(dtype)
     if device.type == "meta":
-        return _backend.meta_array(shape, dtype)
-    xp = _backend.array_module(device)
+        return meta_array(shape, dtype)
+    xp = array_module(device)
     if xp is np:
         return getattr(np, kind)(shape, dtype=dtype)
     with xp.cuda.Device(device.index):
@@ -98,19 +97,19 @@ def random_array(kind, shape, dtype, device, low=0, high=None):
     kind: 'randn' (standard normal), 'rand' (uniform on [0, 1)) or 'randint' (integers in [low, high)).
     """
     if device.type == "meta":
-        return _backend.meta_array(shape, dtype)
-    generator = _backend.generator(device)
+        return meta_array(shape, dtype)
+    device_generator = generator(device)
     float_dtype = np.float64 if dtype == np.float64 else np.float32
     if kind == "randint":
-        if isinstance(generator, np.random.Generator):
-            return generator.integers(low, high, size=shape, dtype=np.int64).astype(dtype, copy=False)
-        return generator.randint(low, high, size=shape, dtype=np.int64).astype(dtype, copy=False)
+        if isinstance(device_generator, np.random.Generator):
+            return device_generator.integers(low, high, size=shape, dtype=np.int64).astype(dtype, copy=False)
+        return device_generator.randint(low, high, size=shape, dtype=np.int64).astype(dtype, copy=False)
     if kind == "randn":
-        a = generator.standard_normal(shape, dtype=float_dtype)
-    elif isinstance(generator, np.random.Generator):
-        a = generator.random(shape, dtype=float_dtype)
+        a = device_generator.standard_normal(shape, dtype=float_dtype)
+    elif isinstance(device_generator, np.random.Generator):
+        a = device_generator.random(shape, dtype=float_dtype)
     else:
-        a = generator.random_sample(shape, dtype=float_dtype)
+        a = device_generator.random_sample(shape, dtype=float_dtype)
     return a.astype(dtype, copy=False)
 
 
@@ -119,7 +118,7 @@ def array_matmul(a, b):
     """a @ b; half precision on NumPy is computed in float32 and rounded (NumPy has no half BLAS)."""
     if a.dtype in HALF_DTYPES and isinstance(a, np.ndarray):
         return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-    return _backend.array_module(a).matmul(a, b)
+    return array_module(a).matmul(a, b)
 
 
 def index_add(out, index, values):
