@@ -2,6 +2,7 @@
 from . import _backend
 from ._backend import (bfloat16, bool, device, double, float, float16, float32, float64, half, int, int8,  # noqa: A004
                        int16, int32, int64, long, manual_seed, uint8)
+# _creation, and with it _tensor, loads before autograd: See [Note: Tensor and Function] in _tensor.py
 from ._creation import (arange, as_tensor, cat, concat, concatenate, empty, empty_like, eye, from_dlpack,
                         from_numpy, full, full_like, is_tensor, linspace, numel, ones, ones_like, rand, rand_like,
                         randint, randn, randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like)

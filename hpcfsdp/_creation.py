@@ -4,8 +4,11 @@ import builtins
 import numpy as np
 
 from . import _backend
+from ._array import new_array, promote_types, random_array, result_type_scalar, wrap_dim
 from ._backend import float32, int64
-from ._tensor import Tensor, _new_array, _wrap_dim, promote_types
+from ._tensor import Tensor
+from ._tensor_base import as_array, parse_shape
+from .autograd import ops
 
 __all__ = [
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "linspace",
@@ -15,85 +18,21 @@ __all__ = [
 ]
 
 
-def _parse_shape(size):
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    out = []
-    for s in size:
-        if isinstance(s, Tensor):
-            s = s.item()
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
-            raise TypeError(f"size must be a sequence of ints, got {s!r} in {size!r}")
-        if s < 0:
-            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
-        out.append(int(s))
-    return tuple(out)
-
-
-def _infer_dtype(a):
-    """PyTorch's dtype for Python data (floats -> float32, ints -> int64) or an unsupported array dtype."""
-    k = a.dtype.kind
-    if k == "f":
-        return float32 if a.dtype.itemsize >= 4 else _backend.float16
-    if k in "iu":
-        return int64
-    if k == "b":
-        return _backend.bool
-    raise TypeError(f"can't convert data of dtype {a.dtype} to a tensor; supported: "
-                    f"{sorted(str(d) for d in _backend._SUPPORTED)}")
-
-
-def _as_array(data, dtype, device, copy):
-    dev = _backend.to_device(device)
-    dt = _backend.to_dtype(dtype) if dtype is not None else None
-    if isinstance(data, Tensor):
-        data = data._data
-    if dev.type == "meta":
-        a = np.asarray(data) if not hasattr(data, "shape") else data
-        return _backend.meta_array(a.shape, dt or _infer_dtype(np.asarray(np.zeros((), a.dtype))))
-    xp = _backend.array_module(dev)
-    if isinstance(data, np.ndarray) or _backend.is_cupy_array(data):
-        a = data  # arrays keep their dtype (torch.tensor(np.float64 array) is float64)
-        if dt is None:
-            dt = a.dtype if a.dtype in _backend._SUPPORTED else _infer_dtype(a)
-    else:
-        a = np.asarray(_listify(data))
-        if a.dtype == object:
-            raise TypeError(f"could not build a tensor from {type(data).__name__} data")
-        if dt is None:
-            dt = _infer_dtype(a)
-    if dt.kind not in "fiub" and dt != _backend.bfloat16:
-        raise TypeError(f"unsupported dtype {dt}")
-    if xp is np:
-        a = _backend.to_numpy(a)
-        return np.array(a, dtype=dt, copy=True) if copy else np.asarray(a, dtype=dt)
-    with xp.cuda.Device(dev.index):
-        return xp.array(a, dtype=dt, copy=copy)
-
-
-def _listify(data):
-    if isinstance(data, (list, tuple)):
-        return [_listify(d) for d in data]
-    if isinstance(data, Tensor):
-        return _backend.to_numpy(data._data)
-    return data
-
-
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
     """A new tensor copying data (Python numbers/lists, NumPy/CuPy arrays, Tensors)."""
-    return Tensor._wrap(_as_array(data, dtype, device, copy=True), requires_grad)
+    return Tensor._wrap(as_array(data, dtype, device, copy=True), requires_grad)
 
 
 def as_tensor(data, dtype=None, device=None):
     if isinstance(data, Tensor) and dtype is None and device is None:
         return data
-    return Tensor._wrap(_as_array(data, dtype, device, copy=False))
+    return Tensor._wrap(as_array(data, dtype, device, copy=False))
 
 
 def _fresh(size, dtype, device, requires_grad, kind):
-    shape = _parse_shape(size)
+    shape = parse_shape(size)
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(_new_array(_backend.to_device(device), shape, dt, kind), requires_grad)
+    return Tensor._wrap(new_array(_backend.to_device(device), shape, dt, kind), requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False):
@@ -105,12 +44,12 @@ def ones(*size, dtype=None, device=None, requires_grad=False):
 
 
 def empty(*size, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    shape = _parse_shape(size)
+    shape = parse_shape(size)
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
     dev = _backend.to_device(device)
     if pin_memory and dev.type == "cpu":
         return Tensor._wrap(_backend.pinned_empty(shape, dt), requires_grad)
-    return Tensor._wrap(_new_array(dev, shape, dt, "empty"), requires_grad)
+    return Tensor._wrap(new_array(dev, shape, dt, "empty"), requires_grad)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
@@ -123,33 +62,14 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def _random(kind, shape, dt, dev, low=0, high=None):
-    """Random values from the device's generator (NumPy Generator or CuPy RandomState)."""
-    if dev.type == "meta":
-        return _backend.meta_array(shape, dt)
-    gen = _backend.generator(dev)
-    fdt = np.float64 if dt == np.float64 else np.float32
-    if kind == "randint":
-        if isinstance(gen, np.random.Generator):
-            return gen.integers(low, high, size=shape, dtype=np.int64).astype(dt, copy=False)
-        return gen.randint(low, high, size=shape, dtype=np.int64).astype(dt, copy=False)
-    if kind == "randn":
-        a = gen.standard_normal(shape, dtype=fdt)
-    elif isinstance(gen, np.random.Generator):
-        a = gen.random(shape, dtype=fdt)
-    else:
-        a = gen.random_sample(shape, dtype=fdt)
-    return a.astype(dt, copy=False)
-
-
 def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(_random("randn", _parse_shape(size), dt, _backend.to_device(device)), requires_grad)
+    return Tensor._wrap(random_array("randn", parse_shape(size), dt, _backend.to_device(device)), requires_grad)
 
 
 def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(_random("rand", _parse_shape(size), dt, _backend.to_device(device)), requires_grad)
+    return Tensor._wrap(random_array("rand", parse_shape(size), dt, _backend.to_device(device)), requires_grad)
 
 
 def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False, generator=None):
@@ -161,7 +81,7 @@ def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad
     if not low < high:
         raise ValueError(f"randint: expected low < high, got low={low} and high={high}")
     dt = _backend.to_dtype(dtype) if dtype is not None else int64
-    return Tensor._wrap(_random("randint", _parse_shape((size,)), dt, _backend.to_device(device), low, high),
+    return Tensor._wrap(random_array("randint", parse_shape((size,)), dt, _backend.to_device(device), low, high),
                         requires_grad)
 
 
@@ -194,12 +114,12 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
 def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
     a = np.linspace(start, end, steps).astype(dt)
-    return Tensor._wrap(_as_array(a, dt, device, copy=False), requires_grad)
+    return Tensor._wrap(as_array(a, dt, device, copy=False), requires_grad)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(_as_array(np.eye(n, m, dtype=dt), dt, device, copy=False), requires_grad)
+    return Tensor._wrap(as_array(np.eye(n, m, dtype=dt), dt, device, copy=False), requires_grad)
 
 
 def _like(t, dtype, device):
@@ -209,17 +129,17 @@ def _like(t, dtype, device):
 
 def zeros_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_new_array(dev, input.shape, dt, "zeros"), requires_grad)
+    return Tensor._wrap(new_array(dev, input.shape, dt, "zeros"), requires_grad)
 
 
 def ones_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_new_array(dev, input.shape, dt, "ones"), requires_grad)
+    return Tensor._wrap(new_array(dev, input.shape, dt, "ones"), requires_grad)
 
 
 def empty_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_new_array(dev, input.shape, dt, "empty"), requires_grad)
+    return Tensor._wrap(new_array(dev, input.shape, dt, "empty"), requires_grad)
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
@@ -231,12 +151,12 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
 
 def randn_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_random("randn", tuple(input.shape), dt, dev), requires_grad)
+    return Tensor._wrap(random_array("randn", tuple(input.shape), dt, dev), requires_grad)
 
 
 def rand_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_random("rand", tuple(input.shape), dt, dev), requires_grad)
+    return Tensor._wrap(random_array("rand", tuple(input.shape), dt, dev), requires_grad)
 
 
 def from_numpy(a):
@@ -284,11 +204,9 @@ def _common(tensors, name):
 
 
 def cat(tensors, dim=0):
-    from .autograd import ops
-
     tensors = _common(tensors, "cat")
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
-    d = _wrap_dim(dim, tensors[0].ndim)
+    d = wrap_dim(dim, tensors[0].ndim)
     ref = tensors[0].shape
     for t in tensors[1:]:
         if t.ndim != len(ref) or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref)) if i != d):
@@ -301,21 +219,17 @@ concat = concatenate = cat
 
 
 def stack(tensors, dim=0):
-    from .autograd import ops
-
     tensors = _common(tensors, "stack")
     ref = tensors[0].shape
     for t in tensors[1:]:
         if t.shape != ref:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {tuple(ref)} and {tuple(t.shape)}")
-    d = _wrap_dim(dim, tensors[0].ndim + 1)
+    d = wrap_dim(dim, tensors[0].ndim + 1)
     return ops.Stack.apply(d, *tensors)
 
 
 def where(condition, input=None, other=None):  # noqa: A002
     """where(cond, x, y) element-wise select (broadcasting); where(cond) -> tuple of index tensors."""
-    from .autograd import ops
-
     c = condition._data if isinstance(condition, Tensor) else np.asarray(condition)
     if input is None and other is None:
         return tuple(Tensor._wrap(i.astype(np.int64)) for i in c.nonzero())
@@ -326,13 +240,9 @@ def where(condition, input=None, other=None):  # noqa: A002
         dt = promote_types(a.dtype, b.dtype, a.ndim == 0, b.ndim == 0)
         a, b = a.to(dt), b.to(dt)
     elif isinstance(a, Tensor):
-        from ._tensor import result_type_scalar
-
         a = a.to(result_type_scalar(a.dtype, b))
         b = a._data.dtype.type(b)
     elif isinstance(b, Tensor):
-        from ._tensor import result_type_scalar
-
         b = b.to(result_type_scalar(b.dtype, a))
         a = b._data.dtype.type(a)
     else:

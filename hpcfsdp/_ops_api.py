@@ -1,15 +1,15 @@
 """Function forms of Tensor methods at the top level (hp.sum(x), hp.matmul(a, b), ...)."""
 
 from . import _backend
+from ._array import promote_types as _promote
 from ._tensor import Tensor
-from ._tensor import promote_types as _promote
 
 __all__ = ["abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
            "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
            "var", "get_default_dtype", "is_floating_point", "promote_types"]
 
 
-def _m(name):
+def _method_as_function(name):
     def f(input, *args, **kwargs):  # noqa: A002
         if not isinstance(input, Tensor):
             raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(input).__name__}")
@@ -20,30 +20,30 @@ def _m(name):
     return f
 
 
-abs = _m("abs")  # noqa: A001
-allclose = _m("allclose")
-amax = _m("amax")
-amin = _m("amin")
-argmax = _m("argmax")
-argmin = _m("argmin")
-clamp = _m("clamp")
-clip = _m("clamp")
-exp = _m("exp")
-log = _m("log")
-matmul = _m("matmul")
-max = _m("max")  # noqa: A001
-maximum = _m("maximum")
-mean = _m("mean")
-min = _m("min")  # noqa: A001
-minimum = _m("minimum")
-rsqrt = _m("rsqrt")
-sigmoid = _m("sigmoid")
-softmax = _m("softmax")
-log_softmax = _m("log_softmax")
-sqrt = _m("sqrt")
-sum = _m("sum")  # noqa: A001
-tanh = _m("tanh")
-var = _m("var")
+abs = _method_as_function("abs")  # noqa: A001
+allclose = _method_as_function("allclose")
+amax = _method_as_function("amax")
+amin = _method_as_function("amin")
+argmax = _method_as_function("argmax")
+argmin = _method_as_function("argmin")
+clamp = _method_as_function("clamp")
+clip = _method_as_function("clamp")
+exp = _method_as_function("exp")
+log = _method_as_function("log")
+matmul = _method_as_function("matmul")
+max = _method_as_function("max")  # noqa: A001
+maximum = _method_as_function("maximum")
+mean = _method_as_function("mean")
+min = _method_as_function("min")  # noqa: A001
+minimum = _method_as_function("minimum")
+rsqrt = _method_as_function("rsqrt")
+sigmoid = _method_as_function("sigmoid")
+softmax = _method_as_function("softmax")
+log_softmax = _method_as_function("log_softmax")
+sqrt = _method_as_function("sqrt")
+sum = _method_as_function("sum")  # noqa: A001
+tanh = _method_as_function("tanh")
+var = _method_as_function("var")
 
 
 def get_default_dtype():

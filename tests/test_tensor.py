@@ -319,6 +319,30 @@ def test_inplace_ops_values():
         assert x.tolist() == [1] * 3
 
 
+def test_logical_and_inplace_as_pytorch():
+    """PyTorch: in-place logical_and; nonzero is True; the result is written as 1/0 in self's dtype."""
+    a = np.array([[0.0, 1.5, -2.0, np.nan], [3.0, 0.0, 0.0, 1.0]], np.float32)
+    b = np.array([2, 0, 7, 1], np.int64)  # broadcasts over the rows of a
+    for dtype in (np.bool_, np.int64, np.int32, np.float32, np.float64, hp.bfloat16):
+        data = a if np.dtype(dtype).kind == "f" or dtype == hp.bfloat16 else np.nan_to_num(a, nan=5.0)
+        x = hp.tensor(data, dtype=dtype)
+        view = x[0]
+        out = x.logical_and_(hp.tensor(b))
+        expected = np.logical_and(data != 0, b != 0).astype(dtype)
+        assert out is x and x.dtype == dtype and x.shape == (2, 4)
+        np.testing.assert_array_equal(x.numpy(), expected)
+        np.testing.assert_array_equal(view.numpy(), expected[0])  # written in place: views see it
+    m = hp.tensor([True, True, False])
+    m.logical_and_(hp.tensor([True, False, False]))
+    assert m.tolist() == [True, False, False]
+    with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast shape \[2, 3\]"):
+        hp.tensor([True, True, True]).logical_and_(hp.ones(2, 3, dtype=hp.bool))
+    with pytest.raises(TypeError, match="must be Tensor, not int"):
+        hp.tensor([1, 0]).logical_and_(1)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        hp.ones(2, requires_grad=True).logical_and_(hp.ones(2))
+
+
 def test_inplace_on_leaf_requiring_grad_raises():
     w = hp.ones(3, requires_grad=True)
     for op in (lambda: w.add_(1), lambda: w.mul_(2), lambda: w.zero_(), lambda: w.copy_(hp.zeros(3))):

@@ -1,10 +1,14 @@
-"""The backward engine: reverse topological order, gradient accumulation, hooks, queue_callback."""
+"""The backward engine: reverse topological order, gradient accumulation, hooks, queue_callback.
+
+It works on graph nodes and arrays; gradients handed to hooks and ``.grad`` become Tensors through
+function.py or the tensors the engine was given (``t._wrap``), so it does not import Tensor.
+"""
 import heapq
 import sys
 import threading
 
-from .._tensor import Tensor
-from .function import _FREED_MSG, AccumulateGrad, _edge
+from .._tensor_base import TensorBase
+from .function import _FREED_MSG, AccumulateGrad, _edge, _run_tensor_hooks
 from .grad_mode import no_grad
 
 __all__ = ["backward", "grad", "queue_callback", "is_in_backward"]
@@ -37,18 +41,6 @@ def _steal_ok(g, expected_refs):
             and sys.getrefcount(g) <= expected_refs + 1)
 
 
-def _run_tensor_hooks(hooks, g):
-    for fn in list(hooks.values()):
-        r = fn(Tensor._wrap(g))
-        if r is not None:
-            if not isinstance(r, Tensor):
-                raise TypeError(f"a tensor hook must return a Tensor or None, got {type(r).__name__}")
-            if r.shape != g.shape:
-                raise RuntimeError(f"hook changed the gradient shape from {tuple(g.shape)} to {tuple(r.shape)}")
-            g = r._data
-    return g
-
-
 def _accumulate(node, grads):
     """AccumulateGrad: leaf hooks, then ``.grad`` update, then post-accumulate hooks.
 
@@ -67,23 +59,23 @@ def _accumulate(node, grads):
     cur = var._grad
     if cur is None:
         # refs: the local `g` and _steal_ok's parameter
-        var._grad = Tensor._wrap(g if _steal_ok(g, 2) else g.copy())
+        var._grad = var._wrap(g if _steal_ok(g, 2) else g.copy())
     elif cur._data.flags.writeable and cur._data.shape == g.shape and cur._data.dtype == g.dtype:
         cur._data += g
     else:
-        var._grad = Tensor._wrap(cur._data + g)
+        var._grad = var._wrap(cur._data + g)
     if var._post_acc_hooks:
         for fn in list(var._post_acc_hooks.values()):
             fn(var)
 
 
 def _roots(tensors, grad_tensors):
-    if isinstance(tensors, Tensor):
+    if isinstance(tensors, TensorBase):
         tensors = (tensors,)
     tensors = tuple(tensors)
     if grad_tensors is None:
         grad_tensors = (None,) * len(tensors)
-    elif isinstance(grad_tensors, Tensor):
+    elif isinstance(grad_tensors, TensorBase):
         grad_tensors = (grad_tensors,)
     grad_tensors = tuple(grad_tensors)
     if len(grad_tensors) != len(tensors):
@@ -98,7 +90,7 @@ def _roots(tensors, grad_tensors):
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
             ga = xp.ones(t._data.shape, dtype=t._data.dtype)
         else:
-            ga = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=t._data.dtype)
+            ga = g._data if isinstance(g, TensorBase) else xp.asarray(g, dtype=t._data.dtype)
             if ga.shape != t._data.shape:
                 raise RuntimeError(f"mismatch in shape: grad_output[{i}] has shape {tuple(ga.shape)} and "
                                    f"output[{i}] has shape {tuple(t._data.shape)}")
@@ -175,7 +167,7 @@ def _execute(roots, retain_graph, capture=None):
             for nr, ref in node._retain.items():
                 t = ref()
                 if t is not None and grads[nr] is not None:
-                    t._grad = Tensor._wrap(grads[nr].copy() if t._grad is None else t._grad._data + grads[nr])
+                    t._grad = t._wrap(grads[nr].copy() if t._grad is None else t._grad._data + grads[nr])
         if all(g is None for g in grads):
             in_grads = (None,) * len(node.next_functions)
         else:
@@ -231,7 +223,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     """Gradients of ``outputs`` w.r.t. ``inputs``, returned (not accumulated into ``.grad``)."""
     if create_graph:
         raise RuntimeError("create_graph=True (higher-order gradients) is not supported by hpcfsdp")
-    single = isinstance(inputs, Tensor)
+    single = isinstance(inputs, TensorBase)
     inputs = (inputs,) if single else tuple(inputs)
     capture = {}
     slots = []
@@ -246,5 +238,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     for i, (t, slot) in enumerate(zip(inputs, slots)):
         if slot[0] is None and not allow_unused:
             raise RuntimeError(f"input {i} was not used in the graph; pass allow_unused=True")
-        res.append(Tensor._wrap(slot[0]) if slot[0] is not None else None)
+        res.append(t._wrap(slot[0]) if slot[0] is not None else None)
     return tuple(res)

@@ -4,8 +4,9 @@ import weakref
 
 import numpy as np
 
-from .. import _backend
-from .._tensor import Tensor
+from .. import _backend, _tensor  # a module object: See [Note: Tensor and Function] in _tensor.py
+from .._array import sum_to
+from .._tensor_base import TensorBase
 from .grad_mode import is_grad_enabled, no_grad
 
 __all__ = ["Function", "FunctionCtx", "Node", "AccumulateGrad", "RemovableHandle", "once_differentiable"]
@@ -43,6 +44,19 @@ class _HookDict(dict):
     """A dict that supports weak references (for RemovableHandle)."""
 
     __slots__ = ("__weakref__",)
+
+
+def _run_tensor_hooks(hooks, g):
+    """Run tensor hooks on gradient array g in order; each may return a replacement gradient Tensor."""
+    for fn in list(hooks.values()):
+        r = fn(_tensor.Tensor._wrap(g))
+        if r is not None:
+            if not isinstance(r, TensorBase):
+                raise TypeError(f"a tensor hook must return a Tensor or None, got {type(r).__name__}")
+            if r.shape != g.shape:
+                raise RuntimeError(f"hook changed the gradient shape from {tuple(g.shape)} to {tuple(r.shape)}")
+            g = r._data
+    return g
 
 
 # [Note: Graph nodes]
@@ -93,7 +107,7 @@ class FunctionCtx(Node):
 
     def save_for_backward(self, *tensors):
         for t in tensors:
-            if t is not None and not isinstance(t, Tensor):
+            if t is not None and not isinstance(t, TensorBase):
                 raise TypeError(f"save_for_backward takes Tensors or None, got {type(t).__name__}")
         self._saved = tensors
 
@@ -143,7 +157,7 @@ class Function(metaclass=_FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        needs = tuple(isinstance(a, TensorBase) and a.requires_grad for a in args)
         record = is_grad_enabled() and any(needs)
         ctx = cls._node_cls()
         ctx.needs_input_grad = needs
@@ -153,8 +167,8 @@ class Function(metaclass=_FunctionMeta):
         outs = (out,) if single else out
         fixed = []
         for o in outs:
-            if isinstance(o, Tensor) and any(o is a for a in args):
-                o = Tensor._wrap(o._data)  # an input returned as is: a new tensor sharing its memory
+            if isinstance(o, TensorBase) and any(o is a for a in args):
+                o = _tensor.Tensor._wrap(o._data)  # an input returned as is: a new tensor sharing its memory
             fixed.append(o)
         outs = tuple(fixed)
         if record:
@@ -162,10 +176,10 @@ class Function(metaclass=_FunctionMeta):
             ctx._in_meta = [(a._data.shape, a._data.dtype) if n else None for a, n in zip(args, needs)]
             ctx._n_outputs = len(outs)
             ctx._out_meta = [(o._data.shape, o._data.dtype, _backend.array_module(o._data))
-                             if isinstance(o, Tensor) else None for o in outs]
+                             if isinstance(o, TensorBase) else None for o in outs]
             non_diff = ctx._non_diff or ()
             for i, o in enumerate(outs):
-                if isinstance(o, Tensor) and id(o) not in non_diff and _backend.is_floating_dtype(o.dtype):
+                if isinstance(o, TensorBase) and id(o) not in non_diff and _backend.is_floating_dtype(o.dtype):
                     o._set_grad_fn(ctx, i)
         return outs[0] if single else outs
 
@@ -177,7 +191,7 @@ class Function(metaclass=_FunctionMeta):
             if g is None and ctx._materialize and meta is not None:
                 shape, dtype, xp = meta
                 g = xp.zeros(shape, dtype=dtype)
-            gts.append(Tensor._wrap(g) if g is not None else None)
+            gts.append(_tensor.Tensor._wrap(g) if g is not None else None)
         with no_grad():
             res = cls.backward(ctx, *gts)
         if not isinstance(res, tuple):
@@ -191,7 +205,7 @@ class Function(metaclass=_FunctionMeta):
             if r is None or edge is None:
                 out.append(None)
                 continue
-            if not isinstance(r, Tensor):
+            if not isinstance(r, TensorBase):
                 raise TypeError(f"{cls.__name__}.backward must return Tensors or None, got {type(r).__name__}")
             g = r._data
             shape, dtype = ctx._in_meta[i]
@@ -203,8 +217,6 @@ class Function(metaclass=_FunctionMeta):
                 if not ok:
                     raise RuntimeError(f"function {cls.__name__}Backward returned an invalid gradient at index {i} "
                                        f"- got {list(g.shape)} but expected shape compatible with {list(shape)}")
-                from .ops import sum_to
-
                 g = sum_to(g, shape)
             if g.dtype != dtype:
                 g = g.astype(dtype)
@@ -222,16 +234,16 @@ class Op(Function):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        raw = [a._data if isinstance(a, Tensor) else a for a in args]
+        raw = [a._data if isinstance(a, TensorBase) else a for a in args]
         ctx = cls._node_cls()
         out = cls.forward(ctx, *raw, **kwargs)
         if is_grad_enabled():
-            needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+            needs = tuple(isinstance(a, TensorBase) and a.requires_grad for a in args)
             record = True in needs
         else:
             record = False
         if type(out) is tuple:
-            outs = tuple(Tensor._wrap(o) for o in out)
+            outs = tuple(_tensor.Tensor._wrap(o) for o in out)
             if record:
                 ctx.needs_input_grad = needs
                 ctx.next_functions = tuple(_edge(a) if n else None for a, n in zip(args, needs))
@@ -241,7 +253,7 @@ class Op(Function):
                         o._set_grad_fn(ctx, i)
                 _defer_swappable(ctx, args)
             return outs
-        t = Tensor._wrap(out)
+        t = _tensor.Tensor._wrap(out)
         if record:
             ctx.needs_input_grad = needs
             ctx.next_functions = tuple(_edge(a) if n else None for a, n in zip(args, needs))
@@ -270,7 +282,7 @@ class Op(Function):
 def _defer_swappable(ctx, args):
     swaps = None
     for a in args:
-        if isinstance(a, Tensor) and a._hp_storage_swaps:
+        if isinstance(a, TensorBase) and a._hp_storage_swaps:
             arr = a._data
             for key, value in ctx.__dict__.items():
                 if value is arr:

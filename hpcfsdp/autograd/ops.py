@@ -6,40 +6,28 @@ what its ``backward`` needs. ``backward`` must not write into the gradients it r
 """
 import numpy as np
 
-from .. import _backend
+from .._array import array_matmul, shape_of, sum_to
+from .._backend import array_module
 from .function import Op
+from .ops_shape import *  # noqa: F401,F403  (the shape primitives are part of this set)
+from .ops_shape import __all__ as _shape_all
 
 __all__ = [
     "Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Neg", "Exp", "Log", "Sqrt", "Rsqrt",
     "Tanh", "Sigmoid", "Abs", "Relu", "Clamp", "Maximum", "Minimum", "Sum", "Mean", "Amax", "MaxDim",
     "Var", "Softmax", "LogSoftmax", "Matmul", "xp_of", "sum_to", "mm",
-]
+] + _shape_all
 
-
-def xp_of(a):
-    return np if isinstance(a, np.ndarray) else _backend.array_module(a)
-
-
-def sum_to(g, shape):
-    """Reduce a broadcast gradient back to ``shape`` (sum over broadcast dims)."""
-    if g.shape == shape:
-        return g
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and g.shape[i + lead] != 1)
-    if axes:
-        g = g.sum(axis=axes)
-    return g.reshape(shape)
-
-
-def _shape(a):
-    return a.shape if hasattr(a, "shape") else ()
+# Array helpers exported under these names: _backend.array_module and _array.array_matmul.
+xp_of = array_module
+mm = array_matmul
 
 
 # -- binary element-wise -----------------------------------------------------------------------------
 class Add(Op):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.sa, ctx.sb = _shape(a), _shape(b)
+        ctx.sa, ctx.sb = shape_of(a), shape_of(b)
         return a + b
 
     @staticmethod
@@ -51,7 +39,7 @@ class Add(Op):
 class Sub(Op):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.sa, ctx.sb = _shape(a), _shape(b)
+        ctx.sa, ctx.sb = shape_of(a), shape_of(b)
         return a - b
 
     @staticmethod
@@ -70,7 +58,7 @@ class Mul(Op):
     def backward(ctx, g):
         na, nb = ctx.needs_input_grad
         a, b = ctx.a, ctx.b
-        return (sum_to(g * b, _shape(a)) if na else None, sum_to(g * a, _shape(b)) if nb else None)
+        return (sum_to(g * b, shape_of(a)) if na else None, sum_to(g * a, shape_of(b)) if nb else None)
 
 
 class Div(Op):
@@ -84,8 +72,8 @@ class Div(Op):
         na, nb = ctx.needs_input_grad
         a, b = ctx.a, ctx.b
         ga = g / b
-        gb = sum_to(-ga * a / b, _shape(b)) if nb else None
-        return (sum_to(ga, _shape(a)) if na else None, gb)
+        gb = sum_to(-ga * a / b, shape_of(b)) if nb else None
+        return (sum_to(ga, shape_of(a)) if na else None, gb)
 
 
 class Pow(Op):
@@ -101,15 +89,15 @@ class Pow(Op):
     def backward(ctx, g):
         na, nb = ctx.needs_input_grad
         a, b, out = ctx.a, ctx.b, ctx.out
-        xp = xp_of(out)
-        ga = sum_to(g * b * a ** (b - 1), _shape(a)) if na else None
+        xp = array_module(out)
+        ga = sum_to(g * b * a ** (b - 1), shape_of(a)) if na else None
         gb = None
         if nb:
             with np.errstate(divide="ignore", invalid="ignore"):
                 la = xp.where(a > 0, xp.log(xp.where(a > 0, a, 1)), xp.where(a == 0, -np.inf, np.nan))
                 t = g * out * la
                 t = xp.where(out == 0, 0, t).astype(out.dtype)  # PyTorch masks the 0 * inf case
-            gb = sum_to(t, _shape(b))
+            gb = sum_to(t, shape_of(b))
         return ga, gb
 
 
@@ -122,7 +110,7 @@ class PowScalar(Op):
         if c == 2:
             return a * a
         if c == 0.5:
-            return xp_of(a).sqrt(a)
+            return array_module(a).sqrt(a)
         return a ** c
 
     @staticmethod
@@ -142,7 +130,7 @@ class RPowScalar(Op):
 
     @staticmethod
     def forward(ctx, c, a):
-        out = xp_of(a).power(a.dtype.type(c), a)
+        out = array_module(a).power(a.dtype.type(c), a)
         ctx.c, ctx.out = c, out
         return out
 
@@ -155,7 +143,7 @@ class Maximum(Op):
     @staticmethod
     def forward(ctx, a, b):
         ctx.a, ctx.b = a, b
-        return xp_of(a).maximum(a, b)
+        return array_module(a).maximum(a, b)
 
     @staticmethod
     def backward(ctx, g):
@@ -164,21 +152,21 @@ class Maximum(Op):
         w = (a > b) + 0.5 * (a == b)
         w = w.astype(g.dtype)
         na, nb = ctx.needs_input_grad
-        return (sum_to(g * w, _shape(a)) if na else None, sum_to(g * (1 - w), _shape(b)) if nb else None)
+        return (sum_to(g * w, shape_of(a)) if na else None, sum_to(g * (1 - w), shape_of(b)) if nb else None)
 
 
 class Minimum(Op):
     @staticmethod
     def forward(ctx, a, b):
         ctx.a, ctx.b = a, b
-        return xp_of(a).minimum(a, b)
+        return array_module(a).minimum(a, b)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.a, ctx.b
         w = ((a < b) + 0.5 * (a == b)).astype(g.dtype)
         na, nb = ctx.needs_input_grad
-        return (sum_to(g * w, _shape(a)) if na else None, sum_to(g * (1 - w), _shape(b)) if nb else None)
+        return (sum_to(g * w, shape_of(a)) if na else None, sum_to(g * (1 - w), shape_of(b)) if nb else None)
 
 
 # -- unary element-wise ------------------------------------------------------------------------------
@@ -195,7 +183,7 @@ class Neg(Op):
 class Exp(Op):
     @staticmethod
     def forward(ctx, a):
-        out = xp_of(a).exp(a)
+        out = array_module(a).exp(a)
         ctx.out = out
         return out
 
@@ -208,7 +196,7 @@ class Log(Op):
     @staticmethod
     def forward(ctx, a):
         ctx.a = a
-        return xp_of(a).log(a)
+        return array_module(a).log(a)
 
     @staticmethod
     def backward(ctx, g):
@@ -218,7 +206,7 @@ class Log(Op):
 class Sqrt(Op):
     @staticmethod
     def forward(ctx, a):
-        out = xp_of(a).sqrt(a)
+        out = array_module(a).sqrt(a)
         ctx.out = out
         return out
 
@@ -230,7 +218,7 @@ class Sqrt(Op):
 class Rsqrt(Op):
     @staticmethod
     def forward(ctx, a):
-        xp = xp_of(a)
+        xp = array_module(a)
         out = xp.reciprocal(xp.sqrt(a))
         ctx.out = out
         return out
@@ -244,7 +232,7 @@ class Rsqrt(Op):
 class Tanh(Op):
     @staticmethod
     def forward(ctx, a):
-        out = xp_of(a).tanh(a)
+        out = array_module(a).tanh(a)
         ctx.out = out
         return out
 
@@ -257,7 +245,7 @@ class Tanh(Op):
 class Sigmoid(Op):
     @staticmethod
     def forward(ctx, a):
-        xp = xp_of(a)
+        xp = array_module(a)
         # 1 / (1 + exp(-a)) overflows harmlessly to 0 for very negative a
         with np.errstate(over="ignore"):
             out = xp.exp(-a)
@@ -276,17 +264,17 @@ class Abs(Op):
     @staticmethod
     def forward(ctx, a):
         ctx.a = a
-        return xp_of(a).abs(a)
+        return array_module(a).abs(a)
 
     @staticmethod
     def backward(ctx, g):
-        return g * xp_of(g).sign(ctx.a)
+        return g * array_module(g).sign(ctx.a)
 
 
 class Relu(Op):
     @staticmethod
     def forward(ctx, a):
-        out = xp_of(a).maximum(a, 0)
+        out = array_module(a).maximum(a, 0)
         ctx.out = out
         return out
 
@@ -300,7 +288,7 @@ class Clamp(Op):
 
     @staticmethod
     def forward(ctx, a, lo, hi):
-        xp = xp_of(a)
+        xp = array_module(a)
         out = a
         if lo is not None:
             out = xp.maximum(out, lo)
@@ -358,7 +346,7 @@ class Sum(Op):
     @staticmethod
     def backward(ctx, g):
         g = g.reshape(_keep_shape(ctx.shape, ctx.axes))
-        return xp_of(g).broadcast_to(g, ctx.shape), None, None, None
+        return array_module(g).broadcast_to(g, ctx.shape), None, None, None
 
 
 class Mean(Op):
@@ -373,7 +361,7 @@ class Mean(Op):
     @staticmethod
     def backward(ctx, g):
         g = g.reshape(_keep_shape(ctx.shape, ctx.axes)) * (1.0 / ctx.n)
-        return xp_of(g).broadcast_to(g, ctx.shape), None, None
+        return array_module(g).broadcast_to(g, ctx.shape), None, None
 
 
 class Amax(Op):
@@ -400,7 +388,7 @@ class MaxDim(Op):
 
     @staticmethod
     def forward(ctx, a, dim, keepdim=False, is_min=False):
-        xp = xp_of(a)
+        xp = array_module(a)
         d = dim % max(a.ndim, 1)
         if a.ndim == 0:
             return a.copy(), xp.zeros((), dtype=np.int64)
@@ -415,7 +403,7 @@ class MaxDim(Op):
     def backward(ctx, g, _gi):
         if g is None:
             return None, None, None, None
-        xp = xp_of(g)
+        xp = array_module(g)
         if ctx.__dict__.get("shape") is None:
             return g, None, None, None
         d, shape = ctx.d, ctx.shape
@@ -447,7 +435,7 @@ class Var(Op):
 class Softmax(Op):
     @staticmethod
     def forward(ctx, a, dim):
-        xp = xp_of(a)
+        xp = array_module(a)
         out = a - a.max(axis=dim, keepdims=True)
         xp.exp(out, out=out)
         out /= out.sum(axis=dim, keepdims=True)
@@ -466,7 +454,7 @@ class Softmax(Op):
 class LogSoftmax(Op):
     @staticmethod
     def forward(ctx, a, dim):
-        xp = xp_of(a)
+        xp = array_module(a)
         out = a - a.max(axis=dim, keepdims=True)
         e = xp.exp(out)
         out -= xp.log(e.sum(axis=dim, keepdims=True))
@@ -476,23 +464,13 @@ class LogSoftmax(Op):
     @staticmethod
     def backward(ctx, g):
         out, dim = ctx.out, ctx.dim
-        gx = xp_of(g).exp(out)
+        gx = array_module(g).exp(out)
         gx *= -g.sum(axis=dim, keepdims=True)
         gx += g
         return gx, None
 
 
 # -- matmul ----------------------------------------------------------------------------------------
-_LOWP = (_backend.float16, _backend.bfloat16)
-
-
-def mm(a, b):
-    """a @ b; half precision on NumPy is computed in float32 and rounded (NumPy has no half BLAS)."""
-    if a.dtype in _LOWP and isinstance(a, np.ndarray):
-        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-    return xp_of(a).matmul(a, b)
-
-
 class Matmul(Op):
     @staticmethod
     def forward(ctx, a, b):
@@ -501,11 +479,11 @@ class Matmul(Op):
         ka = a.shape[-1]
         kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
         if ka != kb:
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_mshape(a)} and {_mshape(b)}): "
-                               f"inner dimensions {ka} and {kb} differ")
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_matrix_shape(a)} and "
+                               f"{_matrix_shape(b)}): inner dimensions {ka} and {kb} differ")
         ctx.a, ctx.b = a, b
         try:
-            return mm(a, b)
+            return array_matmul(a, b)
         except ValueError as e:
             raise RuntimeError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast: {e}") from None
 
@@ -519,25 +497,18 @@ class Matmul(Op):
             g = g.reshape(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1]))
         ga = gb = None
         if na:
-            ga = mm(g, b2.swapaxes(-1, -2))
+            ga = array_matmul(g, b2.swapaxes(-1, -2))
             ga = sum_to(ga, a2.shape).reshape(a.shape)
         if nb:
             if b2.ndim == 2 and a2.ndim > 2:
                 # fold the batch into rows: one GEMM instead of a batch of them and a sum
                 k = a2.shape[-1]
-                gb = mm(a2.reshape(-1, k).T, g.reshape(-1, g.shape[-1]))
+                gb = array_matmul(a2.reshape(-1, k).T, g.reshape(-1, g.shape[-1]))
             else:
-                gb = sum_to(mm(a2.swapaxes(-1, -2), g), b2.shape)
+                gb = sum_to(array_matmul(a2.swapaxes(-1, -2), g), b2.shape)
             gb = gb.reshape(b.shape)
         return ga, gb
 
 
-def _mshape(a):
+def _matrix_shape(a):
     return "x".join(str(s) for s in a.shape)
-
-
-# Shape ops live in ops_shape.py (file size); re-exported here.
-from .ops_shape import *  # noqa: E402,F401,F403
-from .ops_shape import __all__ as _shape_all  # noqa: E402
-
-__all__ += _shape_all

@@ -2,12 +2,12 @@
 import numpy as np
 
 from .. import _backend
+from .._array import HALF_DTYPES, array_matmul, sum_to
+from .._backend import array_module
 from .function import Op
-from .ops import mm, sum_to, xp_of
 
 __all__ = ["ScaledDotProductAttention", "CAUSAL_BLOCK"]
 
-_LOWP = (_backend.float16, _backend.bfloat16)
 CAUSAL_BLOCK = 64  # query rows per block in the causal path (64 measured fastest at T=256)
 
 
@@ -47,9 +47,9 @@ class ScaledDotProductAttention(Op):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale):
-        xp = xp_of(q)
+        xp = array_module(q)
         dt = q.dtype
-        if dt in _LOWP:
+        if dt in HALF_DTYPES:
             q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
         f = q.dtype.type
         L, S = q.shape[-2], k.shape[-2]
@@ -61,7 +61,7 @@ class ScaledDotProductAttention(Op):
         probs, keeps, outs = [], [], []
         for r0, r1, w in blocks:
             qb = q[..., r0:r1, :]
-            s = mm(qb, kt[..., :w])  # (..., r1 - r0, w)
+            s = array_matmul(qb, kt[..., :w])  # (..., r1 - r0, w)
             s *= f(scale)
             if is_causal:
                 s = _mask_upper_(s, r0, xp)
@@ -74,18 +74,18 @@ class ScaledDotProductAttention(Op):
                 keep = _random_keep(p.shape, dropout_p, q)
                 pd = p * keep
                 pd *= f(1.0 / (1.0 - dropout_p))
-            outs.append(mm(pd, v[..., :w, :]))
+            outs.append(array_matmul(pd, v[..., :w, :]))
             probs.append(p)
             keeps.append(keep)
         out = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=-2)
         ctx.q, ctx.k, ctx.v, ctx.probs, ctx.keeps, ctx.blocks = q, k, v, probs, keeps, blocks
         ctx.scale, ctx.dp, ctx.dt = f(scale), dropout_p, dt
-        return out.astype(dt) if dt in _LOWP else out
+        return out.astype(dt) if dt in HALF_DTYPES else out
 
     @staticmethod
     def backward(ctx, g):
         q, k, v = ctx.q, ctx.k, ctx.v
-        xp = xp_of(q)
+        xp = array_module(q)
         f = q.dtype.type
         g = g.astype(q.dtype, copy=False)
         nq, nk, nv = ctx.needs_input_grad[:3]
@@ -98,8 +98,8 @@ class ScaledDotProductAttention(Op):
             gb = g[..., r0:r1, :]
             if nv:
                 pd = p if keep is None else p * keep * inv_keep
-                gv[..., :w, :] += mm(pd.swapaxes(-1, -2), gb)
-            gp = mm(gb, v[..., :w, :].swapaxes(-1, -2))  # (..., rows, w)
+                gv[..., :w, :] += array_matmul(pd.swapaxes(-1, -2), gb)
+            gp = array_matmul(gb, v[..., :w, :].swapaxes(-1, -2))  # (..., rows, w)
             if keep is not None:
                 gp *= keep
                 gp *= inv_keep
@@ -108,9 +108,9 @@ class ScaledDotProductAttention(Op):
             gp *= p
             gp *= ctx.scale
             if nq:
-                gq_parts.append(mm(gp, k[..., :w, :]))
+                gq_parts.append(array_matmul(gp, k[..., :w, :]))
             if nk:
-                gk[..., :w, :] += mm(gp.swapaxes(-1, -2), q[..., r0:r1, :])
+                gk[..., :w, :] += array_matmul(gp.swapaxes(-1, -2), q[..., r0:r1, :])
         gq = None
         if nq:
             gq = gq_parts[0] if len(gq_parts) == 1 else xp.concatenate(gq_parts, axis=-2)
@@ -118,6 +118,6 @@ class ScaledDotProductAttention(Op):
         gk = sum_to(gk, k.shape) if nk else None
         gv = sum_to(gv, v.shape) if nv else None
         dt = ctx.dt
-        if dt in _LOWP:
+        if dt in HALF_DTYPES:
             gq, gk, gv = (a.astype(dt) if a is not None else None for a in (gq, gk, gv))
         return gq, gk, gv, None, None, None, None

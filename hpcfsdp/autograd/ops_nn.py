@@ -7,20 +7,19 @@ import math
 
 import numpy as np
 
-from .. import _backend
-from .ops import index_add, mm, sum_to, xp_of
+from .._array import HALF_DTYPES, array_matmul, index_add, sum_to
+from .._backend import array_module
 from .function import Op
-from .ops_attention import _random_keep
+from .ops_attention import ScaledDotProductAttention, _random_keep
 
 __all__ = ["Linear", "Gelu", "GeluTanh", "LayerNorm", "CrossEntropy", "Embedding", "Dropout",
            "ScaledDotProductAttention", "MseLoss", "erf", "normal_cdf"]
 
-_LOWP = (_backend.float16, _backend.bfloat16)
 _CHUNK = 1 << 15  # elements per block for multi-pass element-wise kernels: keeps temporaries in L2
 
 
 def _compute_dtype(dt):
-    return np.float32 if dt in _LOWP else dt
+    return np.float32 if dt in HALF_DTYPES else dt
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -72,7 +71,7 @@ def _blocked(fn, *arrays):
     through memory.
     """
     first = arrays[0]
-    if xp_of(first) is not np or first.size <= 2 * _CHUNK:
+    if array_module(first) is not np or first.size <= 2 * _CHUNK:
         fn(*arrays)
         return
     flat = [a.reshape(-1) for a in arrays]
@@ -83,7 +82,7 @@ def _blocked(fn, *arrays):
 
 def erf(x):
     """Vectorised erf of a floating array (See [Note: erf])."""
-    xp = xp_of(x)
+    xp = array_module(x)
     x = xp.ascontiguousarray(x)
     out = xp.empty_like(x)
     _blocked(lambda o, a: _rational_odd(a, o, _ERF_P, _ERF_Q, _ERF_CLAMP, 0.0, xp), out, x)
@@ -92,7 +91,7 @@ def erf(x):
 
 def normal_cdf(x):
     """Standard normal CDF, 0.5 * (1 + erf(x / sqrt(2)))."""
-    xp = xp_of(x)
+    xp = array_module(x)
     x = xp.ascontiguousarray(x)
     out = xp.empty_like(x)
     _blocked(lambda o, a: _rational_odd(a, o, _CDF_P, _CDF_Q, _CDF_CLAMP, 0.5, xp), out, x)
@@ -105,8 +104,8 @@ class Gelu(Op):
     @staticmethod
     def forward(ctx, x):
         dt = x.dtype
-        xc = x.astype(np.float32) if dt in _LOWP else x
-        xp = xp_of(xc)
+        xc = x.astype(np.float32) if dt in HALF_DTYPES else x
+        xp = array_module(xc)
         xc = xp.ascontiguousarray(xc)
         cdf = xp.empty_like(xc)
         out = xp.empty_like(xc)
@@ -117,12 +116,12 @@ class Gelu(Op):
 
         _blocked(kernel, out, cdf, xc)
         ctx.x, ctx.cdf = xc, cdf
-        return out.astype(dt) if dt in _LOWP else out
+        return out.astype(dt) if dt in HALF_DTYPES else out
 
     @staticmethod
     def backward(ctx, g):
         x, cdf = ctx.x, ctx.cdf
-        xp = xp_of(x)
+        xp = array_module(x)
         dt = x.dtype.type
         gc = xp.ascontiguousarray(g, dtype=x.dtype)
         out = xp.empty_like(x)
@@ -148,8 +147,8 @@ class GeluTanh(Op):
     @staticmethod
     def forward(ctx, x):
         dt = x.dtype
-        xc = x.astype(np.float32) if dt in _LOWP else x
-        xp = xp_of(xc)
+        xc = x.astype(np.float32) if dt in HALF_DTYPES else x
+        xp = array_module(xc)
         f = xc.dtype.type
         inner = xc * xc
         inner *= f(0.044715)
@@ -161,7 +160,7 @@ class GeluTanh(Op):
         out *= xc
         out *= f(0.5)
         ctx.x, ctx.th = xc, th
-        return out.astype(dt) if dt in _LOWP else out
+        return out.astype(dt) if dt in HALF_DTYPES else out
 
     @staticmethod
     def backward(ctx, g):
@@ -192,7 +191,7 @@ class Linear(Op):
                                f"({int(np.prod(x.shape[:-1]))}x{x.shape[-1]} and {w.shape[1]}x{w.shape[0]})")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        out = mm(x2, w.T)
+        out = array_matmul(x2, w.T)
         if b is not None:
             out += b
         ctx.x2, ctx.w, ctx.has_b = x2, w, b is not None
@@ -203,9 +202,9 @@ class Linear(Op):
         x2, w = ctx.x2, ctx.w
         nx, nw, nb = (ctx.needs_input_grad + (False,))[:3]
         g2 = g.reshape(-1, g.shape[-1])
-        gx = mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if nx else None
-        gw = mm(g2.T, x2) if nw else None
-        gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype in _LOWP else None).astype(g2.dtype, copy=False) \
+        gx = array_matmul(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if nx else None
+        gw = array_matmul(g2.T, x2) if nw else None
+        gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype in HALF_DTYPES else None).astype(g2.dtype, copy=False) \
             if (ctx.has_b and nb) else None
         return gx, gw, gb
 
@@ -216,11 +215,11 @@ class LayerNorm(Op):
     @staticmethod
     def forward(ctx, x, nd, w=None, b=None, eps=1e-5):
         dt = x.dtype
-        xp = xp_of(x)
+        xp = array_module(x)
         shape = x.shape
         d = int(np.prod(shape[len(shape) - nd:])) if nd else 1
         xc = x.reshape(-1, d)
-        if dt in _LOWP:
+        if dt in HALF_DTYPES:
             xc = xc.astype(np.float32)
         mean = xc.mean(axis=1, keepdims=True)
         xhat = xc - mean
@@ -241,12 +240,12 @@ class LayerNorm(Op):
         ctx.xhat, ctx.rstd, ctx.w, ctx.has_b, ctx.shape, ctx.dt = xhat, rstd, w, b is not None, shape, dt
         ctx.nshape = shape[len(shape) - nd:]
         out = out.reshape(shape)
-        return out.astype(dt) if dt in _LOWP else out
+        return out.astype(dt) if dt in HALF_DTYPES else out
 
     @staticmethod
     def backward(ctx, g):
         xhat, rstd, w = ctx.xhat, ctx.rstd, ctx.w
-        xp = xp_of(xhat)
+        xp = array_module(xhat)
         nx, _, nw, nb, _ = ctx.needs_input_grad
         d = xhat.shape[1]
         g2 = g.reshape(-1, d)
@@ -280,9 +279,9 @@ class CrossEntropy(Op):
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, reduction, label_smoothing):
-        xp = xp_of(x)
+        xp = array_module(x)
         dt = x.dtype
-        xf = x.astype(np.float32) if dt in _LOWP else x
+        xf = x.astype(np.float32) if dt in HALF_DTYPES else x
         n, c = xf.shape
         f = xf.dtype.type
         valid = target != ignore_index
@@ -323,14 +322,14 @@ class CrossEntropy(Op):
             out = loss
         ctx.e, ctx.s, ctx.tsafe, ctx.validf, ctx.wt, ctx.w, ctx.eps = e, s, tsafe, validf, wt, w, eps
         ctx.red, ctx.denom, ctx.dt = reduction, denom, dt
-        return out.astype(dt) if dt in _LOWP else out
+        return out.astype(dt) if dt in HALF_DTYPES else out
 
     @staticmethod
     def backward(ctx, g):
         # dL/dz_ij = a_i [(1 - eps) w_ti (p_ij - [j == t_i]) + eps / C (W p_ij - w_j)],
         # a_i = (upstream scale) * valid_i, W = sum_c w_c (C without weights)
         e, tsafe, wt, w, eps = ctx.e, ctx.tsafe, ctx.wt, ctx.w, ctx.eps  # p = e / s row-wise
-        xp = xp_of(e)
+        xp = array_module(e)
         n, c = e.shape
         f = e.dtype.type
         g = g.astype(e.dtype, copy=False)
@@ -374,7 +373,7 @@ class MseLoss(Op):
 class Embedding(Op):
     @staticmethod
     def forward(ctx, idx, w, padding_idx=None):
-        xp = xp_of(w)
+        xp = array_module(w)
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= w.shape[0]:
@@ -384,7 +383,7 @@ class Embedding(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = xp_of(g)
+        xp = array_module(g)
         idx = ctx.idx.reshape(-1)
         d = ctx.shape[1]
         g2 = g.reshape(-1, d)
@@ -420,4 +419,3 @@ class Dropout(Op):
 
 
 # Attention lives in ops_attention.py (file size); re-exported here.
-from .ops_attention import ScaledDotProductAttention  # noqa: E402,F401

@@ -1,12 +1,13 @@
 """Shape primitives on raw arrays (views where the array library gives them), cat/stack/where, casts.
 
-Part of the primitive set of ops.py (See its docstring); re-exported from there.
+Part of the primitive set of ops.py (See its docstring), which re-exports them.
 """
 import numpy as np
 
 from .. import _backend
+from .._array import index_add, shape_of, sum_to
+from .._backend import array_module
 from .function import Op
-from .ops import _shape, sum_to, xp_of
 
 __all__ = ["Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack", "Where", "MaskedFill", "Clone",
            "Contiguous", "Cast", "ToDevice", "index_add"]
@@ -39,21 +40,11 @@ class Expand(Op):
     @staticmethod
     def forward(ctx, a, shape):
         ctx.shape = a.shape
-        return xp_of(a).broadcast_to(a, shape)
+        return array_module(a).broadcast_to(a, shape)
 
     @staticmethod
     def backward(ctx, g):
         return sum_to(g, ctx.shape), None
-
-
-def index_add(out, idx, values):
-    """out[idx] += values with repeated indices accumulating (np.add.at / cupyx.scatter_add)."""
-    if isinstance(out, np.ndarray):
-        np.add.at(out, idx, values)
-    else:
-        import cupyx  # noqa: PLC0415
-
-        cupyx.scatter_add(out, idx, values)
 
 
 def _is_basic(idx):
@@ -69,7 +60,7 @@ class GetItem(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = xp_of(g)
+        xp = array_module(g)
         out = xp.zeros(ctx.shape, dtype=g.dtype)
         if _is_basic(ctx.idx):
             out[ctx.idx] = g
@@ -83,7 +74,7 @@ class Split(Op):
 
     @staticmethod
     def forward(ctx, a, sizes, dim):
-        xp = xp_of(a)
+        xp = array_module(a)
         bounds = np.cumsum(sizes)[:-1].tolist()
         ctx.shape, ctx.dim, ctx.sizes = a.shape, dim, sizes
         return tuple(xp.split(a, bounds, axis=dim))
@@ -91,7 +82,7 @@ class Split(Op):
     @staticmethod
     def backward(ctx, *grads):
         ref = next(g for g in grads if g is not None)
-        xp = xp_of(ref)
+        xp = array_module(ref)
         parts = []
         for g, s in zip(grads, ctx.sizes):
             if g is None:
@@ -107,36 +98,36 @@ class Cat(Op):
     def forward(ctx, dim, *arrays):
         ctx.dim = dim
         ctx.sizes = [a.shape[dim] for a in arrays]
-        return xp_of(arrays[0]).concatenate(arrays, axis=dim)
+        return array_module(arrays[0]).concatenate(arrays, axis=dim)
 
     @staticmethod
     def backward(ctx, g):
         bounds = np.cumsum(ctx.sizes)[:-1].tolist()
-        return (None,) + tuple(xp_of(g).split(g, bounds, axis=ctx.dim))
+        return (None,) + tuple(array_module(g).split(g, bounds, axis=ctx.dim))
 
 
 class Stack(Op):
     @staticmethod
     def forward(ctx, dim, *arrays):
         ctx.dim = dim
-        return xp_of(arrays[0]).stack(arrays, axis=dim)
+        return array_module(arrays[0]).stack(arrays, axis=dim)
 
     @staticmethod
     def backward(ctx, g):
-        g = xp_of(g).moveaxis(g, ctx.dim, 0)
+        g = array_module(g).moveaxis(g, ctx.dim, 0)
         return (None,) + tuple(g[i] for i in range(g.shape[0]))
 
 
 class Where(Op):
     @staticmethod
     def forward(ctx, cond, a, b):
-        ctx.cond, ctx.sa, ctx.sb = cond, _shape(a), _shape(b)
-        return xp_of(cond).where(cond, a, b)
+        ctx.cond, ctx.sa, ctx.sb = cond, shape_of(a), shape_of(b)
+        return array_module(cond).where(cond, a, b)
 
     @staticmethod
     def backward(ctx, g):
         _, na, nb = ctx.needs_input_grad
-        xp = xp_of(g)
+        xp = array_module(g)
         zero = g.dtype.type(0)
         ga = sum_to(xp.where(ctx.cond, g, zero), ctx.sa) if na else None
         gb = sum_to(xp.where(ctx.cond, zero, g), ctx.sb) if nb else None
@@ -146,7 +137,7 @@ class Where(Op):
 class MaskedFill(Op):
     @staticmethod
     def forward(ctx, a, mask, value):
-        xp = xp_of(a)
+        xp = array_module(a)
         ctx.mask = mask
         if hasattr(value, "shape"):
             value = value.astype(a.dtype)
@@ -160,7 +151,7 @@ class MaskedFill(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return xp_of(g).where(ctx.mask, g.dtype.type(0), g), None, None
+        return array_module(g).where(ctx.mask, g.dtype.type(0), g), None, None
 
 
 class Clone(Op):
@@ -178,7 +169,7 @@ class Clone(Op):
 class Contiguous(Op):
     @staticmethod
     def forward(ctx, a):
-        return xp_of(a).ascontiguousarray(a)
+        return array_module(a).ascontiguousarray(a)
 
     @staticmethod
     def backward(ctx, g):

@@ -3,7 +3,8 @@ import math
 
 import numpy as np
 
-from .._tensor import Tensor, _category
+from .._array import dtype_category as _category
+from .._tensor import Tensor
 from ..autograd import ops, ops_nn
 
 __all__ = [
