@@ -240,9 +240,9 @@ def test_gradient_divide_factor_and_all_reduce_hook():
 
 
 def test_check_finite_names_parameter_and_step(monkeypatch):
-    import hpcfsdp.distributed.fsdp._fully_shard._fsdp_param_group as pg_mod
+    import hpcfsdp.distributed.fsdp._fully_shard._fsdp_collectives as collectives
 
-    monkeypatch.setattr(pg_mod, "_CHECK_FINITE", True)
+    monkeypatch.setattr(collectives, "_CHECK_FINITE", True)
     w, _ = world()
     model = _sharded(True, n_layer=1)
     x, y = gpt_batches(1, 4 * w + 1)[0]

@@ -79,14 +79,15 @@ def get_mesh_info(mesh: Any, dp_mesh_dims: DataParallelMeshDims | None):
     if not dp_mesh_dims.shard_names:
         pg, size, rank = _dim_group(mesh, dp_mesh_dims.replicate_names)
         return DDPMeshInfo(mesh, names.index(dp_mesh_dims.replicate_names[0]), pg, size, rank)
-    spg, ssize, srank = _dim_group(mesh, dp_mesh_dims.shard_names)
-    sdim = names.index(dp_mesh_dims.shard_names[0])
+    shard_group, shard_size, shard_rank = _dim_group(mesh, dp_mesh_dims.shard_names)
+    shard_mesh_dim = names.index(dp_mesh_dims.shard_names[0])
     if not dp_mesh_dims.replicate_names:
-        return FSDPMeshInfo(mesh, sdim, spg, ssize, srank, is_spmd_mesh=spmd)
-    rpg, rsize, rrank = _dim_group(mesh, dp_mesh_dims.replicate_names)
-    return HSDPMeshInfo(mesh, sdim, spg, ssize, srank, is_spmd_mesh=spmd,
+        return FSDPMeshInfo(mesh, shard_mesh_dim, shard_group, shard_size, shard_rank, is_spmd_mesh=spmd)
+    replicate_group, replicate_size, replicate_rank = _dim_group(mesh, dp_mesh_dims.replicate_names)
+    return HSDPMeshInfo(mesh, shard_mesh_dim, shard_group, shard_size, shard_rank, is_spmd_mesh=spmd,
                         replicate_mesh_dim=names.index(dp_mesh_dims.replicate_names[0]),
-                        replicate_process_group=rpg, replicate_world_size=rsize, replicate_mesh_rank=rrank)
+                        replicate_process_group=replicate_group, replicate_world_size=replicate_size,
+                        replicate_mesh_rank=replicate_rank)
 
 
 _post_forward_groups: dict = {}
