@@ -271,6 +271,13 @@ class DTensor(Tensor):
         return float(buf[0])
 
 
+    @classmethod
+    def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
+        """The total norm of DTensor gradients: a DTensor replicated over their mesh (PyTorch's result type)."""
+        mesh = grads[0]._spec.mesh
+        return DTensor.from_local(total, mesh, [Replicate()] * mesh.ndim)
+
+
 def _shard_key(spec: DTensorSpec):
     """The rank sets the partial norm is summed over (equal keys: one reduction serves both)."""
     dims = sorted({i for i, p in enumerate(spec.placements) if isinstance(p, Shard)})

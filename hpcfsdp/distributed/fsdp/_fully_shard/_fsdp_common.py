@@ -59,6 +59,17 @@ class FSDPMeshInfo:
     shard_world_size: int = 1
     shard_mesh_rank: int = 0
     is_spmd_mesh: bool = False
+    # every mesh dim the shard group flattens, in mesh order (shard_mesh_dim is the first); see [Note: Flat layout]
+    shard_mesh_dims: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.shard_mesh_dims and self.shard_mesh_dim is not None:
+            self.shard_mesh_dims = (self.shard_mesh_dim,)
+
+    @property
+    def shard_mesh_sizes(self) -> tuple:
+        """Sizes of the mesh dims the shard group flattens (the nesting of the parameters' pieces)."""
+        return tuple(self.mesh.size(d) for d in self.shard_mesh_dims) if len(self.shard_mesh_dims) > 1 else ()
 
     @property
     def is_hsdp(self) -> bool:

@@ -82,6 +82,44 @@ class ParamLayout:
             seg[whole + 1:] = 0
 
 
+# [Note: Freed for backward]
+# Between a reshard and the next all-gather an unsharded parameter's storage is a meta array. An op that
+# used it in forward reads its storage again in backward (see [Note: Swappable storage]), so backward
+# needs the group to be all-gathered first; ``set_unshard_in_backward(False)`` skips that all-gather,
+# which is only right when backward never reads the weights (an embedding's does not). A meta array
+# would silently compute zeros; so while that setting is off, a resharded parameter's storage is a
+# ``FreedStorage`` instead, and any computation on it raises the error it carries, naming the
+# parameter, its module and the setting (PyTorch fails there with a storage error).
+
+
+_SHAPE_ONLY = frozenset(np.__dict__[n] for n in ("shape", "ndim", "size", "result_type", "zeros_like",
+                                                   "empty_like", "ones_like", "full_like"))
+
+
+class FreedStorage(np.ndarray):
+    """A zero-strided placeholder whose use in a computation raises; see [Note: Freed for backward]."""
+
+    message = "this FSDP parameter's storage was freed"
+
+    @classmethod
+    def make(cls, shape, dtype, message: str) -> "FreedStorage":
+        out = np.broadcast_to(np.zeros((), dtype=dtype), tuple(shape)).view(cls)
+        out.message = message
+        return out
+
+    def __array_finalize__(self, obj):
+        if obj is not None:
+            self.message = getattr(obj, "message", FreedStorage.message)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        raise RuntimeError(self.message)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in _SHAPE_ONLY:
+            return super().__array_function__(func, types, args, kwargs)
+        raise RuntimeError(self.message)
+
+
 class FSDPParam:
     """Sharding of one parameter; see [Note: Flat layout]."""
 
@@ -100,9 +138,9 @@ class FSDPParam:
         self.requires_grad = param.requires_grad
         self.module_infos = module_infos
         moved = (shape[self.shard_dim],) + shape[:self.shard_dim] + shape[self.shard_dim + 1:]
-        world, rank = mesh_info.shard_world_size, mesh_info.shard_mesh_rank
-        self.layout = ParamLayout(moved[0], moved[1:], world, rank)
-        self.reduce_scatter_layout = ParamLayout(moved[0], moved[1:], world, rank)
+        world, rank, sizes = mesh_info.shard_world_size, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_sizes
+        self.layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
+        self.reduce_scatter_layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
         self.post_forward_layout = None
         if post_forward_mesh_info is not None and post_forward_mesh_info is not mesh_info:
             self.post_forward_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
@@ -112,8 +150,8 @@ class FSDPParam:
         self.reduce_dtype = _backend.to_dtype(reduce_dtype) if reduce_dtype is not None else self.param_dtype
         self.mesh_info = mesh_info
         placements = [Replicate()] * mesh_info.mesh.ndim
-        if mesh_info.shard_mesh_dim is not None:
-            placements[mesh_info.shard_mesh_dim] = Shard(self.shard_dim)
+        for mesh_dim in mesh_info.shard_mesh_dims:  # nested pieces: see [Note: Flat layout]
+            placements[mesh_dim] = Shard(self.shard_dim)
         self.placements = tuple(placements)
         self.sharded_param = None
         self.unsharded_param = None
@@ -182,8 +220,18 @@ class FSDPParam:
         """``front``: the full parameter with the shard dim in front."""
         self.unsharded_param._data = self.from_front(front)
 
-    def free_unsharded(self):
-        self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+    def free_unsharded(self, unshard_in_backward: bool = True):
+        """Drop the full data. Without an all-gather before backward, any use of it there raises
+        (see [Note: Freed for backward])."""
+        if unshard_in_backward:
+            self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+            return
+        module = self.module_infos[0][0]
+        self.unsharded_param._data = FreedStorage.make(self.global_shape, self.param_dtype, (
+            f"backward needs the parameter {self.fqn or self.name} of {type(module).__name__}, but "
+            "set_unshard_in_backward(False) was called on that module, so FSDP does not all-gather its "
+            "parameters for backward; call set_unshard_in_backward(True) (the default) or keep them "
+            "unsharded after forward (reshard_after_forward=False)"))
 
     def unsharded_front(self):
         return self.to_front(self.unsharded_param._data)

@@ -189,7 +189,7 @@ class FSDPParamGroup:
         if self.sharded_state == ShardedState.UNSHARDED:
             for p in self.fsdp_params:
                 p.set_on_modules(p.sharded_param)
-                p.free_unsharded()
+                p.free_unsharded(self.unshard_in_backward)
         self._post_forward_buffer = None
         self.sharded_state = ShardedState.SHARDED
 

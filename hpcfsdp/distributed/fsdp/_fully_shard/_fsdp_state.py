@@ -14,6 +14,7 @@ order on its communication thread; prefetch only changes when they are issued, n
 """
 
 import collections
+import functools
 
 from .... import _backend
 from ...._tensor import Tensor
@@ -89,18 +90,29 @@ class FSDPState:
         self._states_to_forward_prefetch = None
         self._states_to_backward_prefetch = None
         self._pre_backward_hook_ran = False
+        self._modules_to_run = set()  # ids of this unit's modules whose forward has not run yet (several modules)
         self._backward_prefetch_post = False  # FSDP1 BACKWARD_POST: prefetch after this module's backward
 
     # -- hooks ----------------------------------------------------------------------------------------
     def register_hooks(self):
+        """Forward hooks on every module of the call. Modules passed together (``fully_shard([m1, m2])``)
+        are one unit: its pre-forward runs before the first of them runs, its post-forward after the last."""
         for m in self._modules:
             m.register_forward_pre_hook(self._pre_forward_hook, prepend=True, with_kwargs=True)
-            m.register_forward_hook(self._post_forward_hook, prepend=False)
+            m.register_forward_hook(functools.partial(self._post_forward_hook, m), prepend=False)
 
     def _pre_forward_hook(self, module, args, kwargs):
+        if len(self._modules) > 1:
+            if self._modules_to_run:
+                return None
+            self._modules_to_run = {id(m) for m in self._modules}
         return self._pre_forward(module, args, kwargs)
 
-    def _post_forward_hook(self, module, args, output):
+    def _post_forward_hook(self, registered, module, args, output):
+        if len(self._modules) > 1:
+            self._modules_to_run.discard(id(registered))
+            if self._modules_to_run:
+                return None
         return self._post_forward(module, args, output)
 
     def _all_param_groups(self):

@@ -14,6 +14,7 @@ from ._fsdp_init import (
     get_managed_modules_and_params,
     get_mesh_info,
     get_post_forward_mesh_info,
+    get_root_modules,
     init_default_mesh,
     validate_mesh,
     validate_module,
@@ -120,9 +121,10 @@ def fully_shard(
     post_forward_mesh_info = get_post_forward_mesh_info(
         True if auto_reshard_after_forward else reshard_after_forward, mesh_info)
     device = get_device_from_mesh(mesh)
-    managed, params = get_managed_modules_and_params(input_modules, ignored_params)
+    root_modules = get_root_modules(input_modules)  # a list is one unit: hooks on its outermost modules
+    managed, params = get_managed_modules_and_params(root_modules, ignored_params)
     check_param_devices(params, device)
-    converted = tuple(_as_fsdp_module(item) for item in input_modules)
+    converted = tuple(_as_fsdp_module(item) for item in root_modules)
     state = FSDPState(list(converted), mp_policy)
     state._auto_reshard_after_forward = auto_reshard_after_forward
     state.mesh_info = mesh_info
@@ -144,7 +146,7 @@ def fully_shard(
     state.register_hooks()
     for m in list(converted) + [m for m in managed if m not in converted]:
         registry(m)[_FULLY_SHARD_STATE_KEY] = state
-    return list(converted) if input_is_list else converted[0]
+    return module if input_is_list else converted[0]
 
 
 def _fully_shard_state(module: Any) -> FSDPState:
@@ -199,10 +201,9 @@ class FSDPModule:
         self._get_fsdp_state()._reset_iter_state()
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
-        """When false, the end of backward does not wait for the gradient reductions in flight."""
-        state = self._get_fsdp_state()
-        state._lazy_init()
-        state._ctx.is_last_backward = bool(is_last_backward)
+        """When false, the end of backward does not wait for the gradient reductions in flight. Set on the
+        state's context: before the root's lazy init that is this module's own, which the root's replaces."""
+        self._get_fsdp_state()._ctx.is_last_backward = bool(is_last_backward)
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """False: accumulate unsharded gradients locally, without communication (gradient accumulation)."""
