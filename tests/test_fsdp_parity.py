@@ -291,3 +291,24 @@ def test_clip_grad_norm_returns_a_replicated_dtensor():
     np.testing.assert_allclose(global_mean(total.item()), want, rtol=1e-5)  # the same on every rank
     plain = nn.utils.clip_grad_norm_(ref.parameters(), 1e9)
     assert not isinstance(plain, DTensor)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("reduce_dtype", ["float32", "float16"])
+def test_hsdp_divide_factors_with_and_without_all_reduce(reduce_dtype):
+    """2 replicas x 2 shards: every rank's gradient c reduces to c (the mean) in float16 too, and a
+    micro-batch without the all-reduce (set_requires_all_reduce(False)) accumulates correctly."""
+    mesh = dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    dt = getattr(hp, reduce_dtype)
+    model = Scaled()
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=dt))
+    value = 30000.0  # 4 x 30000 overflows float16; pre-divided by 2, the sums stay below 65504
+    model(hp.tensor(np.float32(value))).backward()
+    np.testing.assert_array_equal(full(model.w.grad), np.full(8, value, np.float32))
+    model.w.grad = None
+    model.set_requires_all_reduce(False)
+    model(hp.tensor(np.float32(value / 2))).backward()
+    assert model.w.grad is None  # nothing written until the all-reduce
+    model.set_requires_all_reduce(True)
+    model(hp.tensor(np.float32(value / 2))).backward()
+    np.testing.assert_array_equal(full(model.w.grad), np.full(8, value, np.float32))

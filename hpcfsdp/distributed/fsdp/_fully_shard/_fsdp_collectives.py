@@ -225,7 +225,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
 
     Returns (ReduceResult or None, partial output): None and the accumulated reduce-scatter output for HSDP
     without all-reduce; see [Note: One group's collectives]."""
-    pre, post, rs_op, ar_op = get_gradient_divide_factors(
+    pre, post, reduce_scatter_op, all_reduce_op = get_gradient_divide_factors(
         reduce_scatter_group.size(), all_reduce_group.size() if all_reduce_group is not None else None,
         reduce_dtype, divide_factor, force_sum_reduction_for_comms)
     world = reduce_scatter_group.size()
@@ -239,7 +239,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             layout.scatter_into(inp, total, p.to_front(g._data))
     _divide_if_needed(inp, pre)
     out_t = comm.allocate((total,), dtype=reduce_dtype, device=device)
-    works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, rs_op, async_op=True)]
+    works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
     out = _array(out_t, "reduce-scatter output")
     if all_reduce_group is not None:
         if not all_reduce_grads:
@@ -249,7 +249,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             _wait(works)
             works = []
             out += partial
-        works.append(all_reduce_group.all_reduce_(out, ar_op, async_op=True))
+        works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
     return ReduceResult(group, works, out, list(params), had_grad, post), None
 
 
