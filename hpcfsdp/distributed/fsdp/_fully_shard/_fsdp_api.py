@@ -1,4 +1,4 @@
-"""Composable sharding policies and the communication interfaces FSDP calls (seed 001)."""
+"""Composable sharding policies and the communication interfaces FSDP calls."""
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""fully_shard, FSDPModule and its controls, UnshardHandle (seed 003), on hpcfsdp's autograd and MPI comm layer."""
+"""fully_shard, FSDPModule and its controls, UnshardHandle, on hpcfsdp's autograd and MPI comm layer."""
 
 import contextlib
 import functools
