@@ -135,12 +135,14 @@ def test_watchdog_peer_report_names_missing_and_elsewhere_ranks():
     # collective number, so the collectors (group ranks 0 and 1) must name it; with 4 ranks, rank 3 stays silent.
     from mpi4py import MPI
 
+    from hpcfsdp.distributed._failure import CollectiveRecord
+
     pg = ProcessGroup(MPI.COMM_WORLD, name="wd")
     n, r = pg.size(), pg.rank()
     pg.barrier()
     silent = 3 if n >= 4 else None
     seq = 7 if r != 1 else 8
-    meta = [seq, "all_reduce", 4, "float32", "SUM", -1, pg, None]
+    meta = CollectiveRecord(seq, "all_reduce", 4, "float32", "SUM", -1, pg)
     if r != silent:
         report, linger = P._peer_report(meta, 1.0, 9.0)
     pg.barrier()

@@ -184,26 +184,3 @@ def test_default_group_lifecycle_and_init_checks():
     dist.destroy_process_group()
     assert comm_timeout() == float(os.environ.get("HPCFSDP_COMM_TIMEOUT", "600"))  # back to the environment
     assert dist.get_world_size() == 1  # re-initialised lazily on first use
-
-
-@pytest.mark.mpi(min_size=2)
-def test_mpi_comm_implementations_of_the_fsdp_interfaces():
-    from hpcfsdp.distributed._comms import MPIAllGather, MPIReduceScatter
-    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-
-    n, me = dist.get_world_size(), dist.get_rank()
-    g = dist.group.WORLD
-    ag, rs = MPIAllGather(), MPIReduceScatter()
-    assert isinstance(ag, AllGather) and isinstance(rs, ReduceScatter)
-    out = ag.allocate((n * 3,), dtype=np.float32, device="cpu")
-    assert isinstance(out, Tensor) and out._data.shape == (n * 3,) and out._data.dtype == np.float32
-    w = ag(out, T(np.full(3, me, np.float32)), g, async_op=True)
-    w.wait()
-    assert np.array_equal(out._data, np.repeat(np.arange(n, dtype=np.float32), 3))
-    red = rs.allocate((2,), dtype=np.float64, device="cpu")
-    rs(red, T(np.arange(2 * n, dtype=np.float64)), g, dist.ReduceOp.AVG)
-    assert np.array_equal(red._data, np.arange(2 * me, 2 * me + 2, dtype=np.float64))
-    with pytest.raises(TypeError, match="expected a ProcessGroup"):
-        ag(out, T(np.zeros(3, np.float32)), "world")
-    with pytest.raises(ValueError, match="device meta cannot hold"):
-        ag.allocate((2,), dtype=np.float32, device="meta")

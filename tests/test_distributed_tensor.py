@@ -147,3 +147,29 @@ def test_hp_reduce_norm_sums_over_shard_groups_only():
     other = distribute_tensor(Tensor._wrap(x), m, [Shard(0), Replicate()])  # sharded over the other mesh dim
     with pytest.raises(RuntimeError, match="cannot share one reduction"):
         DTensor.__hp_reduce_norm__([d, other], local2, 2.0)
+
+
+def test_fsdp_layout_uses_the_dtensor_chunking_and_round_trips():
+    """FSDP's flat layout puts each rank's DTensor piece (nested over several mesh dims) in front of its padded
+    slot; packing a full array rank-major and gathering it back is the identity."""
+    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_param import ParamLayout
+    from hpcfsdp.distributed.tensor._dtensor import _nested_chunk_bounds
+
+    for rows in range(0, 12):
+        for sizes in [(4,), (2, 2), (1, 2), (3, 2)]:
+            world = int(np.prod(sizes))
+            layouts = [ParamLayout(rows, (3,), world, r, sizes if len(sizes) > 1 else ()) for r in range(world)]
+            for r, lay in enumerate(layouts):
+                want = _nested_chunk_bounds(rows, sizes, np.unravel_index(r, sizes))
+                assert (lay.start, lay.stop) == want, (rows, sizes, r)
+                assert lay.padded == max(b - a for a, b in (
+                    _nested_chunk_bounds(rows, sizes, np.unravel_index(q, sizes)) for q in range(world)))
+            full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+            lay = layouts[0]
+            buf = np.full(world * lay.numel, np.nan, np.float32)
+            lay.scatter_into(buf, lay.numel, full)
+            assert not np.isnan(buf).any()  # padding is zeroed
+            np.testing.assert_array_equal(lay.gathered(buf, lay.numel, np, np.float32), full)
+            for r, other in enumerate(layouts):  # each rank's slot starts with exactly its piece
+                slot = buf.reshape(world, -1)[r].reshape(lay.padded, 3)
+                np.testing.assert_array_equal(slot[:other.stop - other.start], full[other.start:other.stop])

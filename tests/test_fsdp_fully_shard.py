@@ -180,13 +180,13 @@ def test_sharding_states_after_forward_and_backward():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_reduce_dtype_and_parity(dtype):
     from hpcfsdp.distributed.fsdp import ReduceScatter
-    from hpcfsdp.distributed._comms import MPIReduceScatter
+    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
     w, _ = world()
     dt = getattr(hp, dtype)
     seen = []
 
-    class Spy(MPIReduceScatter):
+    class Spy(DefaultReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             seen.append(input_tensor.dtype)
             return super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
@@ -242,3 +242,29 @@ def test_module_apply_converts_each_shard():
     _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
     loss.backward()
     assert all(p.grad.dtype == hp.float64 for p in model.parameters())
+
+
+def test_default_comm_implementations_of_the_fsdp_interfaces():
+    import hpcfsdp.distributed as dist
+    from hpcfsdp._tensor import Tensor
+    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    from hpcfsdp.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    T = Tensor._wrap
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    g = dist.group.WORLD
+    ag, rs = DefaultAllGather(), DefaultReduceScatter()
+    assert isinstance(ag, AllGather) and isinstance(rs, ReduceScatter)
+    out = ag.allocate((n * 3,), dtype=np.float32, device="cpu")
+    assert isinstance(out, Tensor) and out._data.shape == (n * 3,) and out._data.dtype == np.float32
+    w = ag(out, T(np.full(3, me, np.float32)), g, async_op=True)
+    w.wait()
+    assert np.array_equal(out._data, np.repeat(np.arange(n, dtype=np.float32), 3))
+    red = rs.allocate((2,), dtype=np.float64, device="cpu")
+    rs(red, T(np.arange(2 * n, dtype=np.float64)), g, dist.ReduceOp.AVG)
+    assert np.array_equal(red._data, np.arange(2 * me, 2 * me + 2, dtype=np.float64))
+    with pytest.raises(TypeError, match="expected a ProcessGroup"):
+        ag(out, T(np.zeros(3, np.float32)), "world")
+    with pytest.raises(ValueError, match="device meta cannot hold"):
+        ag.allocate((2,), dtype=np.float32, device="meta")

@@ -79,13 +79,13 @@ def test_hsdp_communication_stays_in_shard_and_replicate_groups():
     x, y = gpt_batches(1, 4 * w + 1)[0]
     world_pg = dist.distributed_c10d._default_group()
     before = dict(world_pg.stats)
-    spg, rpg = info.shard_process_group, info.replicate_process_group
-    s0, r0 = dict(spg.stats), dict(rpg.stats)
+    shard_group, replicate_group = info.shard_process_group, info.replicate_process_group
+    s0, r0 = dict(shard_group.stats), dict(replicate_group.stats)
     _, loss = fsdp(hp.tensor(local(x)), hp.tensor(local(y)))
     loss.backward()
     units = 3  # 2 blocks + root
-    assert spg.stats["reduce_scatter"] - s0.get("reduce_scatter", 0) == units
-    assert rpg.stats["all_reduce"] - r0.get("all_reduce", 0) == units
+    assert shard_group.stats["reduce_scatter"] - s0.get("reduce_scatter", 0) == units
+    assert replicate_group.stats["all_reduce"] - r0.get("all_reduce", 0) == units
     assert dict(world_pg.stats) == before
 
 

@@ -16,8 +16,6 @@ LEVELS = {
     "hpcfsdp._creation": 1,
     "hpcfsdp.autograd": 1,
     "hpcfsdp.nn.functional": 1,
-    # Pure interface definitions (seed 001): dataclasses and ABCs the comm layer implements.
-    "hpcfsdp.distributed.fsdp._fully_shard._fsdp_api": 1,
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.nn": 3,
     "hpcfsdp.optim": 4,

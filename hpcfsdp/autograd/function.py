@@ -1,12 +1,12 @@
 """Graph nodes: the Function base (PyTorch's torch.autograd.Function API), raw-array ops, AccumulateGrad."""
 import itertools
-import weakref
 
 import numpy as np
 
 from .. import _backend, _tensor  # a module object: See [Note: Tensor and Function] in _tensor.py
 from .._array import sum_to
 from .._tensor_base import TensorBase
+from ..utils.hooks import RemovableHandle
 from .grad_mode import is_grad_enabled, no_grad
 
 __all__ = ["Function", "FunctionCtx", "Node", "AccumulateGrad", "RemovableHandle", "once_differentiable"]
@@ -17,27 +17,6 @@ _FREED_MSG = (
     "have already been freed). Saved intermediate values of the graph are freed when you call .backward(). "
     "Specify retain_graph=True if you need to backward through the graph a second time or if you need to "
     "access saved tensors after calling backward.")
-
-
-class RemovableHandle:
-    """Handle returned by hook registration; ``remove()`` unregisters the hook."""
-
-    _ids = itertools.count()
-
-    def __init__(self, hooks_dict):
-        self._ref = weakref.ref(hooks_dict) if hooks_dict is not None else None
-        self.id = next(RemovableHandle._ids)
-
-    def remove(self):
-        d = self._ref() if self._ref is not None else None
-        if d is not None:
-            d.pop(self.id, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 class _HookDict(dict):

@@ -246,7 +246,7 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
     work = Work(desc, fn)
     if meta is not None:
         work._meta = meta
-        meta[7] = work._done
+        meta.done = work._done
     t = comm_thread()
     if t is None:
         work._run()

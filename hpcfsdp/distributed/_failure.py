@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: process_group imports this module
     from hpcfsdp.distributed.process_group import ProcessGroup, Work
 
 __all__ = [
+    "CollectiveRecord",
     "HISTORY_LEN",
     "HISTORY",
     "recent_collectives",
@@ -39,22 +41,36 @@ __all__ = [
 
 # [Note: Collective history]
 # Every collective (and communicator split) this process issues is appended to a ring of the
-# last HISTORY_LEN: [per-group sequence number, kind, element count, dtype, op, src, group,
-# completion event]. Only small values are kept (no buffers: the ring must not pin an all-gather
-# output). The watchdog prints it, so a hang at a thousand ranks shows what each rank did last.
+# last HISTORY_LEN CollectiveRecords. Only small values are kept (no buffers: the ring must not pin
+# an all-gather output). The watchdog prints it, so a hang at a thousand ranks shows what each
+# rank did last.
+
+
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One collective in the history (see [Note: Collective history])."""
+
+    seq: int  # per-group sequence number
+    kind: str  # "all_gather", "reduce_scatter", ... (one of _buffers.KINDS)
+    count: int  # element count, -1 when meaningless
+    dtype: Any  # element dtype (its name only when printed), None when meaningless
+    op: str  # reduction op name, "" when none
+    root: int  # broadcast source, -1 when none
+    group: ProcessGroup
+    done: Any = None  # the Work's completion Event, set when it is issued
+
 
 HISTORY_LEN = 8
 HISTORY: collections.deque = collections.deque(maxlen=HISTORY_LEN)
 
 
-def _history_line(e) -> str:
-    seq, kind, count, dtype, op, root, pg, done = e
-    args = [f"count={count}"] if count >= 0 else []
-    args += [f"dtype={B.dtype_name(dtype)}"] if dtype is not None else []
-    args += [f"op={op}"] if op else []
-    args += [f"src={root}"] if root >= 0 else []
-    state = "pending" if done is not None and not done.is_set() else "done"
-    return f"#{seq} {kind}({', '.join(args)}) on {pg._gdesc()} [{state}]"
+def _history_line(e: CollectiveRecord) -> str:
+    args = [f"count={e.count}"] if e.count >= 0 else []
+    args += [f"dtype={B.dtype_name(e.dtype)}"] if e.dtype is not None else []
+    args += [f"op={e.op}"] if e.op else []
+    args += [f"src={e.root}"] if e.root >= 0 else []
+    state = "pending" if e.done is not None and not e.done.is_set() else "done"
+    return f"#{e.seq} {e.kind}({', '.join(args)}) on {e.group._gdesc()} [{state}]"
 
 
 def recent_collectives() -> list[str]:
@@ -86,10 +102,10 @@ def debug_enabled() -> bool:
     return _settings.get("HPCFSDP_DEBUG")
 
 
-def debug_checked(pg: ProcessGroup, fn: Callable[[], Any], meta: list) -> Callable[[], Any]:
+def debug_checked(pg: ProcessGroup, fn: Callable[[], Any], meta: CollectiveRecord) -> Callable[[], Any]:
     """``fn`` preceded by the fingerprint exchange on ``pg``'s check communicator. See [Note: Debug mode]."""
-    seq, kind, count, dtype, op, root = meta[:6]
-    fp = B.fingerprint(seq, kind, count, "" if dtype is None else B.dtype_name(dtype), op, root)
+    fp = B.fingerprint(meta.seq, meta.kind, meta.count, "" if meta.dtype is None else B.dtype_name(meta.dtype),
+                       meta.op, meta.root)
     comm = pg._check_comm
 
     def run():
@@ -266,14 +282,14 @@ def watchdog_abort(work: Work, limit: float, busy: Work | None) -> None:
     abort_job(msg, linger=linger)
 
 
-def peer_report(meta, grace: float, linger: float) -> tuple[str, float]:
+def peer_report(meta: CollectiveRecord | None, grace: float, linger: float) -> tuple[str, float]:
     """Exchange (sequence number, kind) of the stuck collective with group ranks 0 and 1; see [Note: Watchdog].
 
     Returns (report, seconds to linger before aborting): collectors report and linger 0."""
     MPI = get_mpi()
     if meta is None or thread_level() < MPI.THREAD_MULTIPLE:
         return "", linger
-    seq, kind, pg = meta[0], meta[1], meta[6]
+    seq, kind, pg = meta.seq, meta.kind, meta.group
     comm, me, n = pg.comm, pg.rank(), pg.size()
     if comm is None or n == 1:
         return "", 0.0

@@ -200,7 +200,7 @@ class ProcessGroup:
         return f"group{nm} (size {self._size}, world ranks {shown})"
 
     def _note(self, kind: str, nbytes: int, count: int = -1, dtype: Any = None, op: str = "", root: int = -1,
-              counted: bool = True) -> list:
+              counted: bool = True) -> F.CollectiveRecord:
         """Count and record a collective about to be issued (after all local checks passed)."""
         if F.UNREPORTED:
             F.raise_unreported()
@@ -209,7 +209,7 @@ class ProcessGroup:
             _COUNTS[kind] += 1
             _BYTES[kind] += int(nbytes)
         self._seq += 1
-        entry = [self._seq, kind, count, dtype, op, root, self, None]  # dtype's name only when printed
+        entry = F.CollectiveRecord(self._seq, kind, count, dtype, op, root, self)
         F.HISTORY.append(entry)
         return entry
 

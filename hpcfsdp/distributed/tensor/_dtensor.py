@@ -14,7 +14,7 @@ from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
 from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard
 
-__all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds"]
+__all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds"]
 
 # [Note: DTensor storage]
 # A DTensor's ``_data`` is the LOCAL piece (what optimizers update in place and what the
@@ -27,11 +27,24 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds"]
 
 
 def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
-    """(start, stop) of rank ``rank``'s torch.chunk piece of ``n`` indices over ``world`` ranks."""
+    """(start, stop) of rank ``rank``'s torch.chunk piece of ``n`` indices over ``world`` ranks.
+
+    The one chunking rule of DTensor and FSDP: every piece has ceil(n / world) indices (rank 0's piece,
+    the padded size FSDP gives every rank) except the last non-empty one; the ranks after it get none."""
     if world <= 0 or not 0 <= rank < world:
         raise ValueError(f"_chunk_bounds: rank {rank} outside 0..{world - 1}")
     c = -(-n // world) if n else 0
     return min(rank * c, n), min((rank + 1) * c, n)
+
+
+def _nested_chunk_bounds(n: int, sizes: Sequence[int], coord: Sequence[int]) -> tuple[int, int]:
+    """(start, stop) of the piece of ``n`` indices at mesh coordinate ``coord`` when several mesh dims of
+    ``sizes`` shard the same tensor dim: chunked over the first, each piece over the next, and so on."""
+    lo, hi = 0, n
+    for size, c in zip(sizes, coord):
+        a, b = _chunk_bounds(hi - lo, size, c)
+        lo, hi = lo + a, lo + b
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -258,6 +271,13 @@ class DTensor(Tensor):
         return float(buf[0])
 
 
+    @classmethod
+    def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
+        """The total norm of DTensor gradients: a DTensor replicated over their mesh (PyTorch's result type)."""
+        mesh = grads[0]._spec.mesh
+        return DTensor.from_local(total, mesh, [Replicate()] * mesh.ndim)
+
+
 def _shard_key(spec: DTensorSpec):
     """The rank sets the partial norm is summed over (equal keys: one reduction serves both)."""
     dims = sorted({i for i, p in enumerate(spec.placements) if isinstance(p, Shard)})
@@ -270,7 +290,7 @@ def _gather_dim(local, mesh: DeviceMesh, mesh_dim: int, tdim: int, extent: int):
 
     xp = array_module(local)
     n = mesh.size(mesh_dim)
-    c = -(-extent // n) if extent else 0
+    c = _chunk_bounds(extent, n, 0)[1]  # every rank's padded piece
     moved = xp.moveaxis(local, tdim, 0)
     rest = moved.shape[1:]
     padded = xp.zeros((c,) + rest, local.dtype)

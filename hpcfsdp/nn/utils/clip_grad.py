@@ -18,6 +18,10 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "clip_grads_
 # called once per subclass with all of its grads and their local partial: sum(|x|^p) over the local
 # pieces, or max(|x|) for p = inf. It returns the partial reduced over the right groups (same units:
 # summed |x|^p, or max), so clipping does one collective per subclass, not one per gradient.
+# The subclass may also define
+#     __hp_norm_result__(grads, total) -> Tensor
+# to give the total norm its own type: a DTensor returns a DTensor replicated over the gradients' mesh,
+# as PyTorch's clip_grad_norm_ does for DTensor gradients.
 
 
 def _array_partial(arr, norm_type):
@@ -100,7 +104,12 @@ def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = F
     first = tensors[0]
     dtype = first.dtype if _backend.is_floating_dtype(first.dtype) else _backend.float32
     dev = _backend.device_of_array(first._data)
-    return hpcfsdp.tensor(total, dtype=dtype, device=dev)
+    result = hpcfsdp.tensor(total, dtype=dtype, device=dev)
+    for cls, ts in by_type.items():
+        wrap = getattr(cls, "__hp_norm_result__", None)
+        if wrap is not None:
+            return wrap(ts, result)
+    return result
 
 
 def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None) -> None:

@@ -1,4 +1,4 @@
-"""Shared FSDP pieces: training/sharded state enums, mesh infos, chunk layout, the module registry."""
+"""Shared FSDP pieces: training/sharded state enums, mesh infos, the module registry."""
 
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -10,7 +10,6 @@ __all__ = [
     "FSDPMeshInfo",
     "HSDPMeshInfo",
     "DDPMeshInfo",
-    "chunk_rows",
     "check_transition",
     "get_module_fsdp_state",
     "registry",
@@ -60,6 +59,17 @@ class FSDPMeshInfo:
     shard_world_size: int = 1
     shard_mesh_rank: int = 0
     is_spmd_mesh: bool = False
+    # every mesh dim the shard group flattens, in mesh order (shard_mesh_dim is the first); see [Note: Flat layout]
+    shard_mesh_dims: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.shard_mesh_dims and self.shard_mesh_dim is not None:
+            self.shard_mesh_dims = (self.shard_mesh_dim,)
+
+    @property
+    def shard_mesh_sizes(self) -> tuple:
+        """Sizes of the mesh dims the shard group flattens (the nesting of the parameters' pieces)."""
+        return tuple(self.mesh.size(d) for d in self.shard_mesh_dims) if len(self.shard_mesh_dims) > 1 else ()
 
     @property
     def is_hsdp(self) -> bool:
@@ -90,17 +100,6 @@ class DDPMeshInfo:
     replicate_world_size: int = 1
     replicate_mesh_rank: int = 0
     extra: dict = field(default_factory=dict)
-
-
-def chunk_rows(n: int, world: int, rank: int) -> tuple[int, int, int]:
-    """FSDP2 chunking of ``n`` rows over ``world`` ranks: (padded rows per rank, start, stop) of ``rank``.
-
-    Every rank holds ``ceil(n / world)`` padded rows; the last ranks may hold fewer real rows, or none.
-    """
-    per = -(-n // world) if n else 0
-    start = min(rank * per, n)
-    stop = min(start + per, n)
-    return per, start, stop
 
 
 _REGISTRY_ATTR = "_hpcfsdp_registry"

@@ -2,13 +2,14 @@
 
 from typing import Any, Iterable
 
-from ....nn import Module
+from ....nn import Module, ModuleDict, ModuleList
 from ... import device_mesh as _dm
 from ._fsdp_api import DataParallelMeshDims
 from ._fsdp_common import DDPMeshInfo, FSDPMeshInfo, HSDPMeshInfo, get_module_fsdp_state
 
 __all__ = [
     "validate_module",
+    "get_root_modules",
     "validate_mesh",
     "init_default_mesh",
     "get_mesh_info",
@@ -21,6 +22,18 @@ __all__ = [
 def validate_module(module: Any) -> None:
     if not isinstance(module, Module):
         raise ValueError(f"fully_shard expects an nn.Module, got {type(module).__name__}")
+    if isinstance(module, (ModuleList, ModuleDict)) and type(module).forward is Module.forward:
+        raise ValueError(f"fully_shard does not support containers that do not implement forward: {module}")
+
+
+def get_root_modules(modules) -> list:
+    """The modules of ``modules`` that are not inside another one of them (in the given order)."""
+    inner = set()
+    for m in modules:
+        for sub in m.modules():
+            if sub is not m:
+                inner.add(id(sub))
+    return [m for m in modules if id(m) not in inner]
 
 
 _default_meshes: dict = {}
@@ -59,7 +72,8 @@ def validate_mesh(mesh: Any, dp_mesh_dims: DataParallelMeshDims | None) -> None:
 
 
 def _dim_group(mesh, names: tuple[str, ...]):
-    """(process group, size, rank) of the mesh dims ``names`` taken together."""
+    """(process group, size, rank) of the mesh dims ``names`` flattened into one group, ranked in mesh order
+    (row-major over those dims: the order in which DTensor nests Shard placements on them)."""
     sub = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten()
     return sub.get_group(0), sub.size(), sub.get_local_rank(0)
 
@@ -79,14 +93,18 @@ def get_mesh_info(mesh: Any, dp_mesh_dims: DataParallelMeshDims | None):
     if not dp_mesh_dims.shard_names:
         pg, size, rank = _dim_group(mesh, dp_mesh_dims.replicate_names)
         return DDPMeshInfo(mesh, names.index(dp_mesh_dims.replicate_names[0]), pg, size, rank)
-    spg, ssize, srank = _dim_group(mesh, dp_mesh_dims.shard_names)
-    sdim = names.index(dp_mesh_dims.shard_names[0])
+    shard_names = tuple(sorted(dp_mesh_dims.shard_names, key=names.index))
+    shard_group, shard_size, shard_rank = _dim_group(mesh, shard_names)
+    shard_mesh_dims = tuple(names.index(n) for n in shard_names)
     if not dp_mesh_dims.replicate_names:
-        return FSDPMeshInfo(mesh, sdim, spg, ssize, srank, is_spmd_mesh=spmd)
-    rpg, rsize, rrank = _dim_group(mesh, dp_mesh_dims.replicate_names)
-    return HSDPMeshInfo(mesh, sdim, spg, ssize, srank, is_spmd_mesh=spmd,
+        return FSDPMeshInfo(mesh, shard_mesh_dims[0], shard_group, shard_size, shard_rank, is_spmd_mesh=spmd,
+                            shard_mesh_dims=shard_mesh_dims)
+    replicate_group, replicate_size, replicate_rank = _dim_group(mesh, dp_mesh_dims.replicate_names)
+    return HSDPMeshInfo(mesh, shard_mesh_dims[0], shard_group, shard_size, shard_rank, is_spmd_mesh=spmd,
+                        shard_mesh_dims=shard_mesh_dims,
                         replicate_mesh_dim=names.index(dp_mesh_dims.replicate_names[0]),
-                        replicate_process_group=rpg, replicate_world_size=rsize, replicate_mesh_rank=rrank)
+                        replicate_process_group=replicate_group, replicate_world_size=replicate_size,
+                        replicate_mesh_rank=replicate_rank)
 
 
 _post_forward_groups: dict = {}

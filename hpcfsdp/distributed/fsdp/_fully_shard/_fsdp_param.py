@@ -2,13 +2,15 @@
 
 import math
 
+import numpy as np
+
 from .... import _backend
 from ...._tensor import Tensor
 from ....nn import Parameter
 from ...tensor import DTensor, Replicate, Shard
-from ._fsdp_common import chunk_rows
+from ...tensor._dtensor import _chunk_bounds, _nested_chunk_bounds
 
-__all__ = ["FSDPParam", "ParamLayout", "local_grad_from"]
+__all__ = ["FSDPParam", "ParamLayout"]
 
 
 class ParamLayout:
@@ -16,16 +18,28 @@ class ParamLayout:
 
     [Note: Flat layout]
     A parameter is viewed with its shard dim moved to the front, as (rows, *row_shape). Over a group of
-    W ranks every rank holds ``padded`` = ceil(rows / W) rows (FSDP2's chunking; the last ranks hold
-    padding, or nothing real). A group's flat buffer on one rank is the concatenation of its parameters'
-    padded shards; the all-gather output is W such buffers back to back, so parameter p's rows from
-    rank r sit at ``out[r*S + offset : r*S + offset + padded*row_numel]``.
+    W ranks every rank holds ``padded`` rows: its piece of the rows (DTensor's chunking, so the sharded
+    parameter is exactly the DTensor piece), then zero padding. A group's flat buffer on one rank is the
+    concatenation of its parameters' padded shards; the all-gather output is W such buffers back to back,
+    so parameter p's rows from rank r sit at ``out[r*S + offset : r*S + offset + padded*row_numel]``.
+    When the group flattens several mesh dims (``mesh_sizes``), the pieces nest in mesh-dim order as
+    DTensor's Shard placements on each of those dims do; with one dim, piece r is rows
+    [r*padded, (r+1)*padded) clipped to ``rows`` (``regular``), and copies need no per-rank loop.
     """
 
-    def __init__(self, rows: int, row_shape: tuple, world: int, rank: int):
+    def __init__(self, rows: int, row_shape: tuple, world: int, rank: int, mesh_sizes: tuple = ()):
         self.rows, self.row_shape, self.world = rows, row_shape, world
         self.row_numel = math.prod(row_shape)
-        self.padded, self.start, self.stop = chunk_rows(rows, world, rank)
+        sizes = tuple(mesh_sizes) or (world,)
+        if math.prod(sizes) != world:
+            raise ValueError(f"mesh dim sizes {sizes} do not multiply to the group size {world}")
+        self.bounds = [_nested_chunk_bounds(rows, sizes, np.unravel_index(r, sizes)) for r in range(world)] \
+            if len(sizes) > 1 else None
+        self.padded = max(b - a for a, b in self.bounds) if self.bounds else _chunk_bounds(rows, world, 0)[1]
+        if self.bounds and all(b == (min(r * self.padded, rows), min((r + 1) * self.padded, rows))
+                               for r, b in enumerate(self.bounds)):
+            self.bounds = None
+        self.start, self.stop = self.bounds[rank] if self.bounds else _chunk_bounds(rows, world, rank)
         self.numel = self.padded * self.row_numel
         self.offset = 0  # set by the group
 
@@ -33,19 +47,32 @@ class ParamLayout:
         """This rank's padded shard inside a flat (S,) buffer, shaped (padded, *row_shape)."""
         return flat[self.offset:self.offset + self.numel].reshape((self.padded,) + self.row_shape)
 
+    def _per_rank(self, buf, total):
+        """View of a rank-major (world*total,) buffer as (world, padded, *row_shape) for this parameter."""
+        return buf.reshape(self.world, total)[:, self.offset:self.offset + self.numel].reshape(
+            (self.world, self.padded) + self.row_shape)
+
     def gathered(self, out, total, xp, dtype):
         """Copy this parameter out of an all-gather output (world*total,) into a fresh (rows, ...) array."""
-        seg = out.reshape(self.world, total)[:, self.offset:self.offset + self.numel]
-        full = xp.empty((self.world * self.padded,) + self.row_shape, dtype=dtype)
-        full.reshape((self.world, self.padded) + self.row_shape)[...] = seg.reshape(
-            (self.world, self.padded) + self.row_shape)
-        return full[:self.rows]
+        seg = self._per_rank(out, total)
+        if self.bounds is None:
+            full = xp.empty((self.world * self.padded,) + self.row_shape, dtype=dtype)
+            full.reshape((self.world, self.padded) + self.row_shape)[...] = seg
+            return full[:self.rows]
+        full = xp.empty((self.rows,) + self.row_shape, dtype=dtype)
+        for r, (a, b) in enumerate(self.bounds):
+            full[a:b] = seg[r, :b - a]
+        return full
 
     def scatter_into(self, dst, total, full):
         """Write a full (rows, ...) array into a rank-major (world*total,) buffer, zero-padded."""
-        seg = dst.reshape(self.world, total)[:, self.offset:self.offset + self.numel].reshape(
-            (self.world, self.padded) + self.row_shape)
+        seg = self._per_rank(dst, total)
         if self.padded == 0:
+            return
+        if self.bounds is not None:
+            for r, (a, b) in enumerate(self.bounds):
+                seg[r, :b - a] = full[a:b]
+                seg[r, b - a:] = 0
             return
         whole, rem = divmod(self.rows, self.padded)
         seg[:whole] = full[:whole * self.padded].reshape((whole, self.padded) + self.row_shape)
@@ -55,9 +82,42 @@ class ParamLayout:
             seg[whole + 1:] = 0
 
 
-def np_moveaxis(a, src, dst):
-    xp = _backend.array_module(a)
-    return xp.moveaxis(a, src, dst)
+# [Note: Freed for backward]
+# Between a reshard and the next all-gather an unsharded parameter's storage is a meta array. An op that
+# used it in forward reads its storage again in backward (see [Note: Swappable storage]), so backward
+# needs the group to be all-gathered first; ``set_unshard_in_backward(False)`` skips that all-gather,
+# which is only right when backward never reads the weights (an embedding's does not). A meta array
+# would silently compute zeros; so while that setting is off, a resharded parameter's storage is a
+# ``FreedStorage`` instead, and any computation on it raises the error it carries, naming the
+# parameter, its module and the setting (PyTorch fails there with a storage error).
+
+
+_SHAPE_ONLY = frozenset(np.__dict__[n] for n in ("shape", "ndim", "size", "result_type", "zeros_like",
+                                                   "empty_like", "ones_like", "full_like"))
+
+
+class FreedStorage(np.ndarray):
+    """A zero-strided placeholder whose use in a computation raises; see [Note: Freed for backward]."""
+
+    message = "this FSDP parameter's storage was freed"
+
+    @classmethod
+    def make(cls, shape, dtype, message: str) -> "FreedStorage":
+        out = np.broadcast_to(np.zeros((), dtype=dtype), tuple(shape)).view(cls)
+        out.message = message
+        return out
+
+    def __array_finalize__(self, obj):
+        if obj is not None:
+            self.message = getattr(obj, "message", FreedStorage.message)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        raise RuntimeError(self.message)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in _SHAPE_ONLY:
+            return super().__array_function__(func, types, args, kwargs)
+        raise RuntimeError(self.message)
 
 
 class FSDPParam:
@@ -78,24 +138,33 @@ class FSDPParam:
         self.requires_grad = param.requires_grad
         self.module_infos = module_infos
         moved = (shape[self.shard_dim],) + shape[:self.shard_dim] + shape[self.shard_dim + 1:]
-        self.moved_shape = moved
-        self.layout = ParamLayout(moved[0], moved[1:], mesh_info.shard_world_size, mesh_info.shard_mesh_rank)
-        self.rs_layout = ParamLayout(moved[0], moved[1:], mesh_info.shard_world_size, mesh_info.shard_mesh_rank)
-        self.pf_layout = None
+        world, rank, sizes = mesh_info.shard_world_size, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_sizes
+        self.layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
+        self.reduce_scatter_layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
+        self.post_forward_layout = None
         if post_forward_mesh_info is not None and post_forward_mesh_info is not mesh_info:
-            self.pf_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
-                                         post_forward_mesh_info.shard_mesh_rank)
+            self.post_forward_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
+                                                   post_forward_mesh_info.shard_mesh_rank)
         self.param_dtype = _backend.to_dtype(mp_policy.param_dtype) if mp_policy.param_dtype is not None else self.dtype
-        rd = mp_policy.reduce_dtype
-        self.reduce_dtype = _backend.to_dtype(rd) if rd is not None else self.param_dtype
+        reduce_dtype = mp_policy.reduce_dtype
+        self.reduce_dtype = _backend.to_dtype(reduce_dtype) if reduce_dtype is not None else self.param_dtype
         self.mesh_info = mesh_info
         placements = [Replicate()] * mesh_info.mesh.ndim
-        if mesh_info.shard_mesh_dim is not None:
-            placements[mesh_info.shard_mesh_dim] = Shard(self.shard_dim)
+        for mesh_dim in mesh_info.shard_mesh_dims:  # nested pieces: see [Note: Flat layout]
+            placements[mesh_dim] = Shard(self.shard_dim)
         self.placements = tuple(placements)
         self.sharded_param = None
         self.unsharded_param = None
         self._local = None  # this rank's real rows, a view into the group's flat buffer (shard dim in place)
+
+    # -- shard dim in front ------------------------------------------------------------------------
+    def to_front(self, arr):
+        """``arr`` (this parameter's shape, or its piece) viewed with the shard dim first."""
+        return _backend.array_module(arr).moveaxis(arr, self.shard_dim, 0) if self.shard_dim else arr
+
+    def from_front(self, arr):
+        """Inverse of ``to_front``."""
+        return _backend.array_module(arr).moveaxis(arr, 0, self.shard_dim) if self.shard_dim else arr
 
     # -- sharded side -----------------------------------------------------------------------------
     def local_rows(self) -> int:
@@ -106,9 +175,8 @@ class FSDPParam:
         seg = self.layout.segment(flat)
         local_front = seg[:self.local_rows()]
         if source is not None:
-            src = np_moveaxis(source, self.shard_dim, 0) if self.shard_dim else source
-            local_front[...] = src[self.layout.start:self.layout.stop]
-        local = np_moveaxis(local_front, 0, self.shard_dim) if self.shard_dim else local_front
+            local_front[...] = self.to_front(source)[self.layout.start:self.layout.stop]
+        local = self.from_front(local_front)
         self._local = local
         if self.sharded_param is None:
             dt = DTensor.from_local(Tensor._wrap(local), self.mesh_info.mesh, self.placements,
@@ -128,7 +196,7 @@ class FSDPParam:
                 f"the sharded parameter {self.name} was given data of shape {tuple(new.shape)}, "
                 f"expected its local shard shape {tuple(self._local.shape)}")
         seg = self.layout.segment(flat)[:self.local_rows()]
-        seg[...] = np_moveaxis(new, self.shard_dim, 0) if self.shard_dim else new
+        seg[...] = self.to_front(new)
         self.sharded_param._data = self._local
 
     def sharded_grad(self, local_grad):
@@ -136,30 +204,39 @@ class FSDPParam:
         return DTensor.from_local(Tensor._wrap(local_grad), self.mesh_info.mesh, self.placements,
                                   shape=self.global_shape)
 
+    def local_grad_from(self, flat):
+        """This rank's gradient piece (shard dim in place) inside a reduced flat buffer."""
+        layout = self.reduce_scatter_layout
+        return self.from_front(layout.segment(flat)[:layout.stop - layout.start])
+
     # -- unsharded side ---------------------------------------------------------------------------
     def init_unsharded(self):
         if self.unsharded_param is None:
-            ph = _backend.meta_array(self.global_shape, self.param_dtype)
-            self.unsharded_param = Parameter(Tensor._wrap(ph), requires_grad=self.requires_grad)
+            placeholder = _backend.meta_array(self.global_shape, self.param_dtype)
+            self.unsharded_param = Parameter(Tensor._wrap(placeholder), requires_grad=self.requires_grad)
             self.unsharded_param._hp_storage_swaps = True  # ops re-read its storage in backward
 
     def set_unsharded_data(self, front):
         """``front``: the full parameter with the shard dim in front."""
-        self.unsharded_param._data = np_moveaxis(front, 0, self.shard_dim) if self.shard_dim else front
+        self.unsharded_param._data = self.from_front(front)
 
-    def free_unsharded(self):
-        self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+    def free_unsharded(self, unshard_in_backward: bool = True):
+        """Drop the full data. Without an all-gather before backward, any use of it there raises
+        (see [Note: Freed for backward])."""
+        if unshard_in_backward:
+            self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+            return
+        module = self.module_infos[0][0]
+        self.unsharded_param._data = FreedStorage.make(self.global_shape, self.param_dtype, (
+            f"backward needs the parameter {self.fqn or self.name} of {type(module).__name__}, but "
+            "set_unshard_in_backward(False) was called on that module, so FSDP does not all-gather its "
+            "parameters for backward; call set_unshard_in_backward(True) (the default) or keep them "
+            "unsharded after forward (reshard_after_forward=False)"))
 
     def unsharded_front(self):
-        d = self.unsharded_param._data
-        return np_moveaxis(d, self.shard_dim, 0) if self.shard_dim else d
+        return self.to_front(self.unsharded_param._data)
 
     # -- module attributes ------------------------------------------------------------------------
     def set_on_modules(self, param):
         for module, name in self.module_infos:
             module._parameters[name] = param
-
-
-def local_grad_from(layout: ParamLayout, flat, shard_dim: int):
-    g = layout.segment(flat)[:layout.stop - layout.start]
-    return np_moveaxis(g, 0, shard_dim) if shard_dim else g

@@ -11,47 +11,38 @@ keep referring to them while their data comes and goes. ``reshard`` swaps back a
 arrays; with an int ``reshard_after_forward`` it first keeps this rank's rows over the smaller
 post-forward group (SHARDED_POST_FORWARD), so the backward all-gather stays inside that group.
 
-After backward, ``post_backward`` packs the unsharded gradients (cast to reduce_dtype) rank-major and
-issues one reduce-scatter (then, for HSDP, an all-reduce of the result across replicas) on the
-communication thread, and returns. The sharded gradients are written when the reduction is waited
-for: when more than ``reduce_scatter_max_input_buffers`` reductions are in flight, or at the end of
-backward (``finalize``). This bounds memory to a few unsharded groups while reductions overlap compute.
+After backward, ``post_backward`` hands the unsharded gradients to ``foreach_reduce`` (see [Note: One group's
+collectives]), which issues their reduction on the communication thread and returns. The sharded
+gradients are written when the reduction is waited for: when more than ``reduce_scatter_max_input_buffers``
+reductions are in flight (in the queue the root's states share), or at the end of backward (``finalize``).
+This bounds memory to a few unsharded groups while reductions overlap compute.
 """
 
-import collections
-import time
-
-from .... import _backend, _settings
+from .... import _backend
 from ...._tensor import Tensor
-from ...process_group import ReduceOp
+from ._fsdp_api import CPUOffloadPolicy
+from ._fsdp_collectives import (
+    DefaultAllGather,
+    DefaultReduceScatter,
+    exposed_comm_seconds,
+    finish_reduce,
+    foreach_all_gather,
+    foreach_all_gather_copy_out,
+    foreach_reduce,
+)
 from ._fsdp_common import ShardedState, TrainingState, check_transition
-from ._fsdp_param import FSDPParam, local_grad_from
+from ._fsdp_param import FSDPParam
 
 __all__ = ["FSDPParamGroup", "exposed_comm_seconds"]
 
-_exposed = [0.0]  # seconds the main thread spent waiting for FSDP's collectives (this process)
-
-
-def exposed_comm_seconds(reset: bool = False) -> float:
-    """Total time the main thread waited on FSDP all-gathers and reductions; optionally reset it."""
-    value = _exposed[0]
-    if reset:
-        _exposed[0] = 0.0
-    return value
-
-_Pending = collections.namedtuple("_Pending", "group works out params had_grad")
-
 
 class FSDPParamGroup:
-    def __init__(self, params: list[FSDPParam], modules, mesh_info, post_forward_mesh_info, device, mp_policy,
-                 offload_policy):
+    def __init__(self, params: list[FSDPParam], mesh_info, post_forward_mesh_info, device, offload_policy):
         self.fsdp_params = params
-        self.modules = modules
         self.mesh_info = mesh_info
         self.post_forward_mesh_info = post_forward_mesh_info
         self.device = _backend.to_device(device)
-        self.mp_policy = mp_policy
-        self.offload = type(offload_policy).__name__ == "CPUOffloadPolicy"
+        self.offload = isinstance(offload_policy, CPUOffloadPolicy)
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             names = ", ".join(f"{p.name}: {p.dtype}" for p in params)
@@ -60,9 +51,10 @@ class FSDPParamGroup:
         self.param_dtype = params[0].param_dtype
         self.reduce_dtype = params[0].reduce_dtype
         self.total = self._assign_offsets([p.layout for p in params])
-        self.rs_params = [p for p in params if p.requires_grad]
-        self.rs_total = self._assign_offsets([p.rs_layout for p in self.rs_params])
-        self.pf_total = self._assign_offsets([p.pf_layout for p in params]) if params[0].pf_layout else 0
+        self.reduce_scatter_params = [p for p in params if p.requires_grad]
+        self.reduce_scatter_total = self._assign_offsets([p.reduce_scatter_layout for p in self.reduce_scatter_params])
+        self.post_forward_total = (self._assign_offsets([p.post_forward_layout for p in params])
+                                   if params[0].post_forward_layout else 0)
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         # policy knobs (FSDPModule setters)
@@ -71,18 +63,18 @@ class FSDPParamGroup:
         self.reshard_after_backward = True
         self.unshard_in_backward = True
         self.gradient_divide_factor = None
+        self.force_sum_reduction_for_comms = False
         self.reduce_scatter_unused_params = False
         self.reduce_scatter_max_input_buffers = 1
         self.unshard_async_op = False
-        self._all_gather_comm = None
-        self._reduce_scatter_comm = None
-        self._all_reduce_hook = None
+        self.all_gather_comm = DefaultAllGather()
+        self.reduce_scatter_comm = DefaultReduceScatter()
+        self.all_reduce_hook = None
         self.post_optim_event = None  # set_post_optim_event: the next all-gather waits on it
-        self._rs_group = None  # set_separate_reduce_scatter_group
+        self.reduce_scatter_group = None  # set_separate_reduce_scatter_group: a duplicate of the shard group
         # per-pass state
-        self._ag = None  # (work, out buffer, layouts, total, world) while UNSHARDING
-        self._pf_buf = None
-        self._pending = collections.deque()  # reductions in flight: shared by all groups of a root (lazy init)
+        self._all_gather_result = None  # AllGatherResult while UNSHARDING
+        self._post_forward_buffer = None  # this rank's rows over the post-forward group (SHARDED_POST_FORWARD)
         self._partial_reduce = None  # HSDP without all-reduce: locally accumulated reduce-scatter output
         self.uses_left = 0  # forward calls whose post-backward has not run yet
         self.backward_steps = 0  # completed backward passes (for error messages)
@@ -91,33 +83,27 @@ class FSDPParamGroup:
 
     @staticmethod
     def _assign_offsets(layouts) -> int:
-        off = 0
-        for lay in layouts:
-            lay.offset = off
-            off += lay.numel
-        return off
+        offset = 0
+        for layout in layouts:
+            layout.offset = offset
+            offset += layout.numel
+        return offset
 
     # -- storage ------------------------------------------------------------------------------------
     def _storage_device(self):
         return _backend.device("cpu") if self.offload else self.device
 
-    def _init_sharded_storage(self, sources=None):
+    def _init_sharded_storage(self):
         """Allocate the flat sharded buffer and bind every parameter's local view to it."""
-        is_meta = sources is None and any(_backend.is_meta_array(p.module_infos[0][0]._parameters[
-            p.module_infos[0][1]]._data) for p in self.fsdp_params)
-        dev = self._storage_device()
+        originals = [p.module_infos[0][0]._parameters[p.module_infos[0][1]] for p in self.fsdp_params]
+        is_meta = any(_backend.is_meta_array(orig._data) for orig in originals)
+        device = self._storage_device()
         if is_meta:
             self.flat = _backend.meta_array((self.total,), self.dtype)
         else:
-            xp = _backend.array_module(dev)
-            self.flat = xp.zeros((self.total,), dtype=self.dtype)
-        for p in self.fsdp_params:
-            if sources is not None:
-                src = sources[id(p)]
-            else:
-                orig = p.module_infos[0][0]._parameters[p.module_infos[0][1]]
-                src = None if is_meta else _to_storage(orig._data, dev)
-            p.bind_flat(self.flat, src)
+            self.flat = _backend.array_module(device).zeros((self.total,), dtype=self.dtype)
+        for p, orig in zip(self.fsdp_params, originals):
+            p.bind_flat(self.flat, None if is_meta else _to_storage(orig._data, device))
         self.is_meta = is_meta
 
     def reallocate(self, fn):
@@ -125,22 +111,19 @@ class FSDPParamGroup:
         new_locals = {}
         for p in self.fsdp_params:
             out = fn(Tensor._wrap(p._local))
-            arr = out._data if isinstance(out, Tensor) else out
-            new_locals[id(p)] = arr
+            new_locals[id(p)] = out._data if isinstance(out, Tensor) else out
         sample = next(iter(new_locals.values()))
         self.device = _backend.device_of_array(sample) if not self.offload else self.device
         self.dtype = sample.dtype
         for p in self.fsdp_params:
             p.dtype = sample.dtype
-        xp = _backend.array_module(sample)
-        self.flat = xp.zeros((self.total,), dtype=self.dtype)
+        self.flat = _backend.array_module(sample).zeros((self.total,), dtype=self.dtype)
         self.is_meta = _backend.is_meta_array(sample)
         for p in self.fsdp_params:
             p.sharded_param._data = p._local  # bind_flat replaces it
-            seg = p.layout.segment(self.flat)[:p.local_rows()]
-            arr = new_locals[id(p)]
+            segment = p.layout.segment(self.flat)[:p.local_rows()]
             if not self.is_meta:
-                seg[...] = _backend.array_module(seg).moveaxis(arr, p.shard_dim, 0) if p.shard_dim else arr
+                segment[...] = p.to_front(new_locals[id(p)])
             p.bind_flat(self.flat)
             if p.sharded_param.grad is not None:
                 p.sharded_param.grad = None
@@ -176,22 +159,14 @@ class FSDPParamGroup:
         self._check_not_meta("unshard")
         self.lazy_init()
         if self.sharded_state == ShardedState.SHARDED_POST_FORWARD:
-            inp, pg, total = self._pf_buf, self.post_forward_mesh_info.shard_process_group, self.pf_total
-            layouts = [p.pf_layout for p in self.fsdp_params]
+            result = foreach_all_gather(self._post_forward_buffer, self.post_forward_mesh_info.shard_process_group,
+                                        self.all_gather_comm, [p.post_forward_layout for p in self.fsdp_params],
+                                        self.post_forward_total, self.device)
         else:
-            inp, pg, total = self._all_gather_input(), self.mesh_info.shard_process_group, self.total
-            layouts = [p.layout for p in self.fsdp_params]
-        xp = _backend.array_module(inp)
-        world = pg.size()
-        comm = self._all_gather_comm
-        if comm is None:
-            out = xp.empty((world * total,), dtype=inp.dtype)
-            work = pg.all_gather_into(out, inp, async_op=True)
-        else:
-            out_t = comm.allocate((world * total,), dtype=inp.dtype, device=self.device)
-            work = comm(out_t, Tensor._wrap(inp), pg, async_op=True)
-            out = out_t._data
-        self._ag = (work, out, layouts, total)
+            result = foreach_all_gather(self._all_gather_input(), self.mesh_info.shard_process_group,
+                                        self.all_gather_comm, [p.layout for p in self.fsdp_params], self.total,
+                                        self.device)
+        self._all_gather_result = result
         self.sharded_state = ShardedState.UNSHARDING
         if not async_op:
             self.wait_for_unshard()
@@ -199,17 +174,11 @@ class FSDPParamGroup:
     def wait_for_unshard(self):
         if self.sharded_state != ShardedState.UNSHARDING:
             return
-        work, out, layouts, total = self._ag
-        if work is not None:
-            t0 = time.perf_counter()
-            work.wait()
-            _exposed[0] += time.perf_counter() - t0
-        xp = _backend.array_module(out)
-        for p, lay in zip(self.fsdp_params, layouts):
-            p.set_unsharded_data(lay.gathered(out, total, xp, out.dtype))
+        foreach_all_gather_copy_out(self._all_gather_result, self.fsdp_params)
+        for p in self.fsdp_params:
             p.set_on_modules(p.unsharded_param)
-        self._ag = None
-        self._pf_buf = None
+        self._all_gather_result = None
+        self._post_forward_buffer = None
         self.sharded_state = ShardedState.UNSHARDED
 
     # -- reshard ------------------------------------------------------------------------------------
@@ -220,8 +189,8 @@ class FSDPParamGroup:
         if self.sharded_state == ShardedState.UNSHARDED:
             for p in self.fsdp_params:
                 p.set_on_modules(p.sharded_param)
-                p.free_unsharded()
-        self._pf_buf = None
+                p.free_unsharded(self.unshard_in_backward)
+        self._post_forward_buffer = None
         self.sharded_state = ShardedState.SHARDED
 
     def write_back_unsharded(self):
@@ -229,9 +198,9 @@ class FSDPParamGroup:
         if self.sharded_state != ShardedState.UNSHARDED:
             return
         for p in self.fsdp_params:
-            seg = p.layout.segment(self.flat)[:p.local_rows()]
+            segment = p.layout.segment(self.flat)[:p.local_rows()]
             front = p.unsharded_front()[p.layout.start:p.layout.stop]
-            seg[...] = _backend.to_numpy(front) if self.offload else front
+            segment[...] = _backend.to_numpy(front) if self.offload else front
 
     def reshard_post_forward(self):
         """Reshard after forward: fully (post-forward group is the shard group), onto the smaller
@@ -243,13 +212,12 @@ class FSDPParamGroup:
             self.reshard()
             return
         xp = _backend.array_module(self.fsdp_params[0].unsharded_param._data)
-        buf = xp.zeros((self.pf_total,), dtype=self.param_dtype)
+        buffer = xp.zeros((self.post_forward_total,), dtype=self.param_dtype)
         for p in self.fsdp_params:
-            seg = p.pf_layout.segment(buf)
-            lay = p.pf_layout
-            seg[:lay.stop - lay.start] = p.unsharded_front()[lay.start:lay.stop]
+            layout = p.post_forward_layout
+            layout.segment(buffer)[:layout.stop - layout.start] = p.unsharded_front()[layout.start:layout.stop]
         self.reshard()
-        self._pf_buf = buf
+        self._post_forward_buffer = buffer
         self.sharded_state = ShardedState.SHARDED_POST_FORWARD
 
     # -- forward / backward transitions ---------------------------------------------------------------
@@ -269,8 +237,9 @@ class FSDPParamGroup:
             self.unshard()
             self.wait_for_unshard()
 
-    def post_backward(self):
-        """One use of the group finished its backward; reduce once every use has."""
+    def post_backward(self, reductions):
+        """One use of the group finished its backward; reduce once every use has. ``reductions``: the
+        queue of reductions in flight shared by the root's states."""
         if self.uses_left > 1:
             self.uses_left -= 1
             return
@@ -279,129 +248,51 @@ class FSDPParamGroup:
             return
         self.needs_post_backward = False
         self.training_state = check_transition(self.training_state, TrainingState.POST_BACKWARD, "post-backward")
-        if self.reduce_grads and self.rs_params:
-            self._reduce_scatter()
+        if self.reduce_grads and self.reduce_scatter_params:
+            self._reduce(reductions)
         if self.reshard_after_backward:
             self.reshard()
 
-    def finalize(self, wait: bool = True):
-        """End of backward: reduce what no post-backward reduced, wait for every reduction (unless
-        ``wait`` is false: not the last backward of the step), go IDLE."""
+    def finalize(self, reductions, wait: bool = True):
+        """End of backward: reduce what no post-backward reduced, wait for every reduction in ``reductions``
+        (unless ``wait`` is false: not the last backward of the step), go IDLE."""
         has_grads = self.reduce_grads and any(
-            p.unsharded_param is not None and p.unsharded_param.grad is not None for p in self.rs_params)
+            p.unsharded_param is not None and p.unsharded_param.grad is not None for p in self.reduce_scatter_params)
         if self.needs_post_backward or has_grads:
             self.uses_left = 0
             self.needs_post_backward = True
-            self.post_backward()
+            self.post_backward(reductions)
         if self.reshard_after_backward:
             self.reshard()
-        while self._pending and wait:
-            self._finish_oldest()
+        while reductions and wait:
+            finish_reduce(reductions.popleft())
         self.uses_left = 0
         self.needs_post_backward = False
         self.backward_steps += 1
         self.training_state = TrainingState.IDLE
 
     # -- gradient reduction ---------------------------------------------------------------------------
-    def _divide_factor(self) -> float:
-        if self.gradient_divide_factor is not None:
-            return float(self.gradient_divide_factor)
-        n = self.mesh_info.shard_world_size
-        if self.mesh_info.is_hsdp:
-            n *= self.mesh_info.replicate_world_size
-        return float(n)
-
-    def _reduce_scatter(self):
+    def _reduce(self, reductions):
         # Finish the oldest reductions first, so that their input buffers are freed before this one's is
         # allocated: at most reduce_scatter_max_input_buffers reductions in flight.
-        while len(self._pending) >= self.reduce_scatter_max_input_buffers:
-            self._finish_oldest()
-        pg = self._rs_group or self.mesh_info.shard_process_group
-        world = pg.size()
-        grads = [p.unsharded_param.grad for p in self.rs_params]
-        had_grad = [g is not None for g in grads]
-        xp = _backend.array_module(self.device)
-        rs_in = xp.empty((world * self.rs_total,), dtype=self.reduce_dtype)
-        for p, g in zip(self.rs_params, grads):
-            if g is None:
-                rs_in.reshape(world, self.rs_total)[:, p.rs_layout.offset:p.rs_layout.offset + p.rs_layout.numel] = 0
-            else:
-                front = _backend.array_module(g._data).moveaxis(g._data, p.shard_dim, 0) if p.shard_dim else g._data
-                p.rs_layout.scatter_into(rs_in, self.rs_total, front)
+        while len(reductions) >= self.reduce_scatter_max_input_buffers:
+            finish_reduce(reductions.popleft())
+        grads = [p.unsharded_param.grad for p in self.reduce_scatter_params]
+        for p in self.reduce_scatter_params:
             p.unsharded_param.grad = None
-        comm = self._reduce_scatter_comm
-        if comm is None:
-            out = xp.empty((self.rs_total,), dtype=self.reduce_dtype)
-            works = [pg.reduce_scatter_into(out, rs_in, ReduceOp.SUM, async_op=True)]
-        else:
-            out_t = comm.allocate((self.rs_total,), dtype=self.reduce_dtype, device=self.device)
-            works = [comm(out_t, Tensor._wrap(rs_in), pg, ReduceOp.SUM, async_op=True)]
-            out = out_t._data
-        if self.mesh_info.is_hsdp:
-            rpg = self.mesh_info.replicate_process_group
-            if not self.all_reduce_grads:
-                _wait_all(works)
-                works = []
-                self._partial_reduce = out if self._partial_reduce is None else self._partial_reduce + out
-                out = None
-            else:
-                if self._partial_reduce is not None:
-                    _wait_all(works)
-                    works = []
-                    out += self._partial_reduce
-                    self._partial_reduce = None
-                works.append(rpg.all_reduce_(out, ReduceOp.SUM, async_op=True))
-        if out is not None:
-            self._pending.append(_Pending(self, works, out, self.rs_params, had_grad))
-
-    def _finish_oldest(self):
-        """Wait for the oldest reduction in flight (of any group of this root) and write its gradients."""
-        item = self._pending.popleft()
-        t0 = time.perf_counter()
-        _wait_all(item.works)
-        _exposed[0] += time.perf_counter() - t0
-        item.group._write_grads(item)
-
-    def _write_grads(self, item):
-        out = item.out
-        out *= out.dtype.type(1.0 / self._divide_factor())
-        if self._all_reduce_hook is not None:
-            self._all_reduce_hook(Tensor._wrap(out))
-        for p, had in zip(item.params, item.had_grad):
-            if not (had or self.reduce_scatter_unused_params):
-                continue
-            g = local_grad_from(p.rs_layout, out, p.shard_dim)
-            if self.offload:
-                g = _backend.to_numpy(g)
-            if g.dtype != p.dtype:
-                g = g.astype(p.dtype)
-            if _settings.get("HPCFSDP_CHECK_FINITE"):
-                _check_finite(g, p, self)
-            sp = p.sharded_param
-            if sp.grad is None:
-                sp.grad = p.sharded_grad(g)
-            else:
-                sp.grad._data += g
+        info = self.mesh_info
+        result, self._partial_reduce = foreach_reduce(
+            self, self.reduce_scatter_params, grads, self.reduce_scatter_total,
+            self.reduce_scatter_group or info.shard_process_group, self.reduce_scatter_comm, self.reduce_dtype,
+            self.device, self.gradient_divide_factor, self.force_sum_reduction_for_comms,
+            info.replicate_process_group if info.is_hsdp else None, self.all_reduce_grads, self._partial_reduce)
+        if result is not None:
+            result.hook = self.all_reduce_hook
+            reductions.append(result)
 
 
-def _check_finite(g, p, group):
-    """HPCFSDP_CHECK_FINITE=1: fail on the first NaN/Inf in a reduced gradient, naming parameter and step."""
-    xp = _backend.array_module(g)
-    if g.size and not bool(xp.isfinite(g).all()):
-        bad = int((~xp.isfinite(g)).sum())
-        raise FloatingPointError(
-            f"HPCFSDP_CHECK_FINITE: gradient of {p.fqn or p.name} has {bad} non-finite value(s) at backward "
-            f"step {group.backward_steps} (this rank's shard of shape {tuple(g.shape)})")
-
-
-def _wait_all(works):
-    for w in works:
-        if w is not None:
-            w.wait()
-
-
-def _to_storage(arr, dev):
-    xp = _backend.array_module(dev)
+def _to_storage(arr, device):
+    xp = _backend.array_module(device)
     if xp is _backend.array_module(arr):
         return arr
-    return _backend.to_numpy(arr) if dev.type == "cpu" else xp.asarray(arr)
+    return _backend.to_numpy(arr) if device.type == "cpu" else xp.asarray(arr)

@@ -14,19 +14,22 @@ order on its communication thread; prefetch only changes when they are issued, n
 """
 
 import collections
+import functools
 
 from .... import _backend
 from ...._tensor import Tensor
 from ....autograd import engine as _engine
 from ....autograd.function import Function
 from ....autograd.grad_mode import is_grad_enabled
-from ._fsdp_common import TrainingState
+from ._fsdp_collectives import finish_reduce
+from ._fsdp_common import get_module_fsdp_state
 
 __all__ = ["FSDPState", "FSDPStateContext"]
 
 
 class FSDPStateContext:
-    """Shared by all states under one root."""
+    """Shared by all states under one root. Every state starts with its own; the root's lazy init gives
+    all states under it the root's (settings made on a child's context before that are replaced)."""
 
     def __init__(self):
         self.all_states: list = []
@@ -35,6 +38,7 @@ class FSDPStateContext:
         self.forward_order: list = []  # states in pre-forward order (recorded on the first iteration)
         self.forward_order_frozen = False
         self.post_forward_order: list = []  # states in post-forward order, this iteration
+        self.reductions = collections.deque()  # ReduceResults in flight, oldest first, of all groups
 
 
 class RegisterPostBackward(Function):
@@ -76,30 +80,39 @@ def _map_tensors(obj, fn):
 
 
 class FSDPState:
-    def __init__(self, modules, device, mp_policy):
+    def __init__(self, modules, mp_policy):
         self._modules = modules
-        self._device = _backend.to_device(device)
         self._mp_policy = mp_policy
         self._param_group = None
-        self._is_root = None
-        self._ctx = None
+        self._is_root = None  # None until the root's lazy init, then whether this state is the root
+        self._ctx = FSDPStateContext()
+        self._auto_reshard_after_forward = False  # reshard_after_forward=None: the root keeps its parameters
         self._states_to_forward_prefetch = None
         self._states_to_backward_prefetch = None
-        self._training_state = TrainingState.IDLE
-        self._handles = []
         self._pre_backward_hook_ran = False
+        self._modules_to_run = set()  # ids of this unit's modules whose forward has not run yet (several modules)
         self._backward_prefetch_post = False  # FSDP1 BACKWARD_POST: prefetch after this module's backward
 
     # -- hooks ----------------------------------------------------------------------------------------
     def register_hooks(self):
+        """Forward hooks on every module of the call. Modules passed together (``fully_shard([m1, m2])``)
+        are one unit: its pre-forward runs before the first of them runs, its post-forward after the last."""
         for m in self._modules:
-            self._handles.append(m.register_forward_pre_hook(self._pre_forward_hook, prepend=True, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(self._post_forward_hook, prepend=False))
+            m.register_forward_pre_hook(self._pre_forward_hook, prepend=True, with_kwargs=True)
+            m.register_forward_hook(functools.partial(self._post_forward_hook, m), prepend=False)
 
     def _pre_forward_hook(self, module, args, kwargs):
+        if len(self._modules) > 1:
+            if self._modules_to_run:
+                return None
+            self._modules_to_run = {id(m) for m in self._modules}
         return self._pre_forward(module, args, kwargs)
 
-    def _post_forward_hook(self, module, args, output):
+    def _post_forward_hook(self, registered, module, args, output):
+        if len(self._modules) > 1:
+            self._modules_to_run.discard(id(registered))
+            if self._modules_to_run:
+                return None
         return self._post_forward(module, args, output)
 
     def _all_param_groups(self):
@@ -110,16 +123,16 @@ class FSDPState:
         if self._is_root is not None:
             return
         self._is_root = True
-        ctx = FSDPStateContext()
+        ctx = self._ctx
         seen = set()
         for root in self._modules:
             for m in root.modules():
-                st = _state_of(m)
+                st = get_module_fsdp_state(m)
                 if st is None or id(st) in seen:
                     continue
                 seen.add(id(st))
                 if st is not self:
-                    if st._is_root is not None and st._ctx is not None and st._is_root:
+                    if st._is_root:
                         raise RuntimeError("FSDP found a nested root: a sharded submodule ran forward on its own "
                                            "before its parent; run the outermost module first")
                     st._is_root = False
@@ -128,18 +141,15 @@ class FSDPState:
         for root in self._modules:
             for n, p in root.named_parameters(remove_duplicate=False):
                 names.setdefault(id(p), n)
-        pending = collections.deque()  # reductions in flight, bounded across all groups of this root
         for st in ctx.all_states:
             st._ctx = ctx
             if st._param_group is not None:
                 st._param_group.lazy_init()
-                st._param_group._pending = pending
                 for fp in st._param_group.fsdp_params:
                     fp.fqn = names.get(id(fp.sharded_param))
         # The root keeps its parameters after forward when the user left the choice to FSDP (None).
-        g = self._param_group
-        if g is not None and getattr(self, "_auto_reshard_after_forward", False):
-            g.post_forward_mesh_info = None
+        if self._param_group is not None and self._auto_reshard_after_forward:
+            self._param_group.post_forward_mesh_info = None
 
     # -- forward --------------------------------------------------------------------------------------
     def _pre_forward(self, module, args, kwargs):
@@ -170,10 +180,8 @@ class FSDPState:
     def _root_pre_forward(self):
         ctx = self._ctx
         # A new iteration: whatever the last backward left (e.g. no backward ran) is finished first.
-        for st in ctx.all_states:
-            g = st._param_group
-            if g is not None and g._pending:
-                g.finalize()
+        while ctx.reductions:  # reductions a backward left in flight (set_is_last_backward(False))
+            finish_reduce(ctx.reductions.popleft())
         if ctx.forward_order:
             ctx.forward_order_frozen = True
         ctx.post_forward_order = []
@@ -249,7 +257,7 @@ class FSDPState:
     def _post_backward(self):
         g = self._param_group
         if g is not None:
-            g.post_backward()
+            g.post_backward(self._ctx.reductions)
         if self._backward_prefetch_post:
             self._prefetch_backward()
 
@@ -257,16 +265,13 @@ class FSDPState:
         ctx = self._ctx
         for st in ctx.all_states:
             if st._param_group is not None:
-                st._param_group.finalize(wait=ctx.is_last_backward)
+                st._param_group.finalize(ctx.reductions, wait=ctx.is_last_backward)
             st._pre_backward_hook_ran = False
-            st._training_state = TrainingState.IDLE
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
 
     def _reset_iter_state(self):
         ctx = self._ctx
-        if ctx is None:
-            return
         for st in ctx.all_states:
             st._pre_backward_hook_ran = False
             if st._param_group is not None:
@@ -274,8 +279,3 @@ class FSDPState:
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
 
-
-def _state_of(module):
-    from ._fsdp_common import get_module_fsdp_state
-
-    return get_module_fsdp_state(module)

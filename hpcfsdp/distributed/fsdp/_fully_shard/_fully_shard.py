@@ -14,6 +14,7 @@ from ._fsdp_init import (
     get_managed_modules_and_params,
     get_mesh_info,
     get_post_forward_mesh_info,
+    get_root_modules,
     init_default_mesh,
     validate_mesh,
     validate_module,
@@ -120,13 +121,13 @@ def fully_shard(
     post_forward_mesh_info = get_post_forward_mesh_info(
         True if auto_reshard_after_forward else reshard_after_forward, mesh_info)
     device = get_device_from_mesh(mesh)
-    managed, params = get_managed_modules_and_params(input_modules, ignored_params)
+    root_modules = get_root_modules(input_modules)  # a list is one unit: hooks on its outermost modules
+    managed, params = get_managed_modules_and_params(root_modules, ignored_params)
     check_param_devices(params, device)
-    converted = tuple(_as_fsdp_module(item) for item in input_modules)
-    state = FSDPState(list(converted), device, mp_policy)
+    converted = tuple(_as_fsdp_module(item) for item in root_modules)
+    state = FSDPState(list(converted), mp_policy)
     state._auto_reshard_after_forward = auto_reshard_after_forward
-    state.mesh, state.mesh_info, state.offload_policy = mesh, mesh_info, offload_policy
-    state.ignored_params = set(ignored_params or ())
+    state.mesh_info = mesh_info
     if params:
         fsdp_params = []
         for p, infos in params:
@@ -138,15 +139,14 @@ def fully_shard(
                         raise ValueError(f"shard_placement_fn must return a Shard or None, got {placement!r}")
                     dim = placement.dim
             fsdp_params.append(FSDPParam(p, infos, mesh_info, post_forward_mesh_info, dim, mp_policy))
-        group = FSDPParamGroup(fsdp_params, list(converted), mesh_info, post_forward_mesh_info, device,
-                               mp_policy, offload_policy)
+        group = FSDPParamGroup(fsdp_params, mesh_info, post_forward_mesh_info, device, offload_policy)
         for fp in fsdp_params:
             fp.set_on_modules(fp.sharded_param)
         state._param_group = group
     state.register_hooks()
     for m in list(converted) + [m for m in managed if m not in converted]:
         registry(m)[_FULLY_SHARD_STATE_KEY] = state
-    return list(converted) if input_is_list else converted[0]
+    return module if input_is_list else converted[0]
 
 
 def _fully_shard_state(module: Any) -> FSDPState:
@@ -201,10 +201,9 @@ class FSDPModule:
         self._get_fsdp_state()._reset_iter_state()
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
-        """When false, the end of backward does not wait for the gradient reductions in flight."""
-        state = self._get_fsdp_state()
-        state._lazy_init()
-        state._ctx.is_last_backward = bool(is_last_backward)
+        """When false, the end of backward does not wait for the gradient reductions in flight. Set on the
+        state's context: before the root's lazy init that is this module's own, which the root's replaces."""
+        self._get_fsdp_state()._ctx.is_last_backward = bool(is_last_backward)
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """False: accumulate unsharded gradients locally, without communication (gradient accumulation)."""
@@ -258,7 +257,7 @@ class FSDPModule:
         if len(state._all_param_groups()) > 1:
             raise ValueError("custom all-gather is unavailable with multiple parameter groups")
         for group in state._all_param_groups():
-            group._all_gather_comm = comm
+            group.all_gather_comm = comm
 
     def set_custom_reduce_scatter(self, comm: ReduceScatter) -> None:
         if not isinstance(comm, ReduceScatter):
@@ -267,7 +266,7 @@ class FSDPModule:
         if len(state._all_param_groups()) > 1:
             raise ValueError("custom reduce-scatter is unavailable with multiple parameter groups")
         for group in state._all_param_groups():
-            group._reduce_scatter_comm = comm
+            group.reduce_scatter_comm = comm
 
     def set_all_reduce_hook(self, hook: Any, *, stream: Any = None) -> None:
         """``hook(output)`` runs on each reduced gradient buffer (after the HSDP all-reduce)."""
@@ -277,7 +276,7 @@ class FSDPModule:
         for group in state._all_param_groups():
             if stream is not None and group.mesh_info.is_hsdp:
                 raise ValueError("stream cannot be set when using native HSDP")
-            group._all_reduce_hook = hook
+            group.all_reduce_hook = hook
 
     def set_post_optim_event(self, event: Any) -> None:
         """The next all-gather waits on ``event`` (a CuPy event recorded after the optimizer step)."""
@@ -296,7 +295,8 @@ class FSDPModule:
             group.gradient_divide_factor = factor
 
     def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
-        """hpcfsdp always reduces with SUM and scales locally afterwards; this records the choice."""
+        """True: the gradient reduction is a plain sum and the division by the data-parallel size (or the
+        divide factor) happens locally after it, instead of inside the collective (AVG / pre-multiplied sum)."""
         for group in self._get_fsdp_state()._all_param_groups():
             group.force_sum_reduction_for_comms = bool(enable)
 
@@ -322,13 +322,13 @@ class FSDPModule:
         for module in _selected_modules(self, recurse):
             for group in module._get_fsdp_state()._all_param_groups():
                 if not enable:
-                    group._rs_group = None
+                    group.reduce_scatter_group = None
                     continue
                 pg = group.mesh_info.shard_process_group
                 key = tuple(pg.world_ranks)
                 if key not in new_groups:
                     new_groups[key] = pg.split(0, pg.rank())
-                group._rs_group = new_groups[key]
+                group.reduce_scatter_group = new_groups[key]
 
     def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
         for group in self._get_fsdp_state()._all_param_groups():
@@ -336,19 +336,17 @@ class FSDPModule:
 
     def set_allocate_memory_from_process_group_for_comm(self, enable: bool) -> None:
         """NCCL-specific in PyTorch. On MPI, communication buffers come from the array module's allocator
-        (NumPy, or CuPy's pool); this setting is recorded and a warning says it changes nothing."""
+        (NumPy, or CuPy's pool); enabling it changes nothing, and a warning says so."""
+        self._get_fsdp_state()
         if enable:
             warnings.warn("set_allocate_memory_from_process_group_for_comm has no effect on MPI: buffers come "
                           "from NumPy/CuPy allocators", stacklevel=2)
-        for group in self._get_fsdp_state()._all_param_groups():
-            group.allocate_from_process_group = bool(enable)
 
     def set_symm_mem_for_comm(self, backend: Any = "NCCL") -> None:
-        """Symmetric memory is an NCCL/NVSHMEM feature; MPI collectives here do not use it. Warns and records."""
+        """Symmetric memory is an NCCL/NVSHMEM feature; MPI collectives here do not use it. Warns."""
+        self._get_fsdp_state()
         warnings.warn(f"set_symm_mem_for_comm({backend!r}) has no effect on MPI: collectives use ordinary "
                       "buffers", stacklevel=2)
-        for group in self._get_fsdp_state()._all_param_groups():
-            group.symm_mem_backend = backend
 
     def _set_unshard_async_op(self, async_op: bool) -> None:
         for module in _selected_modules(self, True):
@@ -419,16 +417,10 @@ def register_fsdp_forward_method(module: Any, method_name: str) -> None:
 def share_comm_ctx(modules: list[FSDPModule]) -> None:
     """Share one communication context among ``modules``. On MPI every collective of a process already
     runs on its one communication thread, in issue order, so the context is shared by construction;
-    this validates the modules and records the shared context."""
-    if not modules:
-        return
+    this only checks that every module is managed by fully_shard."""
     for module in modules:
         if not isinstance(module, FSDPModule):
             raise ValueError(f"expected managed module, got {module}")
-    states = [module._get_fsdp_state() for module in modules]
-    for state in states[1:]:
-        state._comm_ctx = states[0]
-    states[0]._comm_ctx = states[0]
 
 
 def _selected_modules(module: Any, recurse: bool) -> list[Any]:

@@ -1,0 +1,289 @@
+"""FSDP's collectives: the default MPI AllGather / ReduceScatter, and one group's all-gather and gradient reduction.
+
+[Note: One group's collectives]
+All-gather: the group's flat sharded buffer (cast to param_dtype) is the input; ``foreach_all_gather``
+allocates the output through the group's ``AllGather`` and issues it on the communication thread;
+``foreach_all_gather_copy_out`` waits and copies every parameter out of the rank-major output.
+
+Reduction: ``foreach_reduce`` packs the unsharded gradients rank-major into one buffer allocated through
+the group's ``ReduceScatter`` (zero rows for parameters without a gradient), divides it by the pre-divide
+factor, issues the reduce-scatter (then, for HSDP, the all-reduce across replicas) and returns a
+``ReduceResult``. ``finish_reduce`` waits for it, runs the all-reduce hook, divides by the post-divide
+factor and writes (or accumulates) the sharded gradients. The results in flight are queued in the state
+context shared by every state of a root (``FSDPStateContext.reductions``), oldest first.
+
+[Note: Gradient divide factors]
+The gradient of the data-parallel mean is the sum of the N per-rank gradients divided by N (N = shard
+size x replicate size, or the user's ``set_gradient_divide_factor``). In float32 and bfloat16 the
+collective divides (AVG; a pre-multiplied sum for a user factor) and nothing is done locally. In float16
+the sum could overflow (or the divided values underflow), so the input is divided by a pre-factor and
+the output by a post-factor whose product is N; the pre-factor is the largest power of two p with
+p * p < N that divides N (about sqrt(N)), so both sides keep the magnitudes in range.
+``set_force_sum_reduction_for_comms(True)`` makes the collectives plain sums: the division then happens
+locally, after the reduction. These are PyTorch FSDP2's factors and ops.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .... import _backend, _settings
+from ...._tensor import Tensor
+from ...process_group import ProcessGroup, ReduceOp
+from ._fsdp_api import AllGather, ReduceScatter
+
+__all__ = [
+    "DefaultAllGather",
+    "DefaultReduceScatter",
+    "PremulSum",
+    "AllGatherResult",
+    "ReduceResult",
+    "allocate_buffer",
+    "exposed_comm_seconds",
+    "foreach_all_gather",
+    "foreach_all_gather_copy_out",
+    "foreach_reduce",
+    "finish_reduce",
+    "get_gradient_divide_factors",
+]
+
+_exposed = [0.0]  # seconds the main thread spent waiting for FSDP's collectives (this process)
+
+
+def exposed_comm_seconds(reset: bool = False) -> float:
+    """Total time the main thread waited on FSDP all-gathers and reductions; optionally reset it."""
+    value = _exposed[0]
+    if reset:
+        _exposed[0] = 0.0
+    return value
+
+
+def _wait(works) -> None:
+    t0 = time.perf_counter()
+    for w in works:
+        if w is not None:
+            w.wait()
+    _exposed[0] += time.perf_counter() - t0
+
+
+# -- default communication objects ------------------------------------------------------------------
+# [Note: Comm buffers]
+# FSDP asks its AllGather / ReduceScatter for the flat buffers it communicates in. On the CPU we
+# hand out page-locked memory when CuPy is present (a later host-to-device copy of the gathered
+# parameters, CPU offload, is then asynchronous) and plain NumPy memory otherwise; on a GPU the
+# buffer is a CuPy array on the requested device. Staging for a non-CUDA-aware MPI uses the comm
+# thread's own pinned buffers (_buffers.HostStager), so device buffers stay on the device.
+
+
+def allocate_buffer(size: Sequence[int], *, dtype: Any, device: Any) -> Tensor:
+    """An uninitialised Tensor of ``size`` on ``device`` suited to MPI (see [Note: Comm buffers])."""
+    dt = _backend.to_dtype(dtype)
+    dev = _backend.to_device(device)
+    shape = tuple(int(s) for s in size)
+    if dev.type == "cpu":
+        return Tensor._wrap(_backend.pinned_empty(shape, dt))
+    if dev.type == "cuda":
+        cp = _backend.array_module(dev)
+        with cp.cuda.Device(dev.index):
+            return Tensor._wrap(cp.empty(shape, dt))
+    raise ValueError(f"allocate: device {dev} cannot hold communication buffers; expected cpu or cuda")
+
+
+def _array(x: Any, what: str):
+    if isinstance(x, Tensor):
+        return x._data
+    if isinstance(x, np.ndarray) or _backend.is_cupy_array(x):
+        return x
+    raise TypeError(f"{what}: expected a Tensor or an array, got {type(x).__name__}")
+
+
+def _group(group: Any) -> ProcessGroup:
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group={group!r}: expected a ProcessGroup")
+    return group
+
+
+@dataclass(frozen=True)
+class PremulSum:
+    """Reduction op: multiply every input by ``factor``, then sum (NCCL's premul-sum)."""
+
+    factor: float
+
+    def __repr__(self) -> str:
+        return f"PremulSum({self.factor!r})"
+
+
+class DefaultAllGather(AllGather):
+    """All-gather over the group's MPI communicator on the communication thread."""
+
+    def allocate(self, size: Sequence[int], *, dtype: Any, device: Any) -> Tensor:
+        return allocate_buffer(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False):
+        return _group(group).all_gather_into(
+            _array(output_tensor, "all-gather output"), _array(input_tensor, "all-gather input"), async_op
+        )
+
+
+class DefaultReduceScatter(ReduceScatter):
+    """Reduce-scatter over the group's MPI communicator on the communication thread.
+
+    ``op`` is a ReduceOp or a ``PremulSum``; the latter scales ``input_tensor`` in place, then sums.
+    """
+
+    def allocate(self, size: Sequence[int], *, dtype: Any, device: Any) -> Tensor:
+        return allocate_buffer(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any = ReduceOp.SUM,
+                 async_op: bool = False):
+        inp = _array(input_tensor, "reduce-scatter input")
+        if isinstance(op, PremulSum):
+            inp *= inp.dtype.type(op.factor)
+            op = ReduceOp.SUM
+        return _group(group).reduce_scatter_into(_array(output_tensor, "reduce-scatter output"), inp, op, async_op)
+
+
+# -- all-gather --------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class AllGatherResult:
+    """An all-gather in flight: its Work, its rank-major output and the layouts to copy out with."""
+
+    work: Any
+    output: Any  # (world * total,) array
+    layouts: list
+    total: int  # elements per rank
+
+
+def foreach_all_gather(all_gather_input, group: ProcessGroup, comm: AllGather, layouts: list, total: int,
+                       device) -> AllGatherResult:
+    """Issue the all-gather of one group's flat input (asynchronously); see [Note: One group's collectives]."""
+    output = comm.allocate((group.size() * total,), dtype=all_gather_input.dtype, device=device)
+    work = comm(output, Tensor._wrap(all_gather_input), group, async_op=True)
+    return AllGatherResult(work, _array(output, "all-gather output"), layouts, total)
+
+
+def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> None:
+    """Wait for ``result`` and give every parameter its full data, copied out of the gathered buffer."""
+    _wait([result.work])
+    out = result.output
+    xp = _backend.array_module(out)
+    for p, layout in zip(fsdp_params, result.layouts):
+        p.set_unsharded_data(layout.gathered(out, result.total, xp, out.dtype))
+
+
+# -- gradient reduction ------------------------------------------------------------------------------
+def get_gradient_divide_factors(reduce_scatter_size: int, all_reduce_size: Optional[int], reduce_dtype,
+                                factor: Optional[float] = None, force_sum_reduction_for_comms: bool = False):
+    """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: Gradient divide factors].
+
+    ``all_reduce_size`` is the replicate group's size for HSDP, else None. A factor of None means no division.
+    """
+    overflow_risk = _backend.to_dtype(reduce_dtype) not in (_backend.float32, _backend.bfloat16)
+    data_parallel_size = reduce_scatter_size * (all_reduce_size if all_reduce_size is not None else 1)
+    if factor is None:
+        factor = float(data_parallel_size)
+    if not overflow_risk and not force_sum_reduction_for_comms:
+        if factor == data_parallel_size:
+            if data_parallel_size == 1:
+                return None, None, ReduceOp.SUM, ReduceOp.SUM
+            return None, None, ReduceOp.AVG, ReduceOp.AVG
+        return None, None, PremulSum(1.0 / factor), ReduceOp.SUM
+    if overflow_risk:
+        pre = 1
+        while factor % pre == 0 and factor / pre > pre:
+            pre *= 2
+        return float(pre), factor / pre, ReduceOp.SUM, ReduceOp.SUM
+    return None, factor, ReduceOp.SUM, ReduceOp.SUM
+
+
+def _divide_if_needed(arr, factor: Optional[float]) -> None:
+    if factor is not None and factor != 1:
+        arr /= arr.dtype.type(factor)
+
+
+@dataclass(slots=True)
+class ReduceResult:
+    """A gradient reduction in flight; ``finish_reduce`` waits for it and writes the sharded gradients."""
+
+    group: Any  # the FSDPParamGroup the gradients belong to
+    works: list
+    output: Any  # (total,) reduced flat gradient of this rank's shards
+    params: list  # the FSDPParams in the buffer, in layout order
+    had_grad: list  # per parameter: whether this rank had a gradient for it
+    post_divide: Optional[float] = None
+    hook: Any = None  # the all-reduce hook to run on ``output`` before the post-divide
+
+
+def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_group: ProcessGroup,
+                   comm: ReduceScatter, reduce_dtype, device, divide_factor: Optional[float],
+                   force_sum_reduction_for_comms: bool, all_reduce_group: Optional[ProcessGroup],
+                   all_reduce_grads: bool, partial: Optional[Any]):
+    """Pack ``grads`` (one per parameter, None for no gradient) and issue their reduction.
+
+    Returns (ReduceResult or None, partial output): None and the accumulated reduce-scatter output for HSDP
+    without all-reduce; see [Note: One group's collectives]."""
+    pre, post, reduce_scatter_op, all_reduce_op = get_gradient_divide_factors(
+        reduce_scatter_group.size(), all_reduce_group.size() if all_reduce_group is not None else None,
+        reduce_dtype, divide_factor, force_sum_reduction_for_comms)
+    world = reduce_scatter_group.size()
+    had_grad = [g is not None for g in grads]
+    inp = _array(comm.allocate((world * total,), dtype=reduce_dtype, device=device), "reduce-scatter input")
+    for p, g in zip(params, grads):
+        layout = p.reduce_scatter_layout
+        if g is None:
+            inp.reshape(world, total)[:, layout.offset:layout.offset + layout.numel] = 0
+        else:
+            layout.scatter_into(inp, total, p.to_front(g._data))
+    _divide_if_needed(inp, pre)
+    out_t = comm.allocate((total,), dtype=reduce_dtype, device=device)
+    works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
+    out = _array(out_t, "reduce-scatter output")
+    if all_reduce_group is not None:
+        if not all_reduce_grads:
+            _wait(works)
+            return None, (out if partial is None else partial + out)
+        if partial is not None:
+            _wait(works)
+            works = []
+            out += partial
+        works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
+    return ReduceResult(group, works, out, list(params), had_grad, post), None
+
+
+
+
+def finish_reduce(result: ReduceResult) -> None:
+    """Wait for ``result``, post-divide, and write or accumulate the sharded gradients of its parameters."""
+    _wait(result.works)
+    out = result.output
+    group = result.group
+    if result.hook is not None:
+        result.hook(Tensor._wrap(out))
+    _divide_if_needed(out, result.post_divide)
+    for p, had in zip(result.params, result.had_grad):
+        if not (had or group.reduce_scatter_unused_params):
+            continue
+        g = p.local_grad_from(out)
+        if group.offload:
+            g = _backend.to_numpy(g)
+        if g.dtype != p.dtype:
+            g = g.astype(p.dtype)
+        if _settings.get("HPCFSDP_CHECK_FINITE"):
+            _check_finite(g, p, group.backward_steps)
+        sp = p.sharded_param
+        if sp.grad is None:
+            sp.grad = p.sharded_grad(g)
+        else:
+            sp.grad._data += g
+
+
+def _check_finite(g, p, step: int) -> None:
+    """HPCFSDP_CHECK_FINITE=1: fail on the first NaN/Inf in a reduced gradient, naming parameter and step."""
+    xp = _backend.array_module(g)
+    if g.size and not bool(xp.isfinite(g).all()):
+        bad = int((~xp.isfinite(g)).sum())
+        raise FloatingPointError(
+            f"HPCFSDP_CHECK_FINITE: gradient of {p.fqn or p.name} has {bad} non-finite value(s) at backward "
+            f"step {step} (this rank's shard of shape {tuple(g.shape)})")

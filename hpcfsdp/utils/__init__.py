@@ -1,0 +1,5 @@
+"""Small utilities shared by every layer (hook handles)."""
+
+from hpcfsdp.utils.hooks import RemovableHandle
+
+__all__ = ["RemovableHandle"]
