@@ -7,6 +7,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 # Longest matching prefix wins. A module may import modules of its own level or lower.
 LEVELS = {
     "hpcfsdp._backend": 0,
+    "hpcfsdp.testing": 0,  # the simulated CUDA device: NumPy only
     "hpcfsdp.data": 0,
     "hpcfsdp": 1,  # `import hpcfsdp as hp`: the core Tensor API
     "hpcfsdp._tensor": 1,
