@@ -357,8 +357,9 @@ def is_pinned(a):
     cp = _cupy or sys.modules.get("cupy")
     if cp is None:
         return False
-    if _CUDA_SIM:
-        return _cuda_sim.is_pinned(a)
+    sim_check = getattr(cp, "is_pinned", None)  # the simulated device's registry (real CuPy has none)
+    if sim_check is not None:
+        return sim_check(a)
     try:
         attrs = cp.cuda.runtime.pointerGetAttributes(a.__array_interface__["data"][0])
         return builtins.int(attrs.type) == 1  # cudaMemoryTypeHost
