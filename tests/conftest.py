@@ -36,5 +36,5 @@ def pytest_collection_modifyitems(config, items):
 def pytest_generate_tests(metafunc):
     # Tests that take a `device` argument run on every available array backend.
     if "device" in metafunc.fixturenames:
-        devs = ["cpu"] + (["cuda"] if HAVE_GPU else [])
+        devs = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAVE_GPU else [])
         metafunc.parametrize("device", devs)

@@ -215,3 +215,30 @@ def test_event_covers_the_copy_that_breaks_aliasing(aware, monkeypatch):
     monkeypatch.setattr(B, "record_event", lambda a: early)  # the event taken before the copy
     with pytest.raises(cs.CudaSimError, match="copy.*not synchronised"):
         pg.all_gather_into(out, out[j * k:(j + 1) * k])
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
+def test_staged_path_waits_for_its_device_to_host_copy(monkeypatch):
+    _sim_only()
+    import cupy as cp
+
+    from hpcfsdp.distributed import _buffers as B
+    from hpcfsdp.distributed import _mpi
+
+    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (False, "test"))
+    pg = _pg()
+    w, r = pg.size(), pg.rank()
+    out = cp.empty(4 * w, dtype=np.float32)
+    pg.all_gather_into(out, cp.full(4, r, dtype=np.float32))
+    np.testing.assert_array_equal(out.get(), np.repeat(np.arange(w, dtype=np.float32), 4))
+
+    def to_host_unsynchronised(self, a, slot):  # the copy into pinned memory, not waited for
+        host = self.host_buffer(slot, a.nbytes, a.device.id).view(a.dtype).reshape(a.shape)
+        with cp.cuda.Device(a.device.id):
+            a.get(stream=self.stream(a.device.id), out=host)
+        return host
+
+    monkeypatch.setattr(B.HostStager, "to_host", to_host_unsynchronised)
+    with pytest.raises(cs.CudaSimError, match="MPI Allgather reads pinned host"):
+        pg.all_gather_into(out, cp.full(4, r, dtype=np.float32))
