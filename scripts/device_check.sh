@@ -37,7 +37,9 @@ esac
 PY=${PYTHON:-python3}
 
 if [ "$MODE" = prepare ]; then
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  excl=$(git rev-parse --git-path info/exclude)  # also right in a git worktree
+  mkdir -p "$(dirname "$excl")"
+  grep -qx '/.whl/' "$excl" 2>/dev/null || echo '/.whl/' >> "$excl"
   exec $PY -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d .whl mpich pytest-mpi
@@ -76,9 +78,18 @@ step() {  # step NAME TIMEOUT CMD...: run (or print) one step, record its exit c
 
 {
   if [ "$MODE" = run ] && [ -d .whl ]; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    # pytest-mpi as a plain package; MPICH under a prefix, so that its lib/ and bin/ (mpiexec) exist, and
+    # mpi4py is pointed at that libmpi (MPI4PY_LIBMPI, mpi4py >= 4)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/pytest_mpi-*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    if ! $PY -c "import mpi4py.MPI" 2>/dev/null; then
+      $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix /tmp/mpi \
+        .whl/mpich-*.whl && export PATH="/tmp/mpi/bin:$PATH" MPI4PY_LIBMPI=/tmp/mpi/lib/libmpi.so.12 \
+        LD_LIBRARY_PATH="/tmp/mpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
   fi
+  $PY -c "import cupy, mpi4py.MPI as M; print('cupy', cupy.__version__, '|', M.Get_library_version().splitlines()[0])" \
+    || echo "WARNING: CuPy or MPI not usable here: the steps below will fail"
   LAUNCH=($PY -m hpcfsdp.cli.main launch)
   MPITEST=($PY tests/_mpi_pytest.py --with-mpi -q -p no:cacheprovider)
 
@@ -88,7 +99,7 @@ step() {  # step NAME TIMEOUT CMD...: run (or print) one step, record its exit c
     "$OUT/info.json" 2>/dev/null || echo 0)
 
   step "gpu tests, 1 rank (warm-up)" "$T_TEST" $PY -m pytest -q -p no:cacheprovider -m "(gpu or gpu_hw) and not mpi" \
-    tests/test_gpu.py tests/test_gpu_sim.py tests/test_gpu_fsdp.py tests/test_backend.py
+    tests/test_gpu.py tests/test_gpu_hw.py tests/test_gpu_sim.py tests/test_gpu_fsdp.py tests/test_backend.py
   step "gpu tests, 2 ranks, staged" "$T_TEST" env HPCFSDP_CUDA_AWARE=0 "${LAUNCH[@]}" -n 2 -- "${MPITEST[@]}" \
     -m "gpu and mpi" tests/test_gpu.py tests/test_gpu_sim.py tests/test_gpu_fsdp.py
   if [ "$AWARE" = 1 ]; then
