@@ -150,3 +150,20 @@ def test_array_module_has_one_copy():
 
     assert _buffers.array_module is B.array_module and _buffers.is_cupy_array is B.is_cupy_array
     assert B.array_module(np.zeros(2)) is np and B.array_module("cpu") is np
+
+
+def test_info_warns_when_cupy_lacks_bfloat16(monkeypatch, capsys):
+    import argparse
+
+    from hpcfsdp.cli import info
+    from hpcfsdp.distributed import _mpi
+
+    probe = {"cupy": True, "cupy_version": "13.6.0", "gpu_count": 1, "cupy_bfloat16": False,
+             "cupy_bfloat16_note": "CuPy 13.6.0 lacks bfloat16 (TypeError: x)"}
+    monkeypatch.setattr(_mpi, "probe", lambda: dict(probe))
+    info.run(argparse.Namespace(json=False, all_ranks=False))
+    out = capsys.readouterr().out
+    assert "cupy_bfloat16: False" in out and "warning: the installed CuPy lacks bfloat16 (CuPy 13.6.0" in out
+    monkeypatch.setattr(_mpi, "probe", lambda: dict(probe, cupy_bfloat16=True))
+    info.run(argparse.Namespace(json=False, all_ranks=False))
+    assert "warning" not in capsys.readouterr().out
