@@ -88,7 +88,7 @@ step() {  # step NAME TIMEOUT CMD...: run (or print) one step, record its exit c
         LD_LIBRARY_PATH="/tmp/mpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
   fi
-  $PY -c "import cupy, mpi4py.MPI as M; print('cupy', cupy.__version__, '|', M.Get_library_version().splitlines()[0])" \
+  $PY -c "import hpcfsdp, cupy, mpi4py.MPI as M; print('cupy', cupy.__version__, '|', M.Get_library_version().splitlines()[0])" \
     || echo "WARNING: CuPy or MPI not usable here: the steps below will fail"
   LAUNCH=($PY -m hpcfsdp.cli.main launch)
   MPITEST=($PY tests/_mpi_pytest.py --with-mpi -q -p no:cacheprovider)
