@@ -15,6 +15,8 @@ __all__ = [
     "to_dtype", "is_floating_dtype", "default_float_dtype", "device", "to_device", "default_device",
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
     "cupy_available", "generator", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
+    "pinned_bytes", "is_pinned", "host_empty", "current_cuda_device", "use_cuda_device", "cuda_simulated",
+    "cupy_bfloat16", "MPI_BUFFER_CHECK",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -78,6 +80,25 @@ def is_floating_dtype(dt):
 # CuPy, imported on first use.
 _cupy = None
 _cupy_checked = False
+
+# [Note: Simulated CUDA]
+# HPCFSDP_CUDA_SIM=1 (read here, once, at import) installs hpcfsdp.testing.cuda_sim as the modules
+# ``cupy`` and ``cupyx``: every ``import cupy`` in the package and the tests then gets a NumPy-backed
+# stand-in that enforces CUDA's ordering and device rules (see [Note: Simulated device] there), so the
+# GPU code paths run, and their races fail, on machines without a GPU. MPI_BUFFER_CHECK is the
+# simulation's check of a buffer handed to MPI (None with real CuPy): _buffers.call_mpi calls it.
+_CUDA_SIM = _settings.get("HPCFSDP_CUDA_SIM")
+MPI_BUFFER_CHECK = None
+if _CUDA_SIM:
+    from hpcfsdp.testing import cuda_sim as _cuda_sim  # noqa: E402
+
+    _cuda_sim.install()
+    MPI_BUFFER_CHECK = _cuda_sim.mpi_access
+
+
+def cuda_simulated():
+    """True when HPCFSDP_CUDA_SIM=1 replaced CuPy by the simulated device."""
+    return _CUDA_SIM
 
 
 def _try_cupy():
@@ -217,7 +238,8 @@ def to_device(x):
 
 
 def is_cupy_array(a):
-    cp = _cupy
+    """True for a cupy.ndarray (without importing CuPy when nobody has)."""
+    cp = _cupy or sys.modules.get("cupy")
     return cp is not None and isinstance(a, cp.ndarray)
 
 
@@ -279,7 +301,7 @@ def array_module(x):
         d = x if isinstance(x, device) else device(x)
         return _need_cupy() if d.type == "cuda" else np
     if is_cupy_array(x):
-        return _cupy
+        return sys.modules["cupy"]
     return np
 
 
@@ -310,12 +332,68 @@ def synchronize(dev=None):
 def pinned_empty(shape, dtype):
     """A host ndarray in page-locked memory when CuPy is present (fast, async copies), else np.empty."""
     dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, builtins.int) else tuple(shape)
+    n = builtins.int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return pinned_bytes(n)[:n].view(dtype).reshape(shape)
+
+
+def pinned_bytes(nbytes):
+    """A uint8 host ndarray of ``nbytes`` (at least 1) in page-locked memory when CuPy is present, else np.empty."""
+    n = max(builtins.int(nbytes), 1)
     cp = _try_cupy()
     if cp is None:
-        return np.empty(shape, dtype=dtype)
-    n = builtins.int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    mem = cp.cuda.alloc_pinned_memory(max(n, 1))
-    return np.frombuffer(mem, dtype=np.uint8, count=n).view(dtype).reshape(shape)
+        return np.empty(n, np.uint8)
+    return np.frombuffer(cp.cuda.alloc_pinned_memory(n), np.uint8, n)
+
+
+def host_empty(shape, dtype, pin_memory=False):
+    """An uninitialised host ndarray; page-locked when ``pin_memory`` (CPU offload's host copies) and CuPy is present."""
+    return pinned_empty(shape, dtype) if pin_memory else np.empty(shape, dtype=np.dtype(dtype))
+
+
+def is_pinned(a):
+    """Whether host ndarray ``a`` lies in page-locked (CUDA-registered) memory."""
+    if not isinstance(a, np.ndarray) or a.size == 0:
+        return False
+    cp = _cupy or sys.modules.get("cupy")
+    if cp is None:
+        return False
+    if getattr(cp, "__name__", "") == "hpcfsdp.testing.cuda_sim":  # the simulated device keeps a registry
+        return cp.is_pinned(a)
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(a.__array_interface__["data"][0])
+        return builtins.int(attrs.type) == 1  # cudaMemoryTypeHost
+    except Exception:
+        return False
+
+
+def current_cuda_device():
+    """The calling thread's current CUDA device, or None when CuPy is not loaded."""
+    cp = _cupy or sys.modules.get("cupy")
+    if cp is None:
+        return None
+    try:
+        return builtins.int(cp.cuda.runtime.getDevice())
+    except Exception:  # no visible GPU
+        return None
+
+
+def use_cuda_device(index):
+    """Make ``index`` the calling thread's current CUDA device (CUDA's current device is per host thread)."""
+    sys.modules["cupy"].cuda.runtime.setDevice(builtins.int(index))
+
+
+def cupy_bfloat16():
+    """(ok, reason): whether the importable CuPy computes with bfloat16 arrays (ml_dtypes.bfloat16)."""
+    cp = _try_cupy()
+    if cp is None:
+        return False, "CuPy is not importable"
+    try:
+        a = cp.ones(2, dtype=bfloat16)
+        ok = builtins.float((a + a).astype(np.float32).sum()) == 4.0
+        return ok, "" if ok else "bfloat16 arithmetic gave a wrong result"
+    except Exception as e:
+        return False, f"CuPy {getattr(cp, '__version__', '?')} lacks bfloat16 ({type(e).__name__}: {e})"
 
 
 def to_numpy(a):

@@ -106,6 +106,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "blocking collectives may run on the calling thread when the communication thread is idle"),
     Setting("HPCFSDP_PROGRESS", _parse_auto_bool, None,
             "progress bar of `hpcfsdp train` on rank 0: on, off, or unset = only when stdout is a terminal"),
+    Setting("HPCFSDP_CUDA_SIM", parse_bool, False,
+            "replace CuPy by the simulated CUDA device (NumPy arrays, 2 GPUs) that enforces stream, event and "
+            "device rules; for tests on machines without a GPU; read at import"),
     Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
             "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
 )}

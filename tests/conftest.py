@@ -7,6 +7,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+from hpcfsdp import _backend  # noqa: E402  (HPCFSDP_CUDA_SIM=1 installs the simulated cupy here)
+
+
 def _have_gpu():
     try:
         import cupy
@@ -16,18 +19,22 @@ def _have_gpu():
         return False
 
 
-HAVE_GPU = _have_gpu()
+HAVE_GPU = _have_gpu()  # real or simulated (HPCFSDP_CUDA_SIM=1): runs the `gpu` tests
+REAL_GPU = HAVE_GPU and not _backend.cuda_simulated()  # runs the `gpu_hw` tests too
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="no CUDA GPU / CuPy")
+    skip_gpu = pytest.mark.skip(reason="no CUDA GPU / CuPy (HPCFSDP_CUDA_SIM=1 runs these on the simulated device)")
+    skip_hw = pytest.mark.skip(reason="needs a real CUDA GPU and CuPy (timings, real kernels)")
     for item in items:
-        if "gpu" in item.keywords and not HAVE_GPU:
+        if item.get_closest_marker("gpu_hw") and not REAL_GPU:
+            item.add_marker(skip_hw)
+        elif item.get_closest_marker("gpu") and not HAVE_GPU:
             item.add_marker(skip_gpu)
 
 
 def pytest_generate_tests(metafunc):
     # Tests that take a `device` argument run on every available array backend.
     if "device" in metafunc.fixturenames:
-        devs = ["cpu"] + (["cuda"] if HAVE_GPU else [])
+        devs = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if HAVE_GPU else [])
         metafunc.parametrize("device", devs)

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+_SIM = {"HPCFSDP_CUDA_SIM": "1"}
 PHASE_TIMEOUT = float(os.environ.get("HPCFSDP_TEST_PHASE_TIMEOUT", "1500"))
 
 
@@ -60,10 +61,18 @@ def main() -> int:
         argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
                 py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi", "-q", "tests"]
         phases.append((f"mpi-{n}", argv, logdir))
+    # the GPU code paths on the simulated device (hpcfsdp/testing/cuda_sim.py): serial, then 2 and 4 ranks
+    phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, _SIM))
+    for n in (2, 4):
+        logdir = os.path.join(tmp, f"sim-np{n}")
+        os.makedirs(logdir)
+        argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
+                py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
+        phases.append((f"gpu-sim-mpi-{n}", argv, logdir, _SIM))
     failed, totals = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for name, argv, logdir in phases:
+    for name, argv, logdir, *extra_env in phases:
         xml = os.path.join(tmp, f"{name}.xml")
-        penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "")
+        penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "", **(extra_env[0] if extra_env else {}))
         argv = argv + [f"--junitxml={xml}", *extra]
         rc, counts = _phase(name, argv, penv, xml, logdir)
         if rc == 5:

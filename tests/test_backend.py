@@ -108,3 +108,62 @@ def test_host_allocator_tuning_can_be_disabled():
 
     if platform.libc_ver()[0] == "glibc" and os.environ.get("HPCFSDP_MALLOC_TUNE", "1") != "0":
         assert B.host_allocator_tuned()
+
+
+def test_pinned_helpers_use_cupys_page_locked_memory(monkeypatch):
+    from hpcfsdp.testing import cuda_sim
+
+    monkeypatch.setattr(B, "_cupy", None)
+    monkeypatch.setattr(B, "_cupy_checked", True)
+    monkeypatch.delitem(__import__("sys").modules, "cupy", raising=False)
+    plain = B.pinned_empty((2, 3), np.float32)
+    assert plain.shape == (2, 3) and plain.dtype == np.float32 and not B.is_pinned(plain)
+    monkeypatch.setattr(B, "_cupy", cuda_sim)
+    for a in (B.pinned_empty((2, 3), hp.bfloat16), B.pinned_bytes(5), B.host_empty(4, np.int64, pin_memory=True)):
+        assert B.is_pinned(a) and a.flags.c_contiguous
+    assert B.pinned_empty(7, np.float16).shape == (7,) and B.pinned_bytes(0).size == 1
+    assert not B.is_pinned(B.host_empty(4, np.int64, pin_memory=False)) and not B.is_pinned(np.zeros(3))
+
+
+def test_cupy_bfloat16_probe_names_a_cupy_without_it(monkeypatch):
+    from hpcfsdp.testing import cuda_sim
+
+    class OldCupy:
+        __version__ = "13.6.0"
+
+        @staticmethod
+        def ones(n, dtype):
+            raise TypeError(f"Unsupported dtype {dtype}")
+
+    monkeypatch.setattr(B, "_cupy_checked", True)
+    monkeypatch.setattr(B, "_cupy", OldCupy)
+    ok, why = B.cupy_bfloat16()
+    assert not ok and "CuPy 13.6.0 lacks bfloat16" in why
+    monkeypatch.setattr(B, "_cupy", cuda_sim)
+    assert B.cupy_bfloat16() == (True, "")
+    monkeypatch.setattr(B, "_cupy", None)
+    assert B.cupy_bfloat16() == (False, "CuPy is not importable")
+
+
+def test_array_module_has_one_copy():
+    from hpcfsdp.distributed import _buffers
+
+    assert _buffers.array_module is B.array_module and _buffers.is_cupy_array is B.is_cupy_array
+    assert B.array_module(np.zeros(2)) is np and B.array_module("cpu") is np
+
+
+def test_info_warns_when_cupy_lacks_bfloat16(monkeypatch, capsys):
+    import argparse
+
+    from hpcfsdp.cli import info
+    from hpcfsdp.distributed import _mpi
+
+    probe = {"cupy": True, "cupy_version": "13.6.0", "gpu_count": 1, "cupy_bfloat16": False,
+             "cupy_bfloat16_note": "CuPy 13.6.0 lacks bfloat16 (TypeError: x)"}
+    monkeypatch.setattr(_mpi, "probe", lambda: dict(probe))
+    info.run(argparse.Namespace(json=False, all_ranks=False))
+    out = capsys.readouterr().out
+    assert "cupy_bfloat16: False" in out and "warning: the installed CuPy lacks bfloat16 (CuPy 13.6.0" in out
+    monkeypatch.setattr(_mpi, "probe", lambda: dict(probe, cupy_bfloat16=True))
+    info.run(argparse.Namespace(json=False, all_ranks=False))
+    assert "warning" not in capsys.readouterr().out

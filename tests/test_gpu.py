@@ -89,7 +89,10 @@ def test_fully_shard_on_cuda_matches_cpu_reference():
 
     from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
 
-    w, _ = world()
+    import cupy as cp
+
+    w, r = world()
+    cp.cuda.Device(r % cp.cuda.runtime.getDeviceCount()).use()  # the rank's GPU first, as fully_shard will use it
     ref = tiny_gpt()
     model = tiny_gpt().to("cuda")
     for b in model.blocks:

@@ -60,5 +60,7 @@ def run(args) -> int:
                 print("\n\n".join(f"[rank {i}]\n{_text(x)}" for i, x in enumerate(everyone)))
     elif comm.rank == 0:
         print(json.dumps(info, indent=2) if args.json else _text(info))
+        if not args.json and info.get("cupy") and info.get("cupy_bfloat16") is False:
+            print(f"warning: the installed CuPy lacks bfloat16 ({info['cupy_bfloat16_note']})")
     sys.stdout.flush()
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64 as _b64
+import contextlib
 import functools
 import json as _json
 import sys
@@ -12,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcfsdp import _backend
+from hpcfsdp._backend import array_module, is_cupy_array
 from hpcfsdp.distributed._mpi import cuda_aware, get_mpi, half_types
 
 __all__ = [
@@ -26,6 +29,9 @@ __all__ = [
     "mpi_op_for",
     "record_event",
     "needs_staging",
+    "device_stream",
+    "complete",
+    "to_work_dtype",
     "HostStager",
     "stager",
     "progress",
@@ -64,20 +70,8 @@ INT_MAX = 2**31 - 1
 # per reduction step, so the fallback is at least as accurate as the native type).
 
 
-def is_cupy_array(a: Any) -> bool:
-    """True for a cupy.ndarray (without importing CuPy when it is not loaded)."""
-    cp = sys.modules.get("cupy")
-    return cp is not None and isinstance(a, cp.ndarray)
-
-
 def is_array(a: Any) -> bool:
     return isinstance(a, np.ndarray) or is_cupy_array(a)
-
-
-def array_module(a: Any):
-    if is_cupy_array(a):
-        return sys.modules["cupy"]
-    return np
 
 
 def describe(a: Any) -> str:
@@ -199,14 +193,50 @@ def needs_staging(a: Any) -> bool:
     return is_cupy_array(a) and not cuda_aware()[0]
 
 
+@contextlib.contextmanager
+def device_stream(a: Any):
+    """On the communication thread: run device work on ``a``'s GPU, on that GPU's comm stream.
+
+    Yields the stream (None for host arrays). Work queued there must be finished with ``complete``
+    before MPI reads its result or the Work completes. See [Note: Device arrays].
+    """
+    if not is_cupy_array(a):
+        yield None
+        return
+    cp = sys.modules["cupy"]
+    with cp.cuda.Device(a.device.id):
+        s = stager().stream(a.device.id)
+        with s:
+            yield s
+
+
+def complete(stream: Any) -> None:
+    """Wait until the device work queued on ``stream`` (from ``device_stream``; None: nothing) has finished."""
+    if stream is not None:
+        stream.synchronize()
+
+
+def to_work_dtype(a: Any, dtype: Any, stream: Any) -> Any:
+    """``a`` converted to ``dtype`` for MPI; a device conversion has finished when this returns."""
+    w = a.astype(dtype)
+    complete(stream)
+    return w
+
+
 # [Note: Device arrays]
-# A CuPy array is handed to MPI only after the stream that produced it is done (event recorded
-# by the issuing thread, synchronised by the communication thread). With a CUDA-aware MPI the
-# device pointer goes to MPI directly (mpi4py reads __cuda_array_interface__/DLPack). Without
-# one, the communication thread copies device -> pinned host on a side stream, runs MPI on the
-# host copy, and copies the result back, waiting for that side stream before the Work completes.
-# Pinned buffers are kept per slot and grown, never shrunk, so steady-state training allocates
-# nothing.
+# A CuPy array is handed to MPI only after the stream that produced it is done: the issuing
+# thread records an event after its last write of the input (after the copy that breaks an
+# aliasing of input and output, too), and the communication thread synchronises it. With a
+# CUDA-aware MPI the device pointer goes to MPI directly (mpi4py reads __cuda_array_interface__).
+# Without one, the communication thread copies device -> pinned host on a side stream, runs MPI
+# on the host copy, and copies the result back, waiting for that side stream before the Work
+# completes. Device work of the communication thread itself (the float32 conversion of a half
+# precision reduction, AVG's division, the cast back) runs on its own stream of the array's GPU
+# (device_stream) and is waited for (complete) before MPI reads the result and before the Work
+# completes: a kernel is asynchronous, and MPI reads memory from the host. CUDA's current device
+# is per host thread, so the communication thread runs every Work on the issuing thread's device
+# (_comm_thread.py). Pinned buffers are kept per slot and grown, never shrunk, so steady-state
+# training allocates nothing.
 
 
 class HostStager:
@@ -223,7 +253,7 @@ class HostStager:
         with self._lock:
             buf = self._bufs.get(key)
             if buf is None or buf.nbytes < nbytes:
-                buf = _pinned_bytes(max(nbytes, 1))
+                buf = _backend.pinned_bytes(nbytes)
                 self._bufs[key] = buf
             return buf[:nbytes]
 
@@ -265,14 +295,6 @@ class HostStager:
             self._bufs.clear()
 
 
-def _pinned_bytes(nbytes: int) -> np.ndarray:
-    cp = sys.modules.get("cupy")
-    if cp is None:
-        return np.empty(nbytes, np.uint8)
-    mem = cp.cuda.alloc_pinned_memory(nbytes)
-    return np.frombuffer(mem, np.uint8, nbytes)
-
-
 def progress(req) -> None:
     """Complete an MPI request by polling Test with a sleeping back-off (mode 'test')."""
     spins = 0
@@ -302,6 +324,10 @@ def stager() -> HostStager:
 
 def call_mpi(mode: str, blocking, nonblocking, *args) -> None:
     """Call the blocking MPI routine, or (mode 'test') the nonblocking one and poll it."""
+    check = _backend.MPI_BUFFER_CHECK
+    if check is not None:  # the simulated device's ordering check (see [Note: Simulated CUDA] in _backend)
+        for spec in args:
+            check(spec[0] if isinstance(spec, list) else spec, f"MPI {blocking.__name__}")
     if mode == "blocking":
         blocking(*args)
     else:

@@ -10,6 +10,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from hpcfsdp import _backend
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, inline_enabled, thread_level
 
@@ -60,7 +61,7 @@ __all__ = ["Work", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submi
 class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
-    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta")
+    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -71,6 +72,7 @@ class Work:
         self._result: Any = None
         self._issued = time.monotonic()
         self._tb = ""
+        self._device = None  # the issuing thread's CUDA device; see [Note: Device arrays] in _buffers.py
 
     @property
     def desc(self) -> str:
@@ -213,6 +215,8 @@ class CommThread:
                 abort, stuck, limit = fire
                 abort(stuck, limit)
                 continue
+            if work._device is not None:  # CUDA's current device is per host thread
+                _backend.use_cuda_device(work._device)
             work._run()
             with self._cv:
                 self.current = None
@@ -241,9 +245,15 @@ def _watchdog_abort(work: Work, limit: float) -> None:
     F.watchdog_abort(work, limit, t.current if t is not None else None)
 
 
+def _issuer_device() -> int | None:
+    """The calling thread's CUDA device (None without CuPy): the comm thread runs the Work there."""
+    return _backend.current_cuda_device()
+
+
 def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = None) -> Work:
     """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
+    work._device = _issuer_device()
     if meta is not None:
         work._meta = meta
         meta.done = work._done

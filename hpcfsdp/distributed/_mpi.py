@@ -260,7 +260,16 @@ def _cupy_info() -> dict[str, Any]:
         n = int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
         n = 0
-    return {"cupy": True, "cupy_version": getattr(cupy, "__version__", "?"), "gpu_count": n}
+    out = {"cupy": True, "cupy_version": getattr(cupy, "__version__", "?"), "gpu_count": n}
+    if n > 0:
+        from hpcfsdp import _backend
+
+        ok, why = _backend.cupy_bfloat16()
+        out["cupy_bfloat16"] = ok
+        if not ok:
+            out["cupy_bfloat16_note"] = (f"{why}: bfloat16 tensors on cuda (MixedPrecisionPolicy(param_dtype="
+                                         "bfloat16)) need CuPy >= 14 with ml_dtypes")
+    return out
 
 
 def probe(comm=None) -> dict[str, Any]:

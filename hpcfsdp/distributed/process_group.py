@@ -242,7 +242,6 @@ class ProcessGroup:
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
         if n == 1:  # the output is the input
             return self._issue(desc, None, async_op, lambda: B.copy_into(out1, in1), meta)
-        ev = B.record_event(in_flat)
         rank, mode = self._rank, self._mode
         itemsize = in1.dtype.itemsize
         in_place = False
@@ -250,6 +249,7 @@ class ProcessGroup:
             in_place = B.ptr(in1) == B.ptr(out1) + rank * k * itemsize
             if not in_place:  # MPI forbids aliased buffers: gather from a copy
                 in1 = in1.copy()
+        ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm = self.comm
 
         def fn():
@@ -279,9 +279,9 @@ class ProcessGroup:
         out1, in1 = out_flat.reshape(-1), in_flat.reshape(-1)
         if n == 1:  # the output is the input
             return self._issue(desc, None, async_op, lambda: B.copy_into(out1, in1), meta)
-        ev = B.record_event(in_flat)
         if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
+        ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, mode = self.comm, self._mode
 
         def fn():
@@ -291,16 +291,17 @@ class ProcessGroup:
             st = B.stager() if staged else None
             src = st.to_host(in1, "send") if staged else in1
             dst = st.empty_host(out1, "recv") if staged else out1
-            if work_dtype is not None:
-                src_w = src.astype(work_dtype)
-                dst_w = np.empty(dst.shape, work_dtype) if not B.is_cupy_array(dst) else \
-                    B.array_module(dst).empty(dst.shape, work_dtype)
-            else:
-                src_w, dst_w = src, dst
-            if k > 0:
-                B.call_mpi(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
-                      [src_w, mpi_type], [dst_w, mpi_type], B.mpi_op_for(op.name))
-            B.finish_reduce(dst_w, dst, op is ReduceOp.AVG, n)
+            with B.device_stream(dst) as stream:
+                if work_dtype is not None:
+                    src_w = B.to_work_dtype(src, work_dtype, stream)
+                    dst_w = B.array_module(dst).empty(dst.shape, work_dtype)
+                else:
+                    src_w, dst_w = src, dst
+                if k > 0:
+                    B.call_mpi(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+                          [src_w, mpi_type], [dst_w, mpi_type], B.mpi_op_for(op.name))
+                B.finish_reduce(dst_w, dst, op is ReduceOp.AVG, n)
+                B.complete(stream)
             if staged:
                 st.to_device(dst, out1)
 
@@ -327,11 +328,13 @@ class ProcessGroup:
                 ev.synchronize()
             staged = B.needs_staging(a1)
             buf = B.stager().to_host(a1, "send") if staged else a1
-            w = buf.astype(work_dtype) if work_dtype is not None else buf
-            if buf.size:
-                B.call_mpi(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
-                      B.mpi_op_for(op.name))
-            B.finish_reduce(w, buf, op is ReduceOp.AVG, n)
+            with B.device_stream(buf) as stream:
+                w = B.to_work_dtype(buf, work_dtype, stream) if work_dtype is not None else buf
+                if buf.size:
+                    B.call_mpi(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
+                          B.mpi_op_for(op.name))
+                B.finish_reduce(w, buf, op is ReduceOp.AVG, n)
+                B.complete(stream)
             if staged:
                 B.stager().to_device(buf, a1)
 

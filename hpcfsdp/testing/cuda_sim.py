@@ -1,0 +1,571 @@
+"""A simulated CUDA device for tests: the part of CuPy hpcfsdp uses, computing with NumPy, enforcing CUDA's ordering rules."""
+from __future__ import annotations
+
+import operator
+import sys
+import types
+
+import ml_dtypes
+import numpy as np
+
+from . import _sim_runtime as _rt
+from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, PinnedMemoryPointer, Stream, _Buf, _cur_dev,
+                           _fail, _host_buf, _stack, alloc_pinned_memory, get_current_stream, get_elapsed_time,
+                           is_pinned, set_device_count)
+
+__all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned", "mpi_access", "cuda", "random",
+           "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx"]
+
+# [Note: Simulated device]
+# Every simulated array owns a buffer (shared by its views) on one device. Work is queued on streams;
+# nothing is delayed (NumPy computes at once) but every write is recorded as *pending* on its buffer
+# with (stream, sequence number, the Python stack that issued it). Ordering is tracked with vector
+# clocks: each stream knows, per stream, up to which sequence number work is ordered before its next
+# op (its own earlier ops, Stream.wait_event, the legacy null stream's implicit syncs); the host knows
+# which work is complete (Stream/Event/Device.synchronize, blocking copies). A kernel reading a buffer
+# whose pending write is neither on its stream nor ordered before it, an MPI call reading a device or
+# pinned host buffer whose writes the host has not synchronised, and an array used on a device other
+# than the thread's current one raise CudaSimError naming the op and the stack of the write.
+# Like CuPy, implicit conversion to NumPy raises TypeError, and device arrays mixed with host arrays
+# in an operation raise TypeError.
+
+__version__ = "14.0.0+sim"
+SIM_FILES.add(__file__)
+
+# ---------------------------------------------------------------------------------------------
+# arrays
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _wrap(a, buf):
+    x = object.__new__(ndarray)
+    x._a = a
+    x._buf = buf
+    return x
+
+
+class _Ctx:
+    """One simulated kernel: unwraps arguments, checks reads, records writes, wraps results."""
+
+    __slots__ = ("dev", "stream", "seq", "ins", "roots")
+
+    def __init__(self, name):
+        self.dev = _cur_dev()
+        self.stream = get_current_stream(self.dev)
+        self.ins = []
+        self.roots = {}
+
+    def un(self, x, host_ok=False):
+        if isinstance(x, ndarray):
+            self.ins.append(x)
+            self.roots[id(_root(x._a))] = x._buf
+            return x._a
+        if isinstance(x, np.ndarray) and not host_ok and x.ndim:
+            raise TypeError(f"Unsupported type {type(x)}: a NumPy array in a device operation "
+                            "(copy it with cupy.asarray first)")
+        if isinstance(x, (list, tuple)) and x and any(isinstance(e, (ndarray, list, tuple)) for e in x):
+            return type(x)(self.un(e, host_ok) for e in x)
+        return x
+
+    def check(self, op):
+        for x in self.ins:
+            if x._buf.dev != self.dev:
+                raise CudaSimError(
+                    f"{op}: an array on device {x._buf.dev} used while the thread's current device is {self.dev} "
+                    f"(an array belongs to one device; select it with cupy.cuda.Device({x._buf.dev})).\n"
+                    f"At:\n{_stack()}")
+            hit = x._buf.unordered(self.stream)
+            if hit is not None:
+                _fail(op, _desc(x), hit, f"{op} on stream {self.stream.id}")
+        self.seq = self.stream._enqueue()
+
+    def out(self, r, op):
+        if isinstance(r, np.ndarray):
+            buf = self.roots.get(id(_root(r)))
+            if buf is None:
+                buf = _Buf(self.dev)
+                buf.write(self.stream, self.seq, op)
+            return _wrap(r, buf)
+        if isinstance(r, np.generic):
+            buf = _Buf(self.dev)
+            buf.write(self.stream, self.seq, op)
+            return _wrap(np.asarray(r), buf)
+        if isinstance(r, tuple):
+            return tuple(self.out(e, op) for e in r)
+        if isinstance(r, list):
+            return [self.out(e, op) for e in r]
+        return r
+
+    def wrote(self, x, op):
+        x._buf.write(self.stream, self.seq, op)
+
+
+def _desc(x):
+    return f"{np.dtype(x.dtype).name}{list(x.shape)} on cuda:{x._buf.dev}"
+
+
+_VIEW_OPS = frozenset(["ndarray.reshape", "ndarray.view", "ndarray.transpose", "ndarray.swapaxes", "ndarray.squeeze",
+                       "ndarray.ravel", "ndarray.__getitem__", "reshape", "transpose", "swapaxes", "squeeze",
+                       "ravel", "moveaxis", "expand_dims", "broadcast_to", "atleast_1d", "atleast_2d"])
+
+
+def _call(op, fn, args, kwargs, writes=(), host_ok=False):
+    c = _Ctx(op)
+    a = [c.un(x, host_ok) for x in args]
+    kw = {k: c.un(v, host_ok) for k, v in kwargs.items()}
+    outs = kwargs.get("out")
+    outs = [o for o in (outs if isinstance(outs, tuple) else (outs,)) if isinstance(o, ndarray)] + list(writes)
+    if op in _VIEW_OPS and not outs:  # a view is metadata: no kernel, no device or ordering rule
+        r = fn(*a, **kw)
+        if isinstance(r, np.ndarray) and id(_root(r)) in c.roots:
+            return _wrap(r, c.roots[id(_root(r))])
+        c.check(op)
+        return c.out(r, op)
+    c.check(op)
+    r = fn(*a, **kw)
+    for o in outs:
+        c.wrote(o, op)
+    if outs and r is not None and isinstance(r, np.ndarray) and any(r is o._a for o in outs):
+        return next(o for o in outs if o._a is r)
+    return c.out(r, op)
+
+
+def _sync_read(x, op):
+    """A blocking device-to-host read of ``x`` (get(), item(), float()): ordered on the current stream, then synced."""
+    s = get_current_stream(x._buf.dev)
+    hit = x._buf.unordered(s)
+    if hit is not None:
+        _fail(op, _desc(x), hit, f"{op} on stream {s.id}")
+    s._enqueue()
+    s.synchronize()
+    return x._a
+
+
+class ndarray:
+    """A simulated device array (cupy.ndarray): NumPy data, a device, and pending writes."""
+
+    __slots__ = ("_a", "_buf")
+    __array_priority__ = 1000
+    __hash__ = None
+
+    def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        self._a = np.empty(shape, dtype, order=order)
+        self._buf = _Buf(_cur_dev())
+
+    # -- attributes ---------------------------------------------------------------------------
+    shape = property(lambda s: s._a.shape)
+    dtype = property(lambda s: s._a.dtype)
+    ndim = property(lambda s: s._a.ndim)
+    size = property(lambda s: s._a.size)
+    nbytes = property(lambda s: s._a.nbytes)
+    itemsize = property(lambda s: s._a.itemsize)
+    strides = property(lambda s: s._a.strides)
+    flags = property(lambda s: s._a.flags)
+    device = property(lambda s: Device(s._buf.dev))
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self._a.__array_interface__["data"][0], device_id=self._buf.dev)
+
+    @property
+    def T(self):  # noqa: N802
+        return _wrap(self._a.T, self._buf)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        return f"array({np.array2string(_sync_read(self, 'repr'))}, device={self._buf.dev})"
+
+    # -- host transfers -----------------------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct "
+                        "a NumPy array explicitly.")
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        s = stream or get_current_stream(self._buf.dev)
+        hit = self._buf.unordered(s)
+        if hit is not None:
+            _fail("ndarray.get (device-to-host copy)", _desc(self), hit, f"the copy on stream {s.id}")
+        seq = s._enqueue()
+        if out is None:
+            out = np.array(self._a, order=order, copy=True)
+        else:
+            out[...] = self._a
+        hb = _host_buf(out)
+        if stream is not None and hb is not None:  # async copy into pinned memory: pending until synced
+            hb.pending[s.id] = (seq, "ndarray.get(stream=...) into pinned memory", _stack())
+        else:
+            s.synchronize()
+        return out
+
+    def set(self, arr, stream=None):
+        s = stream or get_current_stream(self._buf.dev)
+        hb = _host_buf(arr)
+        if hb is not None:
+            hit = hb.unordered(s)
+            if hit is not None:
+                _fail("ndarray.set (host-to-device copy)", "a pinned host buffer", hit, f"the copy on stream {s.id}")
+        seq = s._enqueue()
+        self._a[...] = arr
+        self._buf.pending[s.id] = (seq, "ndarray.set", _stack())
+        if stream is None:
+            s.synchronize()
+
+    def item(self, *args):
+        return _sync_read(self, "ndarray.item").item(*args)
+
+    def tolist(self):
+        return _sync_read(self, "ndarray.tolist").tolist()
+
+    def __bool__(self):
+        return bool(_sync_read(self, "bool(ndarray)"))
+
+    def __float__(self):
+        return float(_sync_read(self, "float(ndarray)"))
+
+    def __int__(self):
+        return int(_sync_read(self, "int(ndarray)"))
+
+    def __index__(self):
+        return operator.index(_sync_read(self, "index(ndarray)"))
+
+    def __complex__(self):
+        return complex(_sync_read(self, "complex(ndarray)"))
+
+    @property
+    def __cuda_array_interface__(self):
+        mpi_access(self, "a consumer of __cuda_array_interface__ (MPI reading the device pointer)")
+        return {"shape": self._a.shape, "typestr": self._a.dtype.str, "version": 3, "stream": None,
+                "data": (self._a.__array_interface__["data"][0], False),
+                "strides": None if self._a.flags.c_contiguous else self._a.strides}
+
+    # -- views and kernels --------------------------------------------------------------------
+    def __getitem__(self, idx):
+        return _call("ndarray.__getitem__", operator.getitem, (self, idx), {}, host_ok=True)
+
+    def __setitem__(self, idx, value):
+        if isinstance(value, np.ndarray):
+            hb = _host_buf(value)
+            if hb is not None and hb.unordered(None) is not None:
+                _fail("ndarray.__setitem__ (host-to-device copy)", "a pinned host buffer", hb.unordered(None),
+                      "the copy")
+        _call("ndarray.__setitem__", operator.setitem, (self, idx, value), {}, writes=(self,), host_ok=True)
+
+    def fill(self, value):
+        _call("ndarray.fill", lambda a, v: a.fill(v), (self, value), {}, writes=(self,))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # no __array_interface__/__array_struct__: NumPy must not read device memory
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return attr
+        writes = (self,) if name in _INPLACE_METHODS else ()
+        return lambda *a, **k: _call(f"ndarray.{name}", getattr(np.ndarray, name), (self,) + a, k, writes=writes)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        f = _PRODUCTS["matmul"] if ufunc is np.matmul and method == "__call__" else getattr(ufunc, method)
+        return _call(f"{ufunc.__name__}.{method}", f, inputs, kwargs)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        return _call(func.__name__, _PRODUCTS.get(func.__name__, func), args, kwargs)
+
+    def __reduce__(self):
+        raise TypeError("simulated device arrays cannot be pickled")
+
+
+_INPLACE_METHODS = frozenset(["sort", "partition", "put", "resize", "itemset", "setfield", "byteswap"])
+
+
+_HALF = (np.dtype(ml_dtypes.bfloat16),)
+
+
+def _half_exact(f):
+    """``f`` for products (matmul, dot, einsum): bfloat16 in, bfloat16 out, as CuPy does (NumPy with
+    ml_dtypes returns float32 from matmul and has no bfloat16 einsum): computed in float32, rounded once."""
+    def g(*args, **kwargs):
+        dts = [a.dtype for a in args if isinstance(a, np.ndarray)]
+        if not any(d in _HALF for d in dts):
+            return f(*args, **kwargs)
+        res_dt = np.result_type(*dts)
+        up = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype in _HALF else a for a in args]
+        out = kwargs.pop("out", None)
+        r = np.asarray(f(*up, **kwargs)).astype(res_dt)
+        if out is not None:
+            out[...] = r
+            return out
+        return r
+    g.__name__ = getattr(f, "__name__", "product")
+    return g
+
+
+_PRODUCTS = {n: _half_exact(getattr(np, n)) for n in ["matmul", "dot", "einsum", "tensordot", "inner", "vdot"]}
+
+
+def _binop(f):
+    return lambda self, o: _call(f.__name__, f, (self, o), {})
+
+
+def _rbinop(f):
+    return lambda self, o: _call(f.__name__, f, (o, self), {})
+
+
+def _ibinop(f):
+    def fn(self, o):
+        _call(f.__name__, f, (self, o), {}, writes=(self,))
+        return self
+    return fn
+
+
+for _n in ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
+           "rshift"]:
+    _f = _PRODUCTS["matmul"] if _n == "matmul" else getattr(operator, _n + "_" if _n in ("and", "or") else _n)
+    setattr(ndarray, f"__{_n}__", _binop(_f))
+    setattr(ndarray, f"__r{_n}__", _rbinop(_f))
+    setattr(ndarray, f"__i{_n}__", _ibinop(getattr(operator, "i" + _n)))
+for _n in ["eq", "ne", "lt", "le", "gt", "ge"]:
+    setattr(ndarray, f"__{_n}__", _binop(getattr(operator, _n)))
+for _n in ["neg", "pos", "abs", "invert"]:
+    setattr(ndarray, f"__{_n}__", (lambda f: lambda self: _call(f.__name__, f, (self,), {}))(getattr(operator, _n)))
+
+
+# ---------------------------------------------------------------------------------------------
+# MPI access (see [Note: Simulated device])
+
+def mpi_access(x, op: str) -> None:
+    """Check that MPI may read/write buffer ``x`` now: device arrays on the thread's current device with all
+    writes synchronised by the host; pinned host buffers with their asynchronous copies synchronised."""
+    if isinstance(x, ndarray):
+        cur = _cur_dev()
+        if x._buf.dev != cur:
+            raise CudaSimError(
+                f"{op}: MPI reads {_desc(x)} on a thread whose current device is cuda:{cur} (an array belongs to "
+                f"one device: the thread must select cuda:{x._buf.dev}).\nAt:\n{_stack()}")
+        hit = x._buf.unordered(None)
+        if hit is not None:
+            _fail(op, _desc(x), hit, "MPI read it (synchronise the stream, or an event recorded after the write)")
+    elif isinstance(x, np.ndarray):
+        hb = _host_buf(x)
+        if hb is not None:
+            hit = hb.unordered(None)
+            if hit is not None:
+                _fail(op, f"pinned host {x.dtype.name}{list(x.shape)}", hit, "MPI read it")
+
+
+def mpi_wrote(x) -> None:
+    """MPI (the host) wrote ``x``: nothing of it is pending any more."""
+    if isinstance(x, ndarray):
+        x._buf.host_write()
+
+
+# ---------------------------------------------------------------------------------------------
+# the cupy module surface
+
+def _creator(name, writes_data=True):
+    f = getattr(np, name)
+
+    def create(*args, **kwargs):
+        c = _Ctx(name)
+        a = [c.un(x, True) for x in args]
+        kw = {k: c.un(v, True) for k, v in kwargs.items()}
+        c.ins = []  # *_like reads only shape and dtype
+        c.roots = {}
+        c.check(name)
+        r = f(*a, **kw)
+        if not writes_data:
+            return _wrap(r, _Buf(c.dev))
+        return c.out(r, name)
+    create.__name__ = name
+    return create
+
+
+empty = _creator("empty", False)
+empty_like = _creator("empty_like", False)
+for _n in ["zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace", "eye",
+           "identity", "tri"]:
+    globals()[_n] = _creator(_n)
+
+
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
+    if isinstance(obj, ndarray):
+        if obj._buf.dev != _cur_dev():  # peer copy: read on the source device's stream order
+            src = _sync_read(obj, "cupy.array (peer copy)")
+            obj = np.array(src, copy=True)
+        else:
+            if not copy and (dtype is None or np.dtype(dtype) == obj.dtype):
+                return obj
+            return _call("cupy.array", lambda a: np.array(a, dtype=dtype, copy=True, order=order, ndmin=ndmin),
+                         (obj,), {})
+    hb = _host_buf(obj) if isinstance(obj, np.ndarray) else None
+    if hb is not None:
+        hit = hb.unordered(None)
+        if hit is not None:
+            _fail("cupy.array (host-to-device copy)", "a pinned host buffer", hit, "the copy")
+    if isinstance(obj, (list, tuple)) and any(isinstance(e, ndarray) for e in obj):
+        return _module_getattr("stack")([asarray(e) for e in obj])
+    c = _Ctx("cupy.array")
+    c.check("cupy.array (host-to-device copy)")
+    return c.out(np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin), "cupy.array (host-to-device copy)")
+
+
+def asarray(a, dtype=None, order=None):
+    return array(a, dtype=dtype, copy=False, order=order or "K")
+
+
+def ascontiguousarray(a, dtype=None):
+    a = asarray(a, dtype)
+    return _call("ascontiguousarray", np.ascontiguousarray, (a,), {})
+
+
+def asnumpy(a, stream=None, order="C", out=None, blocking=True):
+    if isinstance(a, ndarray):
+        return a.get(stream=stream, order=order, out=out)
+    return np.asarray(a, order=order)
+
+
+def get_array_module(*args):
+    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else np
+
+
+def from_dlpack(x):
+    if isinstance(x, ndarray):
+        return x
+    return asarray(np.from_dlpack(x))
+
+
+def _module_getattr(name):
+    f = _PRODUCTS.get(name) or getattr(np, name)  # AttributeError for what NumPy lacks
+    if isinstance(f, (type, np.dtype)) or not callable(f):
+        return f
+
+    def fn(*args, **kwargs):
+        return _call(name, f, args, kwargs)
+    fn.__name__ = name
+    globals()[name] = fn
+    return fn
+
+
+__getattr__ = _module_getattr
+bfloat16 = ml_dtypes.bfloat16
+
+
+class _Pool:
+    def used_bytes(self):
+        return 0
+
+    def total_bytes(self):
+        return 0
+
+    def free_all_blocks(self):
+        pass
+
+
+_POOL = _Pool()
+
+
+def get_default_memory_pool():
+    return _POOL
+
+
+def get_default_pinned_memory_pool():
+    return _POOL
+
+
+# random: one generator per device
+class RandomState:
+    def __init__(self, seed=0):
+        self._g = np.random.default_rng(seed)
+
+    def _out(self, r, name):
+        c = _Ctx(name)
+        c.check(name)
+        return c.out(np.asarray(r), name)
+
+    def standard_normal(self, size=None, dtype=float):
+        return self._out(self._g.standard_normal(size, dtype=dtype), "random.standard_normal")
+
+    def random_sample(self, size=None, dtype=float):
+        return self._out(self._g.random(size, dtype=dtype), "random.random_sample")
+
+    def randint(self, low, high=None, size=None, dtype=int):
+        return self._out(self._g.integers(low, high, size=size, dtype=dtype), "random.randint")
+
+    def permutation(self, n):
+        return self._out(self._g.permutation(n), "random.permutation")
+
+    def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
+        return self._out(self._g.uniform(low, high, size).astype(dtype), "random.uniform")
+
+    def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
+        return self._out(self._g.normal(loc, scale, size).astype(dtype), "random.normal")
+
+
+_RS: dict[int, RandomState] = {}
+
+
+def _get_random_state():
+    d = _cur_dev()
+    if d not in _RS:
+        _RS[d] = RandomState(d)
+    return _RS[d]
+
+
+def _seed(seed=None):
+    _RS[_cur_dev()] = RandomState(seed)
+
+
+random = types.ModuleType("cupy.random")
+random.get_random_state = _get_random_state
+random.seed = _seed
+random.RandomState = RandomState
+for _n in ["standard_normal", "random_sample", "randint", "permutation", "uniform", "normal"]:
+    setattr(random, _n, (lambda n: lambda *a, **k: getattr(_get_random_state(), n)(*a, **k))(_n))
+
+cuda = types.ModuleType("cupy.cuda")
+cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
+cuda.get_current_stream, cuda.get_elapsed_time = get_current_stream, get_elapsed_time
+cuda.alloc_pinned_memory, cuda.PinnedMemoryPointer = alloc_pinned_memory, PinnedMemoryPointer
+cuda.runtime = _rt._Runtime("cupy.cuda.runtime")
+cuda.is_available = lambda: _rt._N[0] > 0
+
+
+# cupyx
+def _scatter_add(a, slices, value):
+    def f(x, s, v):
+        np.add.at(x, s, v)
+    _call("cupyx.scatter_add", f, (a, slices, value), {}, writes=(a,))
+
+
+def _empty_pinned(shape, dtype=float, order="C"):
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.frombuffer(alloc_pinned_memory(n), np.uint8, n).view(dtype).reshape(shape, order=order)
+
+
+def _zeros_pinned(shape, dtype=float, order="C"):
+    a = _empty_pinned(shape, dtype, order)
+    a[...] = 0
+    return a
+
+
+cupyx = types.ModuleType("cupyx")
+cupyx.scatter_add, cupyx.empty_pinned, cupyx.zeros_pinned = _scatter_add, _empty_pinned, _zeros_pinned
+
+
+def install() -> types.ModuleType:
+    """Make ``import cupy`` / ``import cupyx`` give the simulation (idempotent); return the cupy module."""
+    me = sys.modules[__name__]
+    sys.modules["cupy"] = me
+    sys.modules["cupy.cuda"] = cuda
+    sys.modules["cupy.cuda.runtime"] = cuda.runtime
+    sys.modules["cupy.random"] = random
+    sys.modules["cupyx"] = cupyx
+    return me
