@@ -1,8 +1,12 @@
 """Module state-dict machinery (saving, loading, and the hooks FSDP uses), as PyTorch's nn.Module."""
 import itertools
+import warnings
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
+from hpcfsdp import _backend
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.nn.modules.hooks import RemovableHandle, _WrappedHook
 from hpcfsdp.nn.parameter import Parameter
@@ -136,18 +140,28 @@ class StateDictMixin:
                     missing_keys.append(key)
                 continue
             input_param = state_dict[key]
+            if isinstance(input_param, np.ndarray) or _backend.is_cupy_array(input_param):
+                input_param = Tensor._wrap(input_param)  # NumPy/CuPy arrays load as tensors do
             if not isinstance(input_param, Tensor):
                 error_msgs.append(
                     f'While copying the parameter named "{key}", expected hpcfsdp.Tensor or Tensor-like object '
                     f"from checkpoint but received {type(input_param)}"
                 )
                 continue
+            if param.ndim == 0 and input_param.ndim == 1 and tuple(input_param.shape) == (1,):
+                input_param = input_param[0]  # a 1-element 1-dim value loads into a 0-dim one (PyTorch's rule)
             if tuple(input_param.shape) != tuple(param.shape):
                 error_msgs.append(
                     f"size mismatch for {key}: copying a param with shape {tuple(input_param.shape)} from "
                     f"checkpoint, the shape in current model is {tuple(param.shape)}."
                 )
                 continue
+            if _backend.is_meta_array(param._data) and not _backend.is_meta_array(input_param._data) and not assign:
+                warnings.warn(
+                    f"for {key}: copying from a non-meta parameter in the checkpoint to a meta parameter in the "
+                    "current model, which is a no-op. (Did you mean to pass `assign=True` to assign items in the "
+                    "state dictionary to their corresponding key in the module instead of copying them in place?)",
+                    stacklevel=3)
             try:
                 with _no_grad():
                     if assign:
