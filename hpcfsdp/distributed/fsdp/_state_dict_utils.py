@@ -138,6 +138,13 @@ def _host(t: Tensor) -> Tensor:
     return Tensor._wrap(_backend.to_numpy(t._data))
 
 
+def _offloaded(v: Tensor) -> Tensor:
+    """``v`` in host memory (a DTensor keeps its layout; its local piece moves)."""
+    if isinstance(v, DTensor):
+        return DTensor.from_local(_host(v.to_local()), v.device_mesh, v.placements, shape=v.shape)
+    return _host(v)
+
+
 def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
     reshard_all(root)
     sd = root.state_dict()
@@ -252,6 +259,7 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     full = sd_type == StateDictType.FULL_STATE_DICT
     cfg = osd_config or FullOptimStateDictConfig()
     keep = not (full and getattr(cfg, "rank0_only", False)) or _world_rank() == 0
+    offload = bool(getattr(cfg, "offload_to_cpu", False))
     state = {}
     for i in sorted(osd["state"]):
         p = params[i]
@@ -264,6 +272,8 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
                 v = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape)
             if isinstance(v, DTensor) and full:
                 v = v.full_tensor()  # collective: every rank, same order
+            if offload and isinstance(v, Tensor):
+                v = _offloaded(v)
             entry[k] = v
         if keep:
             state[names[id(p)]] = entry
