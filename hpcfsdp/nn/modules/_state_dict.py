@@ -13,6 +13,8 @@ from hpcfsdp.nn.parameter import Parameter
 
 __all__ = ["StateDictMixin"]
 
+_EXTRA_STATE_KEY_SUFFIX = "_extra_state"
+
 
 def _no_grad():
     import hpcfsdp
@@ -83,6 +85,17 @@ class StateDictMixin:
         self._load_state_dict_post_hooks[handle.id] = hook
         return handle
 
+    def get_extra_state(self) -> Any:
+        """Extra (non-tensor) state for the state dict; override together with ``set_extra_state``."""
+        raise RuntimeError("Module.get_extra_state() is reached only when a subclass overrides it")
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore what ``get_extra_state`` returned; override together with it."""
+        raise RuntimeError("Module.set_extra_state() is reached only when a subclass overrides it")
+
+    def _has_extra_state(self) -> bool:
+        return getattr(type(self), "get_extra_state", None) is not StateDictMixin.get_extra_state
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for name, param in self._parameters.items():
             if param is not None:
@@ -90,6 +103,8 @@ class StateDictMixin:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
+        if self._has_extra_state():
+            destination[prefix + _EXTRA_STATE_KEY_SUFFIX] = self.get_extra_state()
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Parameters and persistent buffers by dotted name, detached, in an OrderedDict (PyTorch's format)."""
@@ -179,9 +194,17 @@ class StateDictMixin:
                     f"{tuple(param.shape)} and whose dimensions in the checkpoint are {tuple(input_param.shape)}, "
                     f"an exception occurred : {ex.args}."
                 )
+        extra_key = prefix + _EXTRA_STATE_KEY_SUFFIX
+        if self._has_extra_state():
+            if extra_key in state_dict:
+                self.set_extra_state(state_dict[extra_key])
+            elif strict:
+                missing_keys.append(extra_key)
+        elif strict and extra_key in state_dict:
+            unexpected_keys.append(extra_key)
         if strict:
             for key in state_dict.keys():
-                if key.startswith(prefix):
+                if key.startswith(prefix) and key != extra_key:
                     input_name = key[len(prefix):].split(".", 1)
                     if len(input_name) > 1:
                         if input_name[0] not in self._modules:
