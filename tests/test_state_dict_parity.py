@@ -225,3 +225,47 @@ def test_numpy_arrays_load_through_set_model_state_dict():
     set_model_state_dict(model, ref, options=StateDictOptions(full_state_dict=True))
     for k, v in get_model_state_dict(model).items():
         np.testing.assert_array_equal(full(v), ref[k], err_msg=k)
+
+
+@pytest.mark.timeout(60)
+def test_broadcast_keeps_bfloat16_and_refuses_dtensors_on_rank0():
+    _, rank = world()
+    with hp.device("meta"):
+        m = hp.nn.Sequential(hp.nn.Linear(3, 5), hp.nn.Linear(5, 2)).to(hp.bfloat16)
+    fully_shard(m)
+    rng = np.random.default_rng(0)
+    ref = {k: rng.standard_normal(tuple(v.shape)).astype(np.float32) for k, v in m.state_dict().items()}
+    sd = {k: hp.tensor(v).to(hp.bfloat16) for k, v in ref.items()}
+    set_model_state_dict(m, sd if rank == 0 else {}, options=FULL_BCAST)
+    for k, v in get_model_state_dict(m).items():
+        assert v.dtype == hp.bfloat16
+        np.testing.assert_array_equal(full(v), sd[k].numpy(), err_msg=k)
+    sharded = get_model_state_dict(m)
+    with pytest.raises(TypeError, match="DTensor; rank 0 must hold full tensors"):
+        set_model_state_dict(m, sharded if rank == 0 else {}, options=FULL_BCAST)
+
+
+@pytest.mark.timeout(120)
+def test_flattened_optimizer_state_dict_round_trips_and_submodules_filter():
+    w, _ = world()
+    model, opt = _trained(steps=1)
+    flat_opts = StateDictOptions(flatten_optimizer_state_dict=True)
+    flat = get_optimizer_state_dict(model, opt, options=flat_opts)
+    assert "state.transformer.wte.weight.exp_avg" in flat and "param_groups.transformer.h.0.attn.c_attn.weight.lr" in flat
+    assert all(isinstance(k, str) for k in flat)
+    want = {k: (full(v) if isinstance(v, hp.Tensor) else v) for k, v in flat.items()}
+    new = _shard(tiny_gpt(seed=9))
+    nopt = hp.optim.AdamW(new.parameters(), lr=0.5)
+    set_optimizer_state_dict(new, nopt, flat, options=flat_opts)
+    got = get_optimizer_state_dict(new, nopt, options=flat_opts)
+    assert set(got) == set(want)
+    for k, v in got.items():
+        if isinstance(v, hp.Tensor):
+            np.testing.assert_array_equal(full(v), want[k], err_msg=k)
+        else:
+            assert v == want[k], k
+    block = model.blocks[0]
+    sub = get_model_state_dict(model, submodules={block})
+    assert sub and all(k.startswith("transformer.h.0.") for k in sub)
+    short = get_model_state_dict(model, submodules={block}, options=StateDictOptions(keep_submodule_prefixes=False))
+    assert sorted(short) == sorted(k[len("transformer.h.0."):] for k in sub)

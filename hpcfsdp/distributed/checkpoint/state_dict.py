@@ -169,9 +169,14 @@ def _outline(sd):
         raise TypeError(f"broadcast_from_rank0: rank 0's state dict must be a dict, got {type(sd).__name__}")
     out = {}
     for k, v in sd.items():
+        if isinstance(v, DTensor):  # gathering it here would be a collective on rank 0 alone
+            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a DTensor; rank 0 must hold full tensors "
+                            "(or load a sharded state dict without broadcast_from_rank0)")
         if isinstance(v, (Tensor, np.ndarray)) or _backend.is_cupy_array(v):
-            t = v.full_tensor() if isinstance(v, DTensor) else _as_tensor(v, k)
-            out[k] = ("tensor", tuple(int(n) for n in t.shape), np.dtype(t.dtype).str)
+            t = _as_tensor(v, k)
+            if np.dtype(t.dtype).name not in _BCAST_DTYPES:
+                raise TypeError(f"broadcast_from_rank0: entry {k!r} has dtype {t.dtype}, which cannot be broadcast")
+            out[k] = ("tensor", tuple(int(n) for n in t.shape), np.dtype(t.dtype).name)
         elif _plain(v):
             out[k] = ("value", v)
         else:
@@ -213,15 +218,18 @@ def _bcast_outline(sd, prepare=None):
     return outline, (sd if _rank() == 0 else None)
 
 
-def _bcast_tensor(value, shape, dtype_str) -> Tensor:
+_BCAST_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def _bcast_tensor(value, shape, dtype_name) -> Tensor:
     """Broadcast one full tensor from rank 0 on the host."""
     from ..distributed_c10d import broadcast
 
+    dt = _backend.to_dtype(dtype_name)
     if _rank() == 0:
-        t = value.full_tensor() if isinstance(value, DTensor) else _as_tensor(value, "")
-        arr = np.ascontiguousarray(_backend.to_numpy(t._data), dtype=np.dtype(dtype_str))
+        arr = np.ascontiguousarray(_backend.to_numpy(_as_tensor(value, "")._data), dtype=dt)
     else:
-        arr = np.empty(shape, dtype=np.dtype(dtype_str))
+        arr = np.empty(shape, dtype=dt)
     t = Tensor._wrap(arr)
     if arr.size:
         broadcast(t, src=0)
