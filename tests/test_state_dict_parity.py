@@ -265,7 +265,10 @@ def test_flattened_optimizer_state_dict_round_trips_and_submodules_filter():
         else:
             assert v == want[k], k
     block = model.blocks[0]
-    sub = get_model_state_dict(model, submodules={block})
+    with pytest.warns(FutureWarning, match="deprecated"):
+        sub = get_model_state_dict(model, submodules={block})
     assert sub and all(k.startswith("transformer.h.0.") for k in sub)
-    short = get_model_state_dict(model, submodules={block}, options=StateDictOptions(keep_submodule_prefixes=False))
+    with pytest.warns(FutureWarning):
+        short = get_model_state_dict(model, submodules={block},
+                                     options=StateDictOptions(keep_submodule_prefixes=False))
     assert sorted(short) == sorted(k[len("transformer.h.0."):] for k in sub)

@@ -18,6 +18,7 @@ validates that same outline against the same model, so all ranks raise the same 
 the tensor broadcasts, in the same order. No rank is left alone in a collective.
 """
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,6 +123,8 @@ def get_model_state_dict(model, *, submodules=None, options=None) -> dict:
     else:
         sd = sdu.model_state_dict(root, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(o.cpu_offload))
     if submodules:
+        warnings.warn("Getting submodules only model/optim state_dict is deprecated (as in PyTorch); filter the "
+                      "state_dict returned by get_state_dict instead.", FutureWarning, stacklevel=2)
         prefixes = _submodule_prefixes(root, submodules)
         out = type(sd)()
         for k, v in sd.items():
