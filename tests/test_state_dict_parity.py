@@ -272,3 +272,35 @@ def test_flattened_optimizer_state_dict_round_trips_and_submodules_filter():
         short = get_model_state_dict(model, submodules={block},
                                      options=StateDictOptions(keep_submodule_prefixes=False))
     assert sorted(short) == sorted(k[len("transformer.h.0."):] for k in sub)
+
+
+class _WithExtra(hp.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = hp.nn.Linear(4, 6)
+        self.tag = "fresh"
+
+    def get_extra_state(self):
+        return {"tag": self.tag}
+
+    def set_extra_state(self, state):
+        self.tag = state["tag"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_full_load_carries_extra_state(broadcast):
+    _, rank = world()
+    hp.manual_seed(0)  # the same source on every rank
+    src = _WithExtra()
+    src.tag = "saved"
+    sd = src.state_dict()
+    with hp.device("meta"):
+        m = _WithExtra()
+    fully_shard(m)
+    opts = FULL_BCAST if broadcast else StateDictOptions(full_state_dict=True)
+    set_model_state_dict(m, sd if (rank == 0 or not broadcast) else {}, options=opts)
+    assert m.tag == "saved"
+    for k, v in get_model_state_dict(m).items():
+        if k != "_extra_state":
+            np.testing.assert_array_equal(full(v), sd[k].numpy(), err_msg=k)

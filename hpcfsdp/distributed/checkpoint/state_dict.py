@@ -259,7 +259,8 @@ def _load_full(root, sd, o):
     _check_keys(outline, local, o.strict, "state_dict (full_state_dict)")
     for k, like in local.items():  # shape errors are found before any data moves, the same on every rank
         info = outline.get(k)
-        if info is not None and info[0] == "tensor" and tuple(info[1]) != tuple(like.shape):
+        if info is not None and info[0] == "tensor" and isinstance(like, Tensor) \
+                and tuple(info[1]) != tuple(like.shape):
             raise RuntimeError(f"size mismatch for {k}: copying a param with shape {tuple(info[1])} from "
                                f"checkpoint, the shape in current model is {tuple(like.shape)}.")
     out = {}
@@ -269,9 +270,15 @@ def _load_full(root, sd, o):
         if o.broadcast_from_rank0:
             info = outline[k]
             if info[0] != "tensor":
-                out[k] = info[1]
+                out[k] = info[1]  # extra state (or a wrong value, which load_state_dict reports on every rank)
                 continue
             full = _bcast_tensor(sd.get(k) if _rank() == 0 else None, info[1], info[2])
+            if not isinstance(like, Tensor):
+                out[k] = full
+                continue
+        elif not isinstance(like, Tensor):
+            out[k] = sd[k]  # a module's extra state
+            continue
         else:
             v = sd[k]
             full = v.full_tensor() if isinstance(v, DTensor) else _as_tensor(v, k)
