@@ -192,3 +192,23 @@ def test_optim_state_dict_offload_to_cpu_moves_state_to_the_host(sd_type):
         with FSDP.state_dict_type(fsdp, sd_type, optim_state_dict_config=cls(offload_to_cpu=offload)):
             osd = FSDP.optim_state_dict(fsdp, opt)
         assert _osd_devices(osd) == want
+
+
+def test_optim_state_dict_to_load_rank0_only_broadcasts_from_rank0():
+    from hpcfsdp.distributed.fsdp import _state_dict_utils as sdu
+
+    w, rank = world()
+    fsdp, opt = _trained_fsdp(1)
+    cfg = FullOptimStateDictConfig(rank0_only=True)
+    with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT, optim_state_dict_config=cfg):
+        osd = FSDP.optim_state_dict(fsdp, opt)
+    assert (osd != {}) == (rank == 0)
+    fsdp2 = FSDP(tiny_gpt(seed=7), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    opt2 = hp.optim.AdamW(fsdp2.parameters(), lr=1e-2)
+    opt2.load_state_dict(sdu.optim_state_dict_to_load(fsdp2.module, opt2, osd, cfg))
+    a = dict(fsdp.named_parameters())
+    for name, p in fsdp2.named_parameters():
+        for k in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_array_equal(full(opt2.state[p][k]), full(opt.state[a[name]][k]), err_msg=name)
+    with pytest.raises(ValueError, match="rank 0"):
+        sdu.optim_state_dict_to_load(fsdp2.module, opt2, {"bad": 1} if rank == 0 else {}, cfg)

@@ -11,11 +11,8 @@ model's dtype) and loads with ``assign=True``; FSDP then adopts the assigned par
 sharded storage (``_state_dict_utils.adopt_assigned_params``), materialising it. A model that is
 already materialised is filled in place, so parameter objects (and an optimizer's references) survive.
 
-[Note: Agreed errors]
-With ``broadcast_from_rank0`` only rank 0 sees the state dict. Rank 0 first broadcasts its outline
-(keys, shapes, dtypes and every non-tensor value) or the error it hit building it; every rank then
-validates that same outline against the same model, so all ranks raise the same error or all enter
-the tensor broadcasts, in the same order. No rank is left alone in a collective.
+Errors on rank 0's input are raised on every rank: see [Note: Agreed errors] in
+``fsdp/_state_dict_utils.py``.
 """
 
 import warnings
@@ -143,12 +140,7 @@ def _is_meta(t) -> bool:
     return isinstance(t, Tensor) and _backend.is_meta_array(t._data)
 
 
-def _as_tensor(v, key):
-    if isinstance(v, Tensor):
-        return v
-    if isinstance(v, np.ndarray) or _backend.is_cupy_array(v):
-        return Tensor._wrap(v)
-    raise TypeError(f"state dict entry {key!r}: expected a Tensor or ndarray, got {type(v).__name__}")
+_as_tensor = sdu._as_tensor
 
 
 def _like_local(full: Tensor, like: Tensor, key: str) -> Tensor:
@@ -166,79 +158,6 @@ def _like_local(full: Tensor, like: Tensor, key: str) -> Tensor:
     return Tensor._wrap(xp.asarray(full._data).astype(dt, copy=False))
 
 
-def _outline(sd):
-    """Rank 0's description of a flat state dict: {key: ("tensor", shape, dtype name) | ("value", v)}."""
-    if not isinstance(sd, dict):
-        raise TypeError(f"broadcast_from_rank0: rank 0's state dict must be a dict, got {type(sd).__name__}")
-    out = {}
-    for k, v in sd.items():
-        if isinstance(v, DTensor):  # gathering it here would be a collective on rank 0 alone
-            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a DTensor; rank 0 must hold full tensors "
-                            "(or load a sharded state dict without broadcast_from_rank0)")
-        if isinstance(v, (Tensor, np.ndarray)) or _backend.is_cupy_array(v):
-            t = _as_tensor(v, k)
-            if np.dtype(t.dtype).name not in _BCAST_DTYPES:
-                raise TypeError(f"broadcast_from_rank0: entry {k!r} has dtype {t.dtype}, which cannot be broadcast")
-            out[k] = ("tensor", tuple(int(n) for n in t.shape), np.dtype(t.dtype).name)
-        elif _plain(v):
-            out[k] = ("value", v)
-        else:
-            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a {type(v).__name__}; a state dict holds "
-                            "tensors and plain Python values (None, bool, int, float, str, lists, tuples, dicts)")
-    return out
-
-
-def _plain(v) -> bool:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return True
-    if isinstance(v, (list, tuple)):
-        return all(_plain(x) for x in v)
-    if isinstance(v, dict):
-        return all(isinstance(k, (str, int)) and _plain(x) for k, x in v.items())
-    return False
-
-
-_ERRORS = {"TypeError": TypeError, "ValueError": ValueError, "KeyError": KeyError}
-
-
-def _bcast_outline(sd, prepare=None):
-    """See [Note: Agreed errors]. Returns (rank 0's outline, rank 0's prepared state dict) on every rank (the
-    second is None elsewhere), or raises rank 0's error on every rank."""
-    from ..distributed_c10d import broadcast_object_list
-
-    msg = [None]
-    if _rank() == 0:
-        try:
-            if prepare is not None:
-                sd = prepare(sd)
-            msg[0] = (None, _outline(sd))
-        except Exception as e:  # sent, not raised: every rank must reach the broadcast
-            msg[0] = ((type(e).__name__, f"rank 0: {e}"), None)
-    broadcast_object_list(msg, src=0)
-    err, outline = msg[0]
-    if err is not None:
-        raise _ERRORS.get(err[0], RuntimeError)(err[1])
-    return outline, (sd if _rank() == 0 else None)
-
-
-_BCAST_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
-
-
-def _bcast_tensor(value, shape, dtype_name) -> Tensor:
-    """Broadcast one full tensor from rank 0 on the host."""
-    from ..distributed_c10d import broadcast
-
-    dt = _backend.to_dtype(dtype_name)
-    if _rank() == 0:
-        arr = np.ascontiguousarray(_backend.to_numpy(_as_tensor(value, "")._data), dtype=dt)
-    else:
-        arr = np.empty(shape, dtype=dt)
-    t = Tensor._wrap(arr)
-    if arr.size:
-        broadcast(t, src=0)
-    return t
-
-
 def _check_keys(keys, local, strict, what):
     if not strict:
         return
@@ -253,7 +172,7 @@ def _load_full(root, sd, o):
     meta-device model] and [Note: Agreed errors]."""
     local = root.state_dict()
     if o.broadcast_from_rank0:
-        outline, _ = _bcast_outline(sd)
+        outline, _ = sdu.broadcast_outline(sd)
     else:
         outline = {k: None for k in sd}
     _check_keys(outline, local, o.strict, "state_dict (full_state_dict)")
@@ -272,7 +191,7 @@ def _load_full(root, sd, o):
             if info[0] != "tensor":
                 out[k] = info[1]  # extra state (or a wrong value, which load_state_dict reports on every rank)
                 continue
-            full = _bcast_tensor(sd.get(k) if _rank() == 0 else None, info[1], info[2])
+            full = sdu.broadcast_tensor(sd.get(k) if _rank() == 0 else None, info[1], info[2])
             if not isinstance(like, Tensor):
                 out[k] = full
                 continue
@@ -421,50 +340,6 @@ def _split_osd(root, optim, osd, strict) -> dict:
     return {_STATE: state, _PG: groups}
 
 
-def _bcast_osd(root, osd):
-    """Rank 0's full optimizer state dict on every rank, each state tensor cut to this rank's piece as soon
-    as it arrives (a DTensor like its parameter). See [Note: Agreed errors]."""
-    outline, flat_in = _bcast_outline(osd, _flatten_nested)
-    params = dict(root.named_parameters(remove_duplicate=False))
-    flat = {}
-    for key, info in outline.items():
-        if info[0] != "tensor":
-            flat[key] = info[1]
-            continue
-        t = _bcast_tensor(flat_in[key] if flat_in is not None else None, info[1], info[2])
-        path = key.split("\x00")
-        p = params.get(path[1]) if len(path) == 3 and path[0] == _STATE else None
-        if isinstance(p, DTensor) and tuple(t.shape) == tuple(p.shape) and t.ndim > 0:
-            t = DTensor.from_local(sdu.local_chunk(t, p), p.device_mesh, p.placements, shape=p.shape)
-        flat[key] = t
-    return _unflatten_nested(flat)
-
-
-# The optimizer state dict is flattened for broadcast with "\x00" joined paths: parameter names contain dots.
-def _flatten_nested(osd):
-    if not isinstance(osd, dict) or _STATE not in osd or _PG not in osd:
-        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups', got "
-                         f"{type(osd).__name__}")
-    out = {}
-    for fqn, entry in osd[_STATE].items():
-        if not isinstance(entry, dict):
-            raise ValueError(f"optimizer state of {fqn!r} must be a dict, got {type(entry).__name__}")
-        for k, v in entry.items():
-            out[f"{_STATE}\x00{fqn}\x00{k}"] = v
-    out[_PG] = osd[_PG]
-    return out
-
-
-def _unflatten_nested(flat):
-    state = {}
-    for key, v in flat.items():
-        if key == _PG:
-            continue
-        _, fqn, k = key.split("\x00")
-        state.setdefault(fqn, {})[k] = v
-    return {_STATE: state, _PG: flat[_PG]}
-
-
 def set_optimizer_state_dict(model, optimizers, optim_state_dict, *, options=None) -> None:
     """Load a name-keyed optimizer state dict (SHARDED, FULL, or FULL on rank 0 with broadcast_from_rank0)."""
     o = _verify_options(options)
@@ -478,7 +353,7 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict, *, options=Non
         _init_optim_state(optim)
     osd = optim_state_dict
     if o.broadcast_from_rank0:
-        osd = _bcast_osd(root, osd)
+        osd = sdu.broadcast_optim_state_dict(root, osd)
     if isinstance(osd, dict) and osd and _STATE not in osd:
         osd = None if len(optims) != 1 else _unflatten_osd(root, optims[0], osd)
         if osd is None:

@@ -6,6 +6,8 @@ different world size.
 
 from collections import OrderedDict
 
+import numpy as np
+
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
@@ -23,6 +25,9 @@ __all__ = [
     "reshard_all",
     "adopt_assigned_params",
     "register_state_dict_hooks",
+    "broadcast_outline",
+    "broadcast_tensor",
+    "broadcast_optim_state_dict",
 ]
 
 
@@ -284,8 +289,12 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     return {"state": state, "param_groups": groups} if keep else {}
 
 
-def optim_state_dict_to_load(root, optim, osd) -> dict:
+def optim_state_dict_to_load(root, optim, osd, osd_config=None) -> dict:
+    """``optim.load_state_dict`` input from a name-keyed optimizer state dict. With a
+    ``FullOptimStateDictConfig(rank0_only=True)`` only rank 0's ``osd`` is read; it is broadcast (collective)."""
     reshard_all(root)
+    if isinstance(osd_config, FullOptimStateDictConfig) and osd_config.rank0_only:
+        osd = broadcast_optim_state_dict(root, osd)
     by_name = dict(root.named_parameters(remove_duplicate=False))
     index = {id(p): i for i, p in enumerate(_optim_params(optim))}
     if "state" not in osd or "param_groups" not in osd:
@@ -317,3 +326,136 @@ def optim_state_dict_to_load(root, optim, osd) -> dict:
         groups.append({**{k: v for k, v in g.items() if k != "params"},
                        "params": [index[id(p)] for p in mine["params"]]})
     return {"state": state, "param_groups": groups}
+
+
+# -- broadcast from rank 0 ----------------------------------------------------------------------------------
+# [Note: Agreed errors]
+# When only rank 0 holds a state dict, rank 0 first broadcasts its outline (keys, shapes, dtypes and every
+# non-tensor value) or the error it hit building it; every rank then validates that same outline against
+# the same model, so all ranks raise the same error or all enter the tensor broadcasts, in the same order.
+# No rank is left alone in a collective.
+
+
+def _as_tensor(v, key):
+    if isinstance(v, Tensor):
+        return v
+    if isinstance(v, np.ndarray) or _backend.is_cupy_array(v):
+        return Tensor._wrap(v)
+    raise TypeError(f"state dict entry {key!r}: expected a Tensor or ndarray, got {type(v).__name__}")
+
+
+def _outline(sd):
+    """Rank 0's description of a flat state dict: {key: ("tensor", shape, dtype name) | ("value", v)}."""
+    if not isinstance(sd, dict):
+        raise TypeError(f"broadcast_from_rank0: rank 0's state dict must be a dict, got {type(sd).__name__}")
+    out = {}
+    for k, v in sd.items():
+        if isinstance(v, DTensor):  # gathering it here would be a collective on rank 0 alone
+            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a DTensor; rank 0 must hold full tensors "
+                            "(or load a sharded state dict without broadcast_from_rank0)")
+        if isinstance(v, (Tensor, np.ndarray)) or _backend.is_cupy_array(v):
+            t = _as_tensor(v, k)
+            if np.dtype(t.dtype).name not in _BCAST_DTYPES:
+                raise TypeError(f"broadcast_from_rank0: entry {k!r} has dtype {t.dtype}, which cannot be broadcast")
+            out[k] = ("tensor", tuple(int(n) for n in t.shape), np.dtype(t.dtype).name)
+        elif _plain(v):
+            out[k] = ("value", v)
+        else:
+            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a {type(v).__name__}; a state dict holds "
+                            "tensors and plain Python values (None, bool, int, float, str, lists, tuples, dicts)")
+    return out
+
+
+def _plain(v) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, (str, int)) and _plain(x) for k, x in v.items())
+    return False
+
+
+_ERRORS = {"TypeError": TypeError, "ValueError": ValueError, "KeyError": KeyError}
+
+
+def broadcast_outline(sd, prepare=None):
+    """See [Note: Agreed errors]. Returns (rank 0's outline, rank 0's prepared state dict) on every rank (the
+    second is None elsewhere), or raises rank 0's error on every rank."""
+    from ..distributed_c10d import broadcast_object_list
+
+    msg = [None]
+    if _world_rank() == 0:
+        try:
+            if prepare is not None:
+                sd = prepare(sd)
+            msg[0] = (None, _outline(sd))
+        except Exception as e:  # sent, not raised: every rank must reach the broadcast
+            msg[0] = ((type(e).__name__, f"rank 0: {e}"), None)
+    broadcast_object_list(msg, src=0)
+    err, outline = msg[0]
+    if err is not None:
+        raise _ERRORS.get(err[0], RuntimeError)(err[1])
+    return outline, (sd if _world_rank() == 0 else None)
+
+
+_BCAST_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def broadcast_tensor(value, shape, dtype_name) -> Tensor:
+    """Broadcast one full tensor from rank 0 on the host."""
+    from ..distributed_c10d import broadcast
+
+    dt = _backend.to_dtype(dtype_name)
+    if _world_rank() == 0:
+        arr = np.ascontiguousarray(_backend.to_numpy(_as_tensor(value, "")._data), dtype=dt)
+    else:
+        arr = np.empty(shape, dtype=dt)
+    t = Tensor._wrap(arr)
+    if arr.size:
+        broadcast(t, src=0)
+    return t
+
+
+def broadcast_optim_state_dict(root, osd) -> dict:
+    """Rank 0's full optimizer state dict on every rank, each state tensor cut to this rank's piece as soon
+    as it arrives (a DTensor like its parameter). See [Note: Agreed errors]."""
+    outline, flat_in = broadcast_outline(osd, _flatten_nested)
+    params = dict(root.named_parameters(remove_duplicate=False))
+    flat = {}
+    for key, info in outline.items():
+        if info[0] != "tensor":
+            flat[key] = info[1]
+            continue
+        t = broadcast_tensor(flat_in[key] if flat_in is not None else None, info[1], info[2])
+        path = key.split("\x00")
+        p = params.get(path[1]) if len(path) == 3 and path[0] == "state" else None
+        if isinstance(p, DTensor) and tuple(t.shape) == tuple(p.shape) and t.ndim > 0:
+            t = DTensor.from_local(local_chunk(t, p), p.device_mesh, p.placements, shape=p.shape)
+        flat[key] = t
+    return _unflatten_nested(flat)
+
+
+# The optimizer state dict is flattened for broadcast with "\x00" joined paths: parameter names contain dots.
+def _flatten_nested(osd):
+    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
+        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups', got "
+                         f"{type(osd).__name__}")
+    out = {}
+    for fqn, entry in osd["state"].items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"optimizer state of {fqn!r} must be a dict, got {type(entry).__name__}")
+        for k, v in entry.items():
+            out[f"state\x00{fqn}\x00{k}"] = v
+    out["param_groups"] = osd["param_groups"]
+    return out
+
+
+def _unflatten_nested(flat):
+    state = {}
+    for key, v in flat.items():
+        if key == "param_groups":
+            continue
+        _, fqn, k = key.split("\x00")
+        state.setdefault(fqn, {})[k] = v
+    return {"state": state, "param_groups": flat["param_groups"]}
