@@ -7,9 +7,10 @@ form, and with ``broadcast_from_rank0`` a full state dict that only rank 0 holds
 A model built on the meta device and sharded has parameters without storage, so copying into them
 does nothing (PyTorch warns). For FULL (and rank-0 broadcast) loads, ``set_model_state_dict`` builds for
 every meta entry a new tensor of the model's layout (this rank's piece of a DTensor, cast to the
-model's dtype) and loads with ``assign=True``; FSDP then adopts the assigned parameters into its
-sharded storage (``_state_dict_utils.adopt_assigned_params``), materialising it. A model that is
-already materialised is filled in place, so parameter objects (and an optimizer's references) survive.
+model's dtype) and, if any entry of the model is meta, loads with ``assign=True`` (PyTorch's rule);
+FSDP then adopts the assigned parameters into its sharded storage
+(``_state_dict_utils.adopt_assigned_params``), materialising it. A model without meta entries is filled
+in place, so its parameter objects (and an optimizer's references to them) survive.
 
 Errors on rank 0's input are raised on every rank: see [Note: Agreed errors] in
 ``fsdp/_state_dict_utils.py``.
