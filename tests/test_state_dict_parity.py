@@ -304,3 +304,42 @@ def test_full_load_carries_extra_state(broadcast):
     for k, v in get_model_state_dict(m).items():
         if k != "_extra_state":
             np.testing.assert_array_equal(full(v), sd[k].numpy(), err_msg=k)
+
+
+@pytest.mark.timeout(120)
+def test_get_and_set_state_dict_with_two_optimizers():
+    w, _ = world()
+    model = _shard(tiny_gpt(seed=0))
+    params = list(model.named_parameters())
+    first = [p for n, p in params if n.startswith("transformer.h.")]
+    rest = [p for n, p in params if not n.startswith("transformer.h.")]
+    opts = [hp.optim.AdamW(first, lr=1e-2), hp.optim.SGD(rest, lr=1e-2, momentum=0.9)]
+    batches = gpt_batches(3, 4 * w + 1)
+    for x, y in batches[:2]:
+        _, loss = model(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    msd, osd = dsd.get_state_dict(model, opts)
+    assert len(osd["param_groups"]) == 2 and set(osd["state"]) == {n for n, _ in params}
+    new = _shard(tiny_gpt(seed=4))
+    nparams = dict(new.named_parameters())
+    nopts = [hp.optim.AdamW([nparams[n] for n, _ in params if n.startswith("transformer.h.")], lr=1.0),
+             hp.optim.SGD([nparams[n] for n, _ in params if not n.startswith("transformer.h.")], lr=1.0)]
+    res = dsd.set_state_dict(new, nopts, model_state_dict=msd, optim_state_dict=osd)
+    assert list(res.missing_keys) == [] and list(res.unexpected_keys) == []
+    assert nopts[0].param_groups[0]["lr"] == 1e-2 and nopts[1].param_groups[0]["momentum"] == 0.9
+
+    def step(m, os_, x, y):
+        _, loss = m(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+        for o in os_:
+            o.step()
+            o.zero_grad()
+        return float(loss.item())
+
+    x, y = batches[2]
+    assert step(new, nopts, x, y) == step(model, opts, x, y)
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(full(nparams[n]), full(p), err_msg=n)
