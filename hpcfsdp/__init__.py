@@ -27,7 +27,9 @@ __all__ = [
     "abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
     "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
     "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
+    "save", "load",
 ]
 
 # Submodules above the compute core, imported last: they import the names above.
 from . import nn, optim, models  # noqa: E402,F401
+from .serialization import load, save  # noqa: E402

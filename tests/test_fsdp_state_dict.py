@@ -6,8 +6,10 @@ import hpcfsdp as hp
 import hpcfsdp.distributed.checkpoint as dcp
 from hpcfsdp.distributed.fsdp import (
     FSDP,
+    FullOptimStateDictConfig,
     FullStateDictConfig,
     LocalStateDictConfig,
+    ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
     StateDictSettings,
     StateDictType,
@@ -151,3 +153,62 @@ def test_dcp_helpers_full_and_broadcast_from_rank0():
     dcp.set_model_state_dict(other, sd, options=dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for k, v in other.module.state_dict().items():
         np.testing.assert_array_equal(full(v), want[k])
+
+
+def _osd_devices(osd):
+    return {(v.to_local() if isinstance(v, DTensor) else v).device.type
+            for e in osd["state"].values() for v in e.values() if isinstance(v, hp.Tensor)}
+
+
+def test_full_optim_state_dict_config_rank0_only_and_offload():
+    w, rank = world()
+    fsdp, opt = _trained_fsdp(1)
+    with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
+        everyone = FSDP.optim_state_dict(fsdp, opt)
+    cfg = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT, optim_state_dict_config=cfg):
+        osd = FSDP.optim_state_dict(fsdp, opt)
+    if rank != 0:
+        assert osd == {}
+        return
+    assert _osd_devices(osd) == {"cpu"} and osd["param_groups"] == everyone["param_groups"]
+    for name, entry in everyone["state"].items():
+        for k, v in entry.items():
+            np.testing.assert_array_equal(full(osd["state"][name][k]), full(v), err_msg=f"{name}.{k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sd_type", [StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT])
+def test_optim_state_dict_offload_to_cpu_moves_state_to_the_host(sd_type):
+    w, _ = world()
+    fsdp = FSDP(tiny_gpt().cuda(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    opt = hp.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    x, y = gpt_batches(1, 4 * w + 1)[0]
+    _, loss = fsdp(hp.tensor(local(x), device="cuda"), hp.tensor(local(y), device="cuda"))
+    loss.backward()
+    opt.step()
+    cls = FullOptimStateDictConfig if sd_type == StateDictType.FULL_STATE_DICT else ShardedOptimStateDictConfig
+    for offload, want in ((True, {"cpu"}), (False, {"cuda"})):
+        with FSDP.state_dict_type(fsdp, sd_type, optim_state_dict_config=cls(offload_to_cpu=offload)):
+            osd = FSDP.optim_state_dict(fsdp, opt)
+        assert _osd_devices(osd) == want
+
+
+def test_optim_state_dict_to_load_rank0_only_broadcasts_from_rank0():
+    from hpcfsdp.distributed.fsdp import _state_dict_utils as sdu
+
+    w, rank = world()
+    fsdp, opt = _trained_fsdp(1)
+    cfg = FullOptimStateDictConfig(rank0_only=True)
+    with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT, optim_state_dict_config=cfg):
+        osd = FSDP.optim_state_dict(fsdp, opt)
+    assert (osd != {}) == (rank == 0)
+    fsdp2 = FSDP(tiny_gpt(seed=7), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    opt2 = hp.optim.AdamW(fsdp2.parameters(), lr=1e-2)
+    opt2.load_state_dict(sdu.optim_state_dict_to_load(fsdp2.module, opt2, osd, cfg))
+    a = dict(fsdp.named_parameters())
+    for name, p in fsdp2.named_parameters():
+        for k in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_array_equal(full(opt2.state[p][k]), full(opt.state[a[name]][k]), err_msg=name)
+    with pytest.raises(ValueError, match="rank 0"):
+        sdu.optim_state_dict_to_load(fsdp2.module, opt2, {"bad": 1} if rank == 0 else {}, cfg)

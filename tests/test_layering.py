@@ -21,6 +21,7 @@ LEVELS = {
     "hpcfsdp.nn": 3,
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
+    "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors
     "hpcfsdp.distributed.fsdp": 5,
     "hpcfsdp.distributed.sharding_plan": 5,
     "hpcfsdp.distributed.checkpoint": 6,

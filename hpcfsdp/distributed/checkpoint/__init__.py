@@ -1,4 +1,4 @@
-"""Distributed checkpoints: state-dict helpers and sharded save/load that reshard across world sizes.
+"""Distributed checkpoints: state-dict helpers (``.state_dict``) and sharded save/load that reshard across world sizes.
 
 ``save(state_dict, checkpoint_id=DIR)`` writes a nested state dict (model and optimizer state dicts,
 step counters, RNG state ...) as a checkpoint directory: every rank writes only its own pieces of
@@ -7,12 +7,8 @@ DTensors, replicated tensors are written once, and Python scalars/strings/lists 
 place, at any world size and mesh, reading only the bytes each rank needs. No pickle anywhere.
 """
 
-from dataclasses import dataclass
-
 from ... import _backend
 from ..._tensor import Tensor
-from ..fsdp import _state_dict_utils as sdu
-from ..fsdp.api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from ..tensor import DTensor
 from ..tensor._dtensor import _local_bounds
 from ._format import (
@@ -23,6 +19,16 @@ from ._format import (
     read_metadata,
     save_pieces,
     verify_checkpoint,
+)
+from .state_dict import (
+    StateDictOptions,
+    _init_optim_state,  # noqa: F401  (PyTorch scripts import it from here too)
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
 )
 
 __all__ = [
@@ -42,139 +48,6 @@ __all__ = [
 ]
 
 _JSON_LEAVES = (bool, int, float, str, type(None))
-
-
-@dataclass
-class StateDictOptions:
-    """How the state-dict helpers work (PyTorch's `torch.distributed.checkpoint.state_dict` options).
-
-    full_state_dict: gather full tensors instead of returning DTensors (collective).
-    cpu_offload: move values to host memory; with full_state_dict only rank 0 keeps them.
-    strict: loading fails on missing/unexpected keys.
-    broadcast_from_rank0: set_* with a full state dict present on rank 0 only.
-    """
-
-    full_state_dict: bool = False
-    cpu_offload: bool = False
-    strict: bool = True
-    broadcast_from_rank0: bool = False
-    ignore_frozen_params: bool = False
-
-
-def _opts(options):
-    if options is None:
-        return StateDictOptions()
-    if not isinstance(options, StateDictOptions):
-        raise TypeError(f"options must be a StateDictOptions, got {type(options).__name__}")
-    return options
-
-
-def _one_optim(optimizers):
-    if isinstance(optimizers, (list, tuple)):
-        if len(optimizers) != 1:
-            raise ValueError(f"expected one optimizer, got {len(optimizers)}")
-        return optimizers[0]
-    return optimizers
-
-
-def get_model_state_dict(model, *, submodules=None, options=None):
-    """SHARDED (DTensor) model state dict, or FULL with ``full_state_dict=True``."""
-    o = _opts(options)
-    root = sdu_root(model)
-    if o.full_state_dict:
-        sd = sdu.model_state_dict(root, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=o.cpu_offload, rank0_only=o.cpu_offload))
-    else:
-        sd = sdu.model_state_dict(root, StateDictType.SHARDED_STATE_DICT)
-    if o.ignore_frozen_params:
-        frozen = {n for n, p in root.named_parameters() if not p.requires_grad}
-        sd = type(sd)((k, v) for k, v in sd.items() if k not in frozen)
-    return sd
-
-
-def _broadcast_full(root, sd):
-    """Rank 0 holds full tensors; give every rank the same (shapes from the model's own entries)."""
-    from ..distributed_c10d import broadcast, get_rank
-
-    like = root.state_dict()
-    out = {}
-    for k, v in like.items():
-        if get_rank() == 0:
-            if k not in sd:
-                raise KeyError(f"broadcast_from_rank0: rank 0's state dict has no entry {k!r}")
-            t = sd[k]
-        else:
-            xp = _backend.array_module(v._data)
-            t = Tensor._wrap(xp.empty(tuple(v.shape), dtype=v.dtype))
-        t = Tensor._wrap(_backend.array_module(v._data).ascontiguousarray(t._data))
-        broadcast(t, src=0)
-        out[k] = t
-    return out
-
-
-def set_model_state_dict(model, model_state_dict, *, options=None):
-    """Load a SHARDED or FULL model state dict into the sharded model, in place."""
-    o = _opts(options)
-    root = sdu_root(model)
-    if o.broadcast_from_rank0:
-        model_state_dict = _broadcast_full(root, model_state_dict)
-    return sdu.load_model_state_dict(root, model_state_dict, StateDictType.SHARDED_STATE_DICT, strict=o.strict)
-
-
-def _init_optim_state(optim):
-    """Create the optimizer's state (zero gradients, learning rate 0) so that it can be loaded into."""
-    if optim.state:
-        return
-    saved = []
-    for g in optim.param_groups:
-        saved.append(g["lr"])
-        g["lr"] = 0.0
-        for p in g["params"]:
-            if p.grad is None and p.requires_grad:
-                p.grad = p.detach() * 0 if not isinstance(p, DTensor) else DTensor.from_local(
-                    Tensor._wrap(_backend.array_module(p._data).zeros_like(p._data)), p.device_mesh, p.placements,
-                    shape=p.shape)
-    wd = [g.get("weight_decay") for g in optim.param_groups]
-    try:
-        optim.step()
-    finally:
-        for g, lr, w in zip(optim.param_groups, saved, wd):
-            g["lr"] = lr
-            for p in g["params"]:
-                p.grad = None
-
-
-def get_optimizer_state_dict(model, optimizers, *, options=None):
-    """The optimizer state keyed by parameter name: DTensors, or full tensors with ``full_state_dict``."""
-    o = _opts(options)
-    optim = _one_optim(optimizers)
-    _init_optim_state(optim)
-    sd_type = StateDictType.FULL_STATE_DICT if o.full_state_dict else StateDictType.SHARDED_STATE_DICT
-    return sdu.optim_state_dict(sdu_root(model), optim, sd_type,
-                                FullOptimStateDictConfig(offload_to_cpu=o.cpu_offload, rank0_only=o.cpu_offload))
-
-
-def set_optimizer_state_dict(model, optimizers, optim_state_dict, *, options=None) -> None:
-    optim = _one_optim(optimizers)
-    _init_optim_state(optim)
-    optim.load_state_dict(sdu.optim_state_dict_to_load(sdu_root(model), optim, optim_state_dict))
-
-
-def get_state_dict(model, optimizers, *, submodules=None, options=None):
-    return (get_model_state_dict(model, options=options),
-            get_optimizer_state_dict(model, optimizers, options=options))
-
-
-def set_state_dict(model, optimizers, *, model_state_dict, optim_state_dict, options=None):
-    res = set_model_state_dict(model, model_state_dict, options=options)
-    set_optimizer_state_dict(model, optimizers, optim_state_dict, options=options)
-    return res
-
-
-def sdu_root(model):
-    from ..fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
-
-    return model.module if isinstance(model, FullyShardedDataParallel) else model
 
 
 # -- save / load --------------------------------------------------------------------------------------------

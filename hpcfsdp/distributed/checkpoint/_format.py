@@ -256,12 +256,33 @@ def _prepare_target(path: str) -> None:
 
 def save_pieces(path, pieces: Mapping[str, Any], *, comm=None, extras: Any = None, mesh_info: Any = None,
                 block_size: int = DEFAULT_BLOCK_SIZE, fsync: bool = True) -> None:
-    """Collectively save array pieces as a sharded checkpoint directory at `path`. See the module docstring."""
+    """Collectively save array pieces as a sharded checkpoint directory at `path`. See the module docstring.
+
+    Three phases, each ending in a collective that carries every rank's errors, so that all ranks fail
+    together and none hangs: check and plan (rank 0 creates the temporary directory), write (each rank its
+    own shard file), commit (rank 0 writes metadata.json and swaps the link). See [Note: Atomic commit].
+    """
     comm = _world(comm)
     rank, world = comm.Get_rank(), comm.Get_size()
     if type(block_size) is not int or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    # Phase 1: local checks, then rank 0 plans and creates the temporary directory.
+    err, plan, arrays = _check_pieces(pieces, rank, world)
+    gathered = _gather(comm, (err, plan))
+    decisions, entries = _plan_on_root(path, gathered, world) if rank == 0 else (None, None)
+    err, tmp, mine = _scatter(comm, decisions)
+    if err is not None:
+        raise err[0](err[1])
+    results = _gather(comm, _write_own_file(tmp, rank, plan, arrays, mine, block_size, fsync))
+    status = _commit_on_root(path, tmp, results, entries, world, block_size, mesh_info, extras, fsync) \
+        if rank == 0 else None
+    status = _bcast(comm, status)
+    if status is not None:
+        raise status[0](status[1])
+
+
+def _check_pieces(pieces, rank: int, world: int):
+    """Phase 1, every rank: check its own pieces. Returns (error or None, plan, arrays); the error is
+    reported, not raised, because every rank must reach the gather."""
     err, plan, arrays = None, [], []
     try:
         if not isinstance(pieces, Mapping):
@@ -273,34 +294,37 @@ def save_pieces(path, pieces: Mapping[str, Any], *, comm=None, extras: Any = Non
                 shape, dt, offsets, lengths, arr = _normalise(name, p, f"piece {k}")
                 plan.append((name, shape, dt, offsets, lengths))
                 arrays.append(arr)
-    except Exception as e:  # reported, not raised: every rank must reach the gather
+    except Exception as e:
         kind = type(e) if isinstance(e, (TypeError, ValueError)) else RuntimeError
         err = (kind, f"rank {rank}: {e}" if world > 1 else str(e))
-    gathered = _gather(comm, (err, plan))
-    decisions = None
-    if rank == 0:
-        try:
-            errs = [g[0] for g in gathered if g[0] is not None]
-            if errs:
-                raise errs[0][0](errs[0][1])
-            entries, owned = _plan([g[1] for g in gathered], world)
-            target = os.path.abspath(os.fspath(path))
-            parent, base = os.path.split(target)
-            if not base:
-                raise ValueError(f"invalid checkpoint path {path!r}")
-            _prepare_target(target)
-            tmp = os.path.join(parent, f"{base}.tmp-{uuid.uuid4().hex}")
-            os.makedirs(parent, exist_ok=True)
-            os.mkdir(tmp)
-            decisions = [(None, tmp, owned[r]) for r in range(world)]
-        except Exception as e:
-            kind = type(e) if isinstance(e, (TypeError, ValueError, RuntimeError)) else RuntimeError
-            decisions = [((kind, str(e) if kind is type(e) else _describe(e)), None, None)] * world
-    err, tmp, mine = _scatter(comm, decisions)
-    if err is not None:
-        raise err[0](err[1])
+    return err, plan, arrays
 
-    # Phase 2: every rank writes its own shard file. See [Note: Atomic commit].
+
+def _plan_on_root(path, gathered, world: int):
+    """Phase 1, rank 0: raise any rank's error, plan the owners of every box and create the temporary
+    directory. Returns (one (error, tmp dir, indices to write) per rank, {entry: (shape, dtype)})."""
+    try:
+        errs = [g[0] for g in gathered if g[0] is not None]
+        if errs:
+            raise errs[0][0](errs[0][1])
+        entries, owned = _plan([g[1] for g in gathered], world)
+        target = os.path.abspath(os.fspath(path))
+        parent, base = os.path.split(target)
+        if not base:
+            raise ValueError(f"invalid checkpoint path {path!r}")
+        _prepare_target(target)
+        tmp = os.path.join(parent, f"{base}.tmp-{uuid.uuid4().hex}")
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(tmp)
+        return [(None, tmp, owned[r]) for r in range(world)], entries
+    except Exception as e:
+        kind = type(e) if isinstance(e, (TypeError, ValueError, RuntimeError)) else RuntimeError
+        return [((kind, str(e) if kind is type(e) else _describe(e)), None, None)] * world, None
+
+
+def _write_own_file(tmp: str, rank: int, plan, arrays, mine, block_size: int, fsync: bool):
+    """Phase 2, every rank: write the boxes it owns to its shard file. Returns (error or None, file info,
+    piece records) for rank 0; an error is reported so that every rank fails together."""
     err, records, finfo = None, [], None
     try:
         if mine:
@@ -311,27 +335,26 @@ def save_pieces(path, pieces: Mapping[str, Any], *, comm=None, extras: Any = Non
             for i, (tname, _), (boff, blen, crcs) in zip(mine, tensors, placed):
                 records.append((plan[i][0], fname, tname, plan[i][3], plan[i][4], boff, blen, crcs))
         _hook("write")
-    except Exception as e:  # reported to rank 0 so that every rank fails together, none hangs
+    except Exception as e:
         err = f"rank {rank}: {_describe(e)}"
-    results = _gather(comm, (err, finfo, records))
+    return err, finfo, records
 
-    # Phase 3: rank 0 writes metadata.json last and commits.
-    status = None
-    if rank == 0:
-        errs = [r[0] for r in results if r[0] is not None]
-        try:
-            if errs:
-                raise RuntimeError("checkpoint save failed, nothing was committed: " + "; ".join(errs))
-            md = _build_metadata(entries, results, world, block_size, mesh_info, extras)
-            _write_metadata(tmp, md, fsync)
-            _hook("metadata")
-            _commit(tmp, target, fsync)
-        except Exception as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            status = (RuntimeError if not isinstance(e, ValueError) else ValueError, str(e))
-    status = _bcast(comm, status)
-    if status is not None:
-        raise status[0](status[1])
+
+def _commit_on_root(path, tmp: str, results, entries, world: int, block_size: int, mesh_info, extras,
+                    fsync: bool):
+    """Phase 3, rank 0: write metadata.json last and commit. Returns None or (error type, message)."""
+    errs = [r[0] for r in results if r[0] is not None]
+    try:
+        if errs:
+            raise RuntimeError("checkpoint save failed, nothing was committed: " + "; ".join(errs))
+        md = _build_metadata(entries, results, world, block_size, mesh_info, extras)
+        _write_metadata(tmp, md, fsync)
+        _hook("metadata")
+        _commit(tmp, os.path.abspath(os.fspath(path)), fsync)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return (RuntimeError if not isinstance(e, ValueError) else ValueError, str(e))
+    return None
 
 
 def _build_metadata(entries, results, world, block_size, mesh_info, extras) -> CheckpointMetadata:

@@ -6,6 +6,8 @@ different world size.
 
 from collections import OrderedDict
 
+import numpy as np
+
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
@@ -20,6 +22,12 @@ __all__ = [
     "optim_state_dict_to_load",
     "local_chunk",
     "fsdp_groups",
+    "reshard_all",
+    "adopt_assigned_params",
+    "register_state_dict_hooks",
+    "broadcast_outline",
+    "broadcast_tensor",
+    "broadcast_optim_state_dict",
 ]
 
 
@@ -34,9 +42,95 @@ def fsdp_groups(root):
     return out
 
 
-def _reshard_all(root):
+def reshard_all(root):
     for g in fsdp_groups(root):
         g.reshard()
+
+
+# [Note: Assigned parameters]
+# ``load_state_dict(assign=True)`` replaces module parameters by the given objects. FSDP's sharded
+# parameters are views into its group's flat buffer, so a replaced one would be left out of every
+# all-gather (a materialised model silently keeps its old weights) and a meta-built model would stay
+# meta. A load post-hook on every fully_shard module therefore adopts the assigned parameters (as
+# PyTorch's FSDPParam.reset_sharded_param does): each must be a DTensor laid out like the parameter it
+# replaces; its local piece is copied into the flat buffer (allocated on first use if the group was
+# built on the meta device) and the new Parameter object, now a view of that buffer, becomes the sharded
+# parameter. A group is usable once none of its parameters is meta any more.
+
+
+def _materialize_flat(group) -> None:
+    xp = _backend.array_module(group._storage_device())
+    flat = xp.zeros((group.total,), dtype=group.dtype)
+    for fp in group.fsdp_params:
+        old = fp.sharded_param._data
+        fp.bind_flat(flat)
+        if _backend.is_meta_array(old):
+            fp.sharded_param._data = old  # stays meta until a value is loaded for it
+    group.flat = flat
+
+
+def _check_assigned(fp, group, new) -> None:
+    name = fp.fqn or fp.name
+    if not isinstance(new, DTensor):
+        raise RuntimeError(
+            f"load_state_dict(assign=True) gave the sharded parameter {name} a {type(new).__name__} of shape "
+            f"{tuple(new.shape)}; FSDP needs a DTensor laid out like it (placements {fp.placements}): load a "
+            "sharded state dict, use set_model_state_dict(..., StateDictOptions(full_state_dict=True)), or "
+            "assign=False")
+    if (tuple(new.shape) != tuple(fp.global_shape) or tuple(new.placements) != tuple(fp.placements)
+            or new.device_mesh != fp.mesh_info.mesh):
+        raise RuntimeError(
+            f"load_state_dict(assign=True) gave the sharded parameter {name} a DTensor of shape "
+            f"{tuple(new.shape)} with placements {tuple(new.placements)} on {new.device_mesh!r}; expected shape "
+            f"{tuple(fp.global_shape)} with placements {fp.placements} on {fp.mesh_info.mesh!r}")
+    if tuple(new._data.shape) != tuple(fp._local.shape):
+        raise RuntimeError(f"load_state_dict(assign=True): the local piece of {name} has shape "
+                           f"{tuple(new._data.shape)}, this rank holds {tuple(fp._local.shape)}")
+    if new.dtype != group.dtype:
+        raise TypeError(f"load_state_dict(assign=True) gave the sharded parameter {name} dtype {new.dtype}, its "
+                        f"group holds {group.dtype}: convert the state dict first, or load with assign=False")
+
+
+def adopt_assigned_params(group) -> None:
+    """See [Note: Assigned parameters]."""
+    changed = []
+    for fp in group.fsdp_params:
+        module, name = fp.module_infos[0]
+        new = module._parameters.get(name)
+        if new is None or new is fp.sharded_param or new is fp.unsharded_param:
+            continue
+        _check_assigned(fp, group, new)
+        changed.append((fp, new))
+    if not changed:
+        return
+    if _backend.is_meta_array(group.flat) and any(not _backend.is_meta_array(n._data) for _, n in changed):
+        _materialize_flat(group)
+    for fp, new in changed:
+        fp.sharded_param = new
+        fp.set_on_modules(new)
+        if not _backend.is_meta_array(new._data):
+            seg = fp.layout.segment(group.flat)[:fp.local_rows()]
+            xp = _backend.array_module(seg)
+            src = xp.asarray(new._data)
+            seg[...] = xp.moveaxis(src, fp.shard_dim, 0) if fp.shard_dim else src
+            new._data = fp._local
+    group.is_meta = any(_backend.is_meta_array(fp.sharded_param._data) for fp in group.fsdp_params)
+
+
+def register_state_dict_hooks(state) -> None:
+    """Load hooks of a fully_shard state's modules: loading writes into the sharded parameters, and what
+    assign=True puts on the modules is adopted (see [Note: Assigned parameters])."""
+    def to_sharded(*args, **kwargs):
+        for group in state._all_param_groups():
+            group.reshard()
+
+    def adopt(module, incompatible_keys):
+        for group in state._all_param_groups():
+            adopt_assigned_params(group)
+
+    for m in state._modules:
+        m._register_load_state_dict_pre_hook(to_sharded)
+        m.register_load_state_dict_post_hook(adopt)
 
 
 def _world_rank():
@@ -49,8 +143,15 @@ def _host(t: Tensor) -> Tensor:
     return Tensor._wrap(_backend.to_numpy(t._data))
 
 
+def _offloaded(v: Tensor) -> Tensor:
+    """``v`` in host memory (a DTensor keeps its layout; its local piece moves)."""
+    if isinstance(v, DTensor):
+        return DTensor.from_local(_host(v.to_local()), v.device_mesh, v.placements, shape=v.shape)
+    return _host(v)
+
+
 def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
-    _reshard_all(root)
+    reshard_all(root)
     sd = root.state_dict()
     offload = bool(getattr(config, "offload_to_cpu", False))
     if sd_type == StateDictType.SHARDED_STATE_DICT:
@@ -127,7 +228,7 @@ def _load_local(root, sd, strict):
 
 def load_model_state_dict(root, sd, sd_type: StateDictType, strict: bool = True):
     """Write ``sd`` into the sharded parameters in place (DTensors, full tensors or LOCAL pieces)."""
-    _reshard_all(root)
+    reshard_all(root)
     if sd_type == StateDictType.LOCAL_STATE_DICT:
         return _load_local(root, sd, strict)
     return root.load_state_dict(sd, strict=strict)
@@ -154,7 +255,7 @@ def _optim_params(optim):
 
 
 def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
-    _reshard_all(root)
+    reshard_all(root)
     osd = osd if osd is not None else optim.state_dict()
     names = {}
     for n, p in root.named_parameters():
@@ -163,6 +264,7 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     full = sd_type == StateDictType.FULL_STATE_DICT
     cfg = osd_config or FullOptimStateDictConfig()
     keep = not (full and getattr(cfg, "rank0_only", False)) or _world_rank() == 0
+    offload = bool(getattr(cfg, "offload_to_cpu", False))
     state = {}
     for i in sorted(osd["state"]):
         p = params[i]
@@ -175,6 +277,8 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
                 v = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape)
             if isinstance(v, DTensor) and full:
                 v = v.full_tensor()  # collective: every rank, same order
+            if offload and isinstance(v, Tensor):
+                v = _offloaded(v)
             entry[k] = v
         if keep:
             state[names[id(p)]] = entry
@@ -185,8 +289,12 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     return {"state": state, "param_groups": groups} if keep else {}
 
 
-def optim_state_dict_to_load(root, optim, osd) -> dict:
-    _reshard_all(root)
+def optim_state_dict_to_load(root, optim, osd, osd_config=None) -> dict:
+    """``optim.load_state_dict`` input from a name-keyed optimizer state dict. With a
+    ``FullOptimStateDictConfig(rank0_only=True)`` only rank 0's ``osd`` is read; it is broadcast (collective)."""
+    reshard_all(root)
+    if isinstance(osd_config, FullOptimStateDictConfig) and osd_config.rank0_only:
+        osd = broadcast_optim_state_dict(root, osd)
     by_name = dict(root.named_parameters(remove_duplicate=False))
     index = {id(p): i for i, p in enumerate(_optim_params(optim))}
     if "state" not in osd or "param_groups" not in osd:
@@ -218,3 +326,136 @@ def optim_state_dict_to_load(root, optim, osd) -> dict:
         groups.append({**{k: v for k, v in g.items() if k != "params"},
                        "params": [index[id(p)] for p in mine["params"]]})
     return {"state": state, "param_groups": groups}
+
+
+# -- broadcast from rank 0 ----------------------------------------------------------------------------------
+# [Note: Agreed errors]
+# When only rank 0 holds a state dict, rank 0 first broadcasts its outline (keys, shapes, dtypes and every
+# non-tensor value) or the error it hit building it; every rank then validates that same outline against
+# the same model, so all ranks raise the same error or all enter the tensor broadcasts, in the same order.
+# No rank is left alone in a collective.
+
+
+def _as_tensor(v, key):
+    if isinstance(v, Tensor):
+        return v
+    if isinstance(v, np.ndarray) or _backend.is_cupy_array(v):
+        return Tensor._wrap(v)
+    raise TypeError(f"state dict entry {key!r}: expected a Tensor or ndarray, got {type(v).__name__}")
+
+
+def _outline(sd):
+    """Rank 0's description of a flat state dict: {key: ("tensor", shape, dtype name) | ("value", v)}."""
+    if not isinstance(sd, dict):
+        raise TypeError(f"broadcast_from_rank0: rank 0's state dict must be a dict, got {type(sd).__name__}")
+    out = {}
+    for k, v in sd.items():
+        if isinstance(v, DTensor):  # gathering it here would be a collective on rank 0 alone
+            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a DTensor; rank 0 must hold full tensors "
+                            "(or load a sharded state dict without broadcast_from_rank0)")
+        if isinstance(v, (Tensor, np.ndarray)) or _backend.is_cupy_array(v):
+            t = _as_tensor(v, k)
+            if np.dtype(t.dtype).name not in _BCAST_DTYPES:
+                raise TypeError(f"broadcast_from_rank0: entry {k!r} has dtype {t.dtype}, which cannot be broadcast")
+            out[k] = ("tensor", tuple(int(n) for n in t.shape), np.dtype(t.dtype).name)
+        elif _plain(v):
+            out[k] = ("value", v)
+        else:
+            raise TypeError(f"broadcast_from_rank0: entry {k!r} is a {type(v).__name__}; a state dict holds "
+                            "tensors and plain Python values (None, bool, int, float, str, lists, tuples, dicts)")
+    return out
+
+
+def _plain(v) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, (str, int)) and _plain(x) for k, x in v.items())
+    return False
+
+
+_ERRORS = {"TypeError": TypeError, "ValueError": ValueError, "KeyError": KeyError}
+
+
+def broadcast_outline(sd, prepare=None):
+    """See [Note: Agreed errors]. Returns (rank 0's outline, rank 0's prepared state dict) on every rank (the
+    second is None elsewhere), or raises rank 0's error on every rank."""
+    from ..distributed_c10d import broadcast_object_list
+
+    msg = [None]
+    if _world_rank() == 0:
+        try:
+            if prepare is not None:
+                sd = prepare(sd)
+            msg[0] = (None, _outline(sd))
+        except Exception as e:  # sent, not raised: every rank must reach the broadcast
+            msg[0] = ((type(e).__name__, f"rank 0: {e}"), None)
+    broadcast_object_list(msg, src=0)
+    err, outline = msg[0]
+    if err is not None:
+        raise _ERRORS.get(err[0], RuntimeError)(err[1])
+    return outline, (sd if _world_rank() == 0 else None)
+
+
+_BCAST_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def broadcast_tensor(value, shape, dtype_name) -> Tensor:
+    """Broadcast one full tensor from rank 0 on the host."""
+    from ..distributed_c10d import broadcast
+
+    dt = _backend.to_dtype(dtype_name)
+    if _world_rank() == 0:
+        arr = np.ascontiguousarray(_backend.to_numpy(_as_tensor(value, "")._data), dtype=dt)
+    else:
+        arr = np.empty(shape, dtype=dt)
+    t = Tensor._wrap(arr)
+    if arr.size:
+        broadcast(t, src=0)
+    return t
+
+
+def broadcast_optim_state_dict(root, osd) -> dict:
+    """Rank 0's full optimizer state dict on every rank, each state tensor cut to this rank's piece as soon
+    as it arrives (a DTensor like its parameter). See [Note: Agreed errors]."""
+    outline, flat_in = broadcast_outline(osd, _flatten_nested)
+    params = dict(root.named_parameters(remove_duplicate=False))
+    flat = {}
+    for key, info in outline.items():
+        if info[0] != "tensor":
+            flat[key] = info[1]
+            continue
+        t = broadcast_tensor(flat_in[key] if flat_in is not None else None, info[1], info[2])
+        path = key.split("\x00")
+        p = params.get(path[1]) if len(path) == 3 and path[0] == "state" else None
+        if isinstance(p, DTensor) and tuple(t.shape) == tuple(p.shape) and t.ndim > 0:
+            t = DTensor.from_local(local_chunk(t, p), p.device_mesh, p.placements, shape=p.shape)
+        flat[key] = t
+    return _unflatten_nested(flat)
+
+
+# The optimizer state dict is flattened for broadcast with "\x00" joined paths: parameter names contain dots.
+def _flatten_nested(osd):
+    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
+        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups', got "
+                         f"{type(osd).__name__}")
+    out = {}
+    for fqn, entry in osd["state"].items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"optimizer state of {fqn!r} must be a dict, got {type(entry).__name__}")
+        for k, v in entry.items():
+            out[f"state\x00{fqn}\x00{k}"] = v
+    out["param_groups"] = osd["param_groups"]
+    return out
+
+
+def _unflatten_nested(flat):
+    state = {}
+    for key, v in flat.items():
+        if key == "param_groups":
+            continue
+        _, fqn, k = key.split("\x00")
+        state.setdefault(fqn, {})[k] = v
+    return {"state": state, "param_groups": flat["param_groups"]}

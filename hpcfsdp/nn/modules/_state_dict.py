@@ -1,13 +1,19 @@
 """Module state-dict machinery (saving, loading, and the hooks FSDP uses), as PyTorch's nn.Module."""
 import itertools
+import warnings
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
+from hpcfsdp import _backend
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.nn.modules.hooks import RemovableHandle, _WrappedHook
 from hpcfsdp.nn.parameter import Parameter
 
 __all__ = ["StateDictMixin"]
+
+_EXTRA_STATE_KEY_SUFFIX = "_extra_state"
 
 
 def _no_grad():
@@ -79,6 +85,17 @@ class StateDictMixin:
         self._load_state_dict_post_hooks[handle.id] = hook
         return handle
 
+    def get_extra_state(self) -> Any:
+        """Extra (non-tensor) state for the state dict; override together with ``set_extra_state``."""
+        raise RuntimeError("Module.get_extra_state() is reached only when a subclass overrides it")
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore what ``get_extra_state`` returned; override together with it."""
+        raise RuntimeError("Module.set_extra_state() is reached only when a subclass overrides it")
+
+    def _has_extra_state(self) -> bool:
+        return getattr(type(self), "get_extra_state", None) is not StateDictMixin.get_extra_state
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for name, param in self._parameters.items():
             if param is not None:
@@ -86,6 +103,8 @@ class StateDictMixin:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
+        if self._has_extra_state():
+            destination[prefix + _EXTRA_STATE_KEY_SUFFIX] = self.get_extra_state()
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Parameters and persistent buffers by dotted name, detached, in an OrderedDict (PyTorch's format)."""
@@ -136,18 +155,28 @@ class StateDictMixin:
                     missing_keys.append(key)
                 continue
             input_param = state_dict[key]
+            if isinstance(input_param, np.ndarray) or _backend.is_cupy_array(input_param):
+                input_param = Tensor._wrap(input_param)  # NumPy/CuPy arrays load as tensors do
             if not isinstance(input_param, Tensor):
                 error_msgs.append(
                     f'While copying the parameter named "{key}", expected hpcfsdp.Tensor or Tensor-like object '
                     f"from checkpoint but received {type(input_param)}"
                 )
                 continue
+            if param.ndim == 0 and input_param.ndim == 1 and tuple(input_param.shape) == (1,):
+                input_param = input_param[0]  # a 1-element 1-dim value loads into a 0-dim one (PyTorch's rule)
             if tuple(input_param.shape) != tuple(param.shape):
                 error_msgs.append(
                     f"size mismatch for {key}: copying a param with shape {tuple(input_param.shape)} from "
                     f"checkpoint, the shape in current model is {tuple(param.shape)}."
                 )
                 continue
+            if _backend.is_meta_array(param._data) and not _backend.is_meta_array(input_param._data) and not assign:
+                warnings.warn(
+                    f"for {key}: copying from a non-meta parameter in the checkpoint to a meta parameter in the "
+                    "current model, which is a no-op. (Did you mean to pass `assign=True` to assign items in the "
+                    "state dictionary to their corresponding key in the module instead of copying them in place?)",
+                    stacklevel=3)
             try:
                 with _no_grad():
                     if assign:
@@ -165,9 +194,17 @@ class StateDictMixin:
                     f"{tuple(param.shape)} and whose dimensions in the checkpoint are {tuple(input_param.shape)}, "
                     f"an exception occurred : {ex.args}."
                 )
+        extra_key = prefix + _EXTRA_STATE_KEY_SUFFIX
+        if self._has_extra_state():
+            if extra_key in state_dict:
+                self.set_extra_state(state_dict[extra_key])
+            elif strict:
+                missing_keys.append(extra_key)
+        elif strict and extra_key in state_dict:
+            unexpected_keys.append(extra_key)
         if strict:
             for key in state_dict.keys():
-                if key.startswith(prefix):
+                if key.startswith(prefix) and key != extra_key:
                     input_name = key[len(prefix):].split(".", 1)
                     if len(input_name) > 1:
                         if input_name[0] not in self._modules:
