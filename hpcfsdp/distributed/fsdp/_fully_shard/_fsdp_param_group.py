@@ -73,6 +73,7 @@ class FSDPParamGroup:
         self.unshard_in_backward = True
         self.gradient_divide_factor = None
         self.reduce_scatter_unused_params = False
+        self.keep_low_precision_grads = False  # FSDP1 MixedPrecision: sharded grads stay in param_dtype
         self.reduce_scatter_max_input_buffers = 1
         self.unshard_async_op = False
         self._all_gather_comm = None
@@ -374,12 +375,15 @@ class FSDPParamGroup:
             g = local_grad_from(p.rs_layout, out, p.shard_dim)
             if self.offload:
                 g = _backend.to_numpy(g)
-            if g.dtype != p.dtype:
-                g = g.astype(p.dtype)
+            dtype = p.param_dtype if self.keep_low_precision_grads else p.dtype
+            if g.dtype != dtype:
+                g = g.astype(dtype)
             if _CHECK_FINITE:
                 _check_finite(g, p, self)
             sp = p.sharded_param
-            if sp.grad is None:
+            if sp.grad is None and self.keep_low_precision_grads:
+                sp._grad = p.sharded_grad(g)  # a low-precision grad of a full-precision parameter, on purpose
+            elif sp.grad is None:
                 sp.grad = p.sharded_grad(g)
             else:
                 sp.grad._data += g
