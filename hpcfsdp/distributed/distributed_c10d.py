@@ -21,6 +21,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "get_backend",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_process_group_ranks",
@@ -88,13 +89,22 @@ def init_process_group(
 
     ``backend`` is accepted for PyTorch compatibility ("mpi", "nccl", "gloo", ...: all map to
     MPI). ``world_size``/``rank``, when given, must agree with MPI. ``timeout`` sets the
-    collective watchdog (overrides HPCFSDP_COMM_TIMEOUT).
+    collective watchdog (overrides HPCFSDP_COMM_TIMEOUT). ``device_id`` (an int CUDA ordinal,
+    "cuda:N", "cpu" or an hp.device) binds this process to that device: a CUDA device becomes the
+    current one; the group's ``bound_device_id`` records it. ``init_method``, ``store``,
+    ``group_name`` and ``pg_options`` are accepted as PyTorch accepts them; MPI needs no rendezvous,
+    so ``init_method``/``store`` only have their combinations checked.
     """
     global _DEFAULT
     if _DEFAULT is not None:
         raise RuntimeError("trying to initialize the default process group twice")
     if backend is not None and (not isinstance(backend, str) or backend.lower() not in _BACKENDS):
         raise ValueError(f"backend={backend!r}: expected None or one of {sorted(_BACKENDS)} (all run on MPI)")
+    if init_method is not None and store is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    if store is not None and (world_size in (-1, None) or world_size <= 0 or rank in (-1, None) or rank < 0):
+        raise ValueError(f"world_size ({world_size}) and rank ({rank}) must be given when using store")
+    device = _bind_device(device_id)
     MPI = get_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -107,6 +117,46 @@ def init_process_group(
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         _pg.set_default_timeout(secs)
     _DEFAULT = ProcessGroup(comm, name=group_name or "default")
+    _DEFAULT.bound_device_id = device
+
+
+def _bind_device(device_id):
+    """init_process_group's ``device_id`` as a device; a CUDA device becomes the current one."""
+    if device_id is None:
+        return None
+    from hpcfsdp import _backend, accelerator
+
+    if isinstance(device_id, bool):
+        raise TypeError(f"device_id={device_id!r}: expected an int, a device string or an hp.device")
+    dev = _backend.device("cuda", device_id) if isinstance(device_id, int) else _backend.device(device_id)
+    if dev.type == "cuda":
+        if dev.index is None:
+            raise ValueError(f"device_id={device_id!r}: a CUDA device_id needs an index, e.g. 'cuda:0'")
+        if not accelerator.is_available():
+            raise RuntimeError(f"device_id={device_id!r}: no CUDA device is available to this process")
+        accelerator.set_device_index(dev.index)
+    elif dev.type != "cpu":
+        raise ValueError(f"device_id={device_id!r}: expected a CPU or CUDA device")
+    return dev
+
+
+def get_default_backend_for_device(device) -> str:
+    """The backend init_process_group uses for ``device``: "mpi" for "cpu" and "cuda" alike.
+
+    PyTorch answers "gloo" for CPU and "nccl" for CUDA. hpcfsdp has one backend, MPI, for both (CUDA
+    arrays go through CUDA-aware MPI or host staging), so it answers "mpi", which is also what
+    ``get_backend()`` reports and what ``init_process_group`` accepts. Other device types have no
+    backend: ValueError, as PyTorch.
+    """
+    from hpcfsdp import _backend
+
+    try:
+        dev = _backend.device("cuda", device) if isinstance(device, int) else _backend.device(device)
+    except (TypeError, ValueError):
+        raise ValueError(f"Default backend not registered for device : {device}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return "mpi"
 
 
 def _default_group() -> ProcessGroup:

@@ -311,7 +311,7 @@ def _resolve_device(device_id):
         return None
     if isinstance(device_id, bool):
         raise TypeError(f"device_id must be an int or a device, got {device_id!r}")
-    dev = _backend.device("cuda", device_id) if isinstance(device_id, int) else _backend.to_device(device_id)
+    dev = _backend.device("cuda", device_id) if isinstance(device_id, int) else _backend.device(device_id)
     if dev.type == "cuda":
         from ... import accelerator
 
