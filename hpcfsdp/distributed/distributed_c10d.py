@@ -7,6 +7,7 @@ from typing import Any
 
 from hpcfsdp._tensor import Tensor
 from hpcfsdp._backend import is_meta_array
+from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed import process_group as _pg
 from hpcfsdp.distributed._buffers import array_module
 from hpcfsdp.distributed._mpi import get_mpi
@@ -113,6 +114,9 @@ def init_process_group(
         raise ValueError(f"world_size={world_size} but the MPI communicator has {comm.Get_size()} ranks")
     if rank not in (-1, None) and rank != comm.Get_rank():
         raise ValueError(f"rank={rank} but this process is rank {comm.Get_rank()} of the MPI communicator")
+    if comm == MPI.COMM_WORLD:  # the torchrun variables, local ones from the node split (collective)
+        layout = _mpi.node_layout(comm)
+        _mpi.export_rank_env(comm.Get_rank(), comm.Get_size(), layout["local_rank"], layout["local_size"])
     if timeout is not None:
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         _pg.set_default_timeout(secs)
