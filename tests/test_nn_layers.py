@@ -213,6 +213,11 @@ def test_batchnorm_forward_running_stats_and_eval(cls, shape):
     np.testing.assert_allclose(bn(_t(x)).detach().numpy(), ref, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-12)  # eval leaves the statistics alone
     assert bn.num_batches_tracked.item() == 3
+    fresh = cls(C, dtype=hp.float64)
+    old = {k: v for k, v in bn.state_dict().items() if k != "num_batches_tracked"}  # a version-1 state dict
+    fresh.load_state_dict(old)  # strict: the missing num_batches_tracked is filled in, as PyTorch does
+    np.testing.assert_array_equal(fresh.running_var.numpy(), bn.running_var.numpy())
+    assert fresh.num_batches_tracked.item() == 0
 
 
 def test_batchnorm_cumulative_average_and_no_running_stats():
@@ -228,7 +233,14 @@ def test_batchnorm_cumulative_average_and_no_running_stats():
     free.eval()  # no running statistics: eval still normalises with the batch's
     x = RNG.standard_normal((4, 2))
     np.testing.assert_allclose(free(_t(x)).numpy(), _bn_ref(x, 2, None, None, 1e-5)[0], rtol=1e-10, atol=1e-12)
-    assert repr(free) == "BatchNorm1d(2, eps=1e-05, momentum=0.1, affine=False, track_running_stats=False)"
+    assert repr(free) == "BatchNorm1d(2, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False)"
+    nobias = nn.BatchNorm2d(2, bias=False, dtype=hp.float64)
+    assert nobias.bias is None and list(nobias.state_dict()) == ["weight", "running_mean", "running_var",
+                                                                 "num_batches_tracked"]
+    x = RNG.standard_normal((3, 2, 2, 2))
+    with hp.no_grad():
+        nobias.weight.fill_(1.5)
+    np.testing.assert_allclose(nobias(_t(x)).detach().numpy(), 1.5 * _bn_ref(x, 2, None, None, 1e-5)[0], rtol=1e-10)
 
 
 def test_batchnorm_grad_train_and_eval():

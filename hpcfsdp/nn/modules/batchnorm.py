@@ -21,8 +21,10 @@ __all__ = ["BatchNorm1d", "BatchNorm2d"]
 class _NormBase(Module):
     """Parameters and running-statistics buffers shared by the batch-norm layers."""
 
+    _version = 2  # version 2 added num_batches_tracked: older state dicts load without it
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, device=None, dtype=None):
+                 track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True):
         super().__init__()
         import hpcfsdp
 
@@ -37,7 +39,10 @@ class _NormBase(Module):
         self.track_running_stats = track_running_stats
         if affine:
             self.weight = Parameter(hpcfsdp.empty((num_features,), device=device, dtype=dtype))
-            self.bias = Parameter(hpcfsdp.empty((num_features,), device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(hpcfsdp.empty((num_features,), device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -62,14 +67,27 @@ class _NormBase(Module):
         self.reset_running_stats()
         if self.affine:
             init.ones_(self.weight)
-            init.zeros_(self.bias)
+            if self.bias is not None:
+                init.zeros_(self.bias)
 
     def _check_input_dim(self, input):
         raise NotImplementedError
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        version = local_metadata.get("version", None)
+        key = prefix + "num_batches_tracked"
+        if (version is None or version < 2) and self.track_running_stats and key not in state_dict:
+            import hpcfsdp
+
+            cur = self.num_batches_tracked
+            state_dict[key] = cur if not _backend.is_meta_array(cur._data) else hpcfsdp.tensor(0, dtype=_backend.int64)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def extra_repr(self) -> str:
-        return ("{num_features}, eps={eps}, momentum={momentum}, affine={affine}, "
-                "track_running_stats={track_running_stats}".format(**self.__dict__))
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class _BatchNorm(_NormBase):
@@ -108,7 +126,9 @@ class _BatchNorm(_NormBase):
             var = self.running_var.to(input.dtype)
         out = (input - mean.reshape(shape)) / (var.reshape(shape) + self.eps).sqrt()
         if self.weight is not None:
-            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+            out = out * self.weight.reshape(shape)
+        if self.bias is not None:
+            out = out + self.bias.reshape(shape)
         return out
 
 
