@@ -71,6 +71,15 @@ def test_pytorch_constructor_arguments_train_like_the_reference():
     assert fsdp.use_orig_params and not fsdp.limit_all_gathers and fsdp.forward_prefetch
     assert fsdp.compute_device == hp.device("cpu")
     _train_parity(fsdp, ref)
+    if not hp.accelerator.is_available():
+        with pytest.raises(RuntimeError, match="device_id=0: this process sees 0 CUDA device"):
+            FSDP(_blocks(), device_id=0)
+    model = _blocks()
+    kept = FSDP(model, ignored_states=[model.head])
+    assert not isinstance(model.head.weight, DTensor) and isinstance(model.emb.weight, DTensor)
+    assert kept.head is model.head
+    with pytest.raises(ValueError, match="Cannot pass both ignored_modules and ignored_states"):
+        FSDP(_blocks(), ignored_modules=[], ignored_states=[])
 
 
 def test_sync_module_states_broadcasts_rank0_parameters_and_buffers():
@@ -139,6 +148,7 @@ def test_hybrid_shard_process_group_pair(monkeypatch):
     fsdp = FSDP(model, process_group=(shard, replicate), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
                 auto_wrap_policy=_wrap_policy())
     info = model._get_fsdp_state().mesh_info
+    assert info.shard_world_size == 2 and info.replicate_world_size == 2
     assert sorted(info.shard_process_group.world_ranks) == sorted(shard.world_ranks)
     assert sorted(info.replicate_process_group.world_ranks) == sorted(replicate.world_ranks)
     _train_parity(fsdp, _blocks(), steps=2)
@@ -251,3 +261,29 @@ def test_summon_full_params_with_grads_matches_the_reference():
     with pytest.raises(NotImplementedError, match="use_orig_params=False"):
         with FSDP.summon_full_params(FSDP(_blocks()), with_grads=True):
             pass
+
+
+@pytest.mark.mpi(min_size=4)
+def test_hybrid_shard_sync_module_states(monkeypatch):
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
+    _, r = world()
+    fsdp = FSDP(_blocks(seed=50 + r), sharding_strategy=ShardingStrategy.HYBRID_SHARD, sync_module_states=True,
+                auto_wrap_policy=_wrap_policy())
+    _train_parity(fsdp, _blocks(seed=50), steps=2)  # every replica and shard starts from rank 0's weights
+
+
+def test_summon_full_params_keeps_tied_weights_tied():
+    from _fsdp_util import tiny_gpt
+
+    ref = tiny_gpt(tie=True)
+    model = tiny_gpt(tie=True)
+    fsdp = FSDP(model)
+    with FSDP.summon_full_params(fsdp):
+        assert model.lm_head.weight is model.transformer.wte.weight
+        np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(),
+                                      ref.transformer.wte.weight.detach().numpy())
+        with hp.no_grad():
+            model.lm_head.weight.add_(1.0)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    np.testing.assert_allclose(full(model.transformer.wte.weight), ref.transformer.wte.weight.detach().numpy() + 1.0,
+                               rtol=1e-6)
