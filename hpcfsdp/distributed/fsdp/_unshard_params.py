@@ -83,7 +83,7 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
                 new = Parameter(full, requires_grad=p.requires_grad)
                 if with_grads and p.grad is not None:
                     g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                    new.grad = g
+                    new._grad = g  # as the sharded grad: low precision under keep_low_precision_grads
                 full_of[id(p)] = (p, new)
             if show:
                 m._parameters[name] = full_of[id(p)][1]

@@ -329,8 +329,11 @@ def _has_meta(module: Module) -> bool:
 def _materialize_meta(module: Module, param_init_fn, device, ignored: set) -> None:
     """Give modules built on the meta device real storage: ``param_init_fn(m)`` on each module holding meta
     tensors, or else ``to_empty(device)`` and ``reset_parameters()`` (PyTorch's default)."""
-    todo = [m for m in module.modules() if _has_meta(m)
-            and not all(p in ignored for p in m.parameters(recurse=False))]
+    def wanted(m):
+        own = list(m.parameters(recurse=False))
+        return _has_meta(m) and not (own and all(p in ignored for p in own))
+
+    todo = [m for m in module.modules() if wanted(m)]
     if not todo:
         return
     if param_init_fn is not None:
@@ -343,7 +346,7 @@ def _materialize_meta(module: Module, param_init_fn, device, ignored: set) -> No
             reset = getattr(m, "reset_parameters", None)
             if callable(reset):
                 reset()
-    still = [type(m).__name__ for m in module.modules() if _has_meta(m)]
+    still = [type(m).__name__ for m in module.modules() if wanted(m)]
     if still:
         raise RuntimeError(f"FSDP: modules {still} still hold meta tensors after "
                            f"{'param_init_fn' if param_init_fn else 'to_empty/reset_parameters'}")
