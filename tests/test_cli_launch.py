@@ -123,3 +123,17 @@ def test_variables_an_hpcfsdp_process_exported_are_replaced_in_a_new_job():
     assert out.returncode == 0, out.stderr
     assert sorted(line for line in out.stdout.splitlines() if line.startswith("ENV")) == ["ENV 0 2 0 2",
                                                                                          "ENV 1 2 1 2"]
+
+
+@pytest.mark.parametrize("vendor,variables", [
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}),
+    ("mpich", {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}),
+])
+def test_rank_env_wrapper_reads_each_vendors_variables(vendor, variables):
+    for rpn, local in [(None, "1 4"), (2, "1 2"), (3, "2 3")]:
+        argv = launch.rank_env_wrapper(vendor, rpn) + [sys.executable, "-c", _SHOW_RANK_ENV]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_clean_env(**variables))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"ENV 5 8 {local}"
+    assert launch.rank_env_wrapper("unknown") == []

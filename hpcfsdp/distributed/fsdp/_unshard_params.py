@@ -65,9 +65,9 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
                       "OOM. We recommend using offload_to_cpu=True with rank0_only=True.", stacklevel=3)
     states = _states(module, recurse)
     _check_idle(states)
-    for state in states:
-        for group in state._all_param_groups():
-            group.reshard()
+    for m in module.modules():
+        if isinstance(m, FSDPModule) and get_module_fsdp_state(m) in states:
+            m.reshard()
     show = not rank0_only or c10d.get_rank() == 0
     full_of: dict = {}  # id(sharded param) -> (sharded param, full Parameter)
     swapped = []  # (module, name, sharded param)
