@@ -287,3 +287,33 @@ def test_summon_full_params_keeps_tied_weights_tied():
     assert model.lm_head.weight is model.transformer.wte.weight
     np.testing.assert_allclose(full(model.transformer.wte.weight), ref.transformer.wte.weight.detach().numpy() + 1.0,
                                rtol=1e-6)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_disjoint_process_groups_give_independent_fsdp_instances():
+    """Ranks {0, 1} and {2, 3} each shard one model over their own group; each pair matches a reference
+    trained on the pair's global batch."""
+    w, r = world()
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][r // 2]
+    hp.manual_seed(0)
+    ref = Blocks(17)
+    hp.manual_seed(0)
+    model = Blocks(17)
+    fsdp = FSDP(model, process_group=pair, auto_wrap_policy=_wrap_policy())
+    info = model._get_fsdp_state().mesh_info
+    assert info.shard_world_size == 2 and sorted(info.shard_process_group.world_ranks) == [r // 2 * 2,
+                                                                                          r // 2 * 2 + 1]
+    opt = hp.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+    rng = np.random.default_rng(11 + r // 2)  # each pair its own data
+    for _ in range(2):
+        x = rng.integers(0, 17, (4, 5))
+        fsdp(hp.tensor(x[(r % 2) * 2:(r % 2) * 2 + 2])).backward()
+        opt.step()
+        opt.zero_grad()
+        ref(hp.tensor(x)).backward()
+        ropt.step()
+        ropt.zero_grad()
+    refp = dict(ref.named_parameters())
+    for name, p in fsdp.named_parameters():
+        np.testing.assert_allclose(full(p), refp[name].detach().numpy(), atol=2e-5, rtol=2e-4, err_msg=name)

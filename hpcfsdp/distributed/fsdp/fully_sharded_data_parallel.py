@@ -352,8 +352,27 @@ def _materialize_meta(module: Module, param_init_fn, device, ignored: set) -> No
                            f"{'param_init_fn' if param_init_fn else 'to_empty/reset_parameters'}")
 
 
+def _group_rows(group):
+    """Every rank's ``group`` as the rows of a rank array (collective over the default group): one row
+    per distinct group, ordered by first rank; groups must be disjoint and of equal size."""
+    import numpy as np
+
+    from .. import distributed_c10d as c10d
+
+    gathered = [None] * c10d.get_world_size()
+    c10d.all_gather_object(gathered, c10d.get_process_group_ranks(group))
+    rows = sorted({tuple(sorted(r)) for r in gathered})
+    if len({len(r) for r in rows}) != 1 or len({x for r in rows for x in r}) != sum(len(r) for r in rows):
+        raise ValueError(f"process_group: the ranks' groups must be disjoint and of equal size, got "
+                         f"{[list(r) for r in rows]}")
+    return np.array(rows)
+
+
 def _mesh_from_process_group(process_group, strategy: ShardingStrategy, device_type: str):
-    """A DeviceMesh over ``process_group`` (a pair ``(shard_group, replicate_group)`` for HYBRID_SHARD)."""
+    """A DeviceMesh over ``process_group`` (a pair ``(shard_group, replicate_group)`` for HYBRID_SHARD).
+
+    Collective over the default group, like every DeviceMesh here: all ranks construct FSDP together,
+    each with its own group (several disjoint groups give independent FSDP instances)."""
     import numpy as np
 
     from .. import distributed_c10d as c10d
@@ -366,22 +385,20 @@ def _mesh_from_process_group(process_group, strategy: ShardingStrategy, device_t
             raise ValueError(f"{strategy.name} expects process_group to be None or a pair (intra-node shard "
                              f"group, inter-node replicate group), got {process_group!r}")
         shard_pg, replicate_pg = process_group
-        gathered = [None] * c10d.get_world_size()
-        c10d.all_gather_object(gathered, list(shard_pg.world_ranks))
-        groups = sorted({tuple(r) for r in gathered})  # one row per shard group, ordered by first rank
-        if len({len(g) for g in groups}) != 1:
-            raise ValueError(f"process_group: shard groups must have equal sizes, got {[list(g) for g in groups]}")
-        mesh = np.array(groups)  # (replicas, shard size)
+        mesh = _group_rows(shard_pg)  # (replicas, shard size)
         _, j = np.argwhere(mesh == c10d.get_rank())[0]
-        if sorted(mesh[:, j].tolist()) != sorted(replicate_pg.world_ranks):
-            raise ValueError(f"process_group: the replicate group {list(replicate_pg.world_ranks)} must hold this "
-                             f"rank's position in every shard group {mesh.tolist()}")
+        if sorted(mesh[:, j].tolist()) != sorted(c10d.get_process_group_ranks(replicate_pg)):
+            raise ValueError(f"process_group: the replicate group {c10d.get_process_group_ranks(replicate_pg)} "
+                             f"must hold this rank's position in every shard group {mesh.tolist()}")
         return DeviceMesh(device_type, mesh, mesh_dim_names=("replicate", "shard"))
     if not isinstance(process_group, ProcessGroup):
         raise ValueError(f"{strategy.name} expects process_group to be a ProcessGroup or None, got "
                          f"{process_group!r}")
     name = "replicate" if strategy == ShardingStrategy.NO_SHARD else "shard"
-    return DeviceMesh(device_type, np.array(process_group.world_ranks), mesh_dim_names=(name,))
+    rows = _group_rows(process_group)
+    if len(rows) == 1:
+        return DeviceMesh(device_type, rows[0], mesh_dim_names=(name,))
+    return DeviceMesh(device_type, rows, mesh_dim_names=("groups", name))[name]  # this rank's group
 
 
 def _sync_module_states(module: Module, mesh, ignored: set) -> None:
