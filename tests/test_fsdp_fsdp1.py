@@ -202,6 +202,12 @@ def test_buffer_dtype_does_not_change_the_state_dict_and_batchnorm_stays_fp32():
     np.testing.assert_allclose(sd["scale"].numpy(), np.full(4, 1 / 3), rtol=4e-3)
     fsdp.load_state_dict(sd)
     assert model.scale.dtype == hp.bfloat16
+    hp.manual_seed(0)
+    model = _Scaled()  # a _BatchNorm that the auto-wrap policy also picks stays full precision
+    FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.BatchNorm1d}),
+         mixed_precision=MixedPrecision(param_dtype=hp.bfloat16))
+    assert model.bn._get_fsdp_state()._param_group.param_dtype == hp.float32
+    assert model.bn._get_fsdp_state() is not model._get_fsdp_state()
 
 
 def test_summon_full_params_writeback_and_full_precision():

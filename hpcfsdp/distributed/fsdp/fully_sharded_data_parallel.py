@@ -442,7 +442,7 @@ def _shard(module: Module, units: list, mp: MixedPrecision | None, common: dict)
     if mp is not None:
         fp32 = MixedPrecisionPolicy(param_dtype=_backend.float32, cast_forward_inputs=True)
         for m in module.modules():
-            if isinstance(m, mp_ignore) and m not in units and any(True for _ in m.parameters(recurse=False)):
+            if isinstance(m, mp_ignore) and any(True for _ in m.parameters(recurse=False)):
                 fully_shard(m, mp_policy=fp32, **common)
                 _cast_output_to_input_dtype(m)
     for unit in units:
