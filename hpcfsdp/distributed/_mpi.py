@@ -153,8 +153,9 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
         if key in found:
             var, raw = found[key]
             if truth is not None and raw != str(truth):
-                raise RuntimeError(f"{var}={raw} (set by {launcher}) disagrees with MPI: {key} is {truth}; is "
-                                   "mpiexec from the MPI that mpi4py was built against? (`hpcfsdp info`)")
+                raise RuntimeError(f"{var}={raw} (set by {launcher}) disagrees with MPI: {key} is {truth}; does "
+                                   "the launcher (mpiexec, srun --mpi=...) belong to the MPI that mpi4py was built "
+                                   "against? (`hpcfsdp info`)")
             if truth is None and raw.isdigit():
                 truth, source = int(raw), f"{var} of {launcher}"
         if truth is None and k is not None and "RANK" in values and key.startswith("LOCAL"):
