@@ -31,5 +31,5 @@ __all__ = [
 ]
 
 # Submodules above the compute core, imported last: they import the names above.
-from . import nn, optim, models  # noqa: E402,F401
+from . import nn, optim, models, accelerator  # noqa: E402,F401
 from .serialization import load, save  # noqa: E402

@@ -16,13 +16,15 @@ def test_openmpi_as_root_gets_oversubscribe_and_root_variables(monkeypatch):
     argv, env = launch.build_command(4, ["python", "x.py"], mpiexec="/x/mpiexec", vendor="openmpi", env={})
     assert argv[:4] == ["/x/mpiexec", "-n", "4", "--oversubscribe"]
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    assert argv[4:7] == [sys.executable, "-m", "mpi4py"] and argv[-1] == "x.py"
+    assert argv[4:8] == launch.rank_env_wrapper("openmpi")
+    assert argv[8:11] == [sys.executable, "-m", "mpi4py"] and argv[-1] == "x.py"
 
 
 def test_mpich_gets_nothing_extra(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     argv, env = launch.build_command(2, ["/usr/bin/python3", "-c", "pass"], mpiexec="m", vendor="mpich", env={})
-    assert argv == ["m", "-n", "2", "-print-all-exitcodes", "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
+    assert argv == ["m", "-n", "2", "-print-all-exitcodes", *launch.rank_env_wrapper("mpich"),
+                    "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
 
 
@@ -84,3 +86,54 @@ def test_ranks_per_node_reaches_the_ranks():
 def test_help_of_every_command():
     out = subprocess.run(HPC + ["launch", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--ranks-per-node" in out.stdout
+
+
+_SHOW_RANK_ENV = ("import os; os.write(1, ('ENV %s %s %s %s\\n' % tuple(os.environ.get(k) for k in "
+                  "('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE'))).encode())")
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("rpn,local", [(None, ["0 2", "1 2"]), ("1", ["0 1", "0 1"])])
+def test_launched_command_sees_torchrun_variables_before_any_import(rpn, local):
+    opts = ["--ranks-per-node", rpn] if rpn else []
+    out = subprocess.run(HPC + ["launch", "-n", "2", *opts, "--", "python", "-c", _SHOW_RANK_ENV],
+                         capture_output=True, text=True, timeout=60, env=_clean_env())
+    assert out.returncode == 0, out.stderr
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("ENV"))
+    assert lines == [f"ENV 0 2 {local[0]}", f"ENV 1 2 {local[1]}"]
+
+
+def test_user_rank_that_disagrees_with_mpi_is_an_error():
+    out = subprocess.run(HPC + ["launch", "-n", "2", "--", "python", "-c", "import hpcfsdp.distributed"],
+                         capture_output=True, text=True, timeout=60, env=_clean_env(RANK="7"))
+    assert out.returncode != 0
+    assert "RANK=7 in the environment disagrees with PMI_RANK of MPICH/Hydra: this process has RANK=0" in out.stderr
+
+
+def test_variables_an_hpcfsdp_process_exported_are_replaced_in_a_new_job():
+    env = _clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", HPCFSDP_RANK_ENV_PID="1")
+    out = subprocess.run(HPC + ["launch", "-n", "2", "--", "python", "-c", _SHOW_RANK_ENV],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert sorted(line for line in out.stdout.splitlines() if line.startswith("ENV")) == ["ENV 0 2 0 2",
+                                                                                         "ENV 1 2 1 2"]
+
+
+@pytest.mark.parametrize("vendor,variables", [
+    ("openmpi", {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}),
+    ("mpich", {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}),
+])
+def test_rank_env_wrapper_reads_each_vendors_variables(vendor, variables):
+    for rpn, local in [(None, "1 4"), (2, "1 2"), (3, "2 3")]:
+        argv = launch.rank_env_wrapper(vendor, rpn) + [sys.executable, "-c", _SHOW_RANK_ENV]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_clean_env(**variables))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"ENV 5 8 {local}"
+    assert launch.rank_env_wrapper("unknown") == []

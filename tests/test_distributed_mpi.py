@@ -107,3 +107,81 @@ def test_node_layout_real_and_simulated(monkeypatch):
     sim2 = _mpi.probe()
     assert sim2["num_nodes"] == (n + 1) // 2 and sim2["local_rank"] == me % 2
     assert sim2["node_of_rank"] == [r // 2 for r in range(n)] and sim2["node_major"] is True
+
+
+_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID", "HPCFSDP_RANKS_PER_NODE",
+              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+              "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+              "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID")
+
+
+@pytest.fixture
+def rank_env(monkeypatch):
+    """No torchrun or launcher variable set; whatever the test sets is undone afterwards."""
+    for name in _ENV_NAMES:
+        monkeypatch.setenv(name, "x")  # recorded, so teardown restores the original (or removes it)
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _rank_vars():
+    import os
+
+    return tuple(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+
+
+def test_rank_env_from_each_launcher(rank_env):
+    rank_env.setenv("OMPI_COMM_WORLD_RANK", "3")
+    rank_env.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    rank_env.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    rank_env.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    rank_env.setenv("SLURM_PROCID", "0")  # an enclosing batch step's: the first launcher found wins
+    assert _mpi.export_rank_env() == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    for name in _ENV_NAMES:
+        rank_env.delenv(name, raising=False)
+    rank_env.setenv("SLURM_PROCID", "5")
+    assert _mpi.export_rank_env() == {}  # Slurm's variables count only inside an srun step
+    rank_env.setenv("SLURM_STEP_NUM_TASKS", "6")
+    rank_env.setenv("SLURM_LOCALID", "1")
+    assert _rank_vars() == (None, None, None, None)
+    _mpi.export_rank_env()
+    assert _rank_vars() == ("5", "6", "1", None)
+    rank_env.setenv("HPCFSDP_RANKS_PER_NODE", "4")  # simulated nodes: local values from the rank
+    _mpi.export_rank_env()
+    assert _rank_vars() == ("5", "6", "1", "4")
+
+
+def test_rank_env_checks_against_mpi_and_the_user(rank_env):
+    import os
+
+    rank_env.setenv("PMI_RANK", "1")
+    rank_env.setenv("PMI_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"PMI_RANK=1 \(set by MPICH/Hydra\) disagrees with MPI: RANK is 0"):
+        _mpi.export_rank_env(0, 2)
+    rank_env.setenv("RANK", "0")  # set by the user
+    with pytest.raises(RuntimeError, match="RANK=0 in the environment disagrees with PMI_RANK of MPICH/Hydra: "
+                                           "this process has RANK=1"):
+        _mpi.export_rank_env()
+    rank_env.delenv("PMI_RANK")
+    rank_env.delenv("PMI_SIZE")
+    rank_env.setenv("LOCAL_RANK", "2")
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=2 in the environment disagrees with MPI: this process has "
+                                           "LOCAL_RANK=0"):
+        _mpi.export_rank_env(0, 4, 0, 4)
+    rank_env.setenv("HPCFSDP_RANK_ENV_PID", str(os.getpid() + 1))  # exported by a parent process: replaced
+    assert _mpi.export_rank_env(0, 4, 0, 4) == {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                                                "LOCAL_WORLD_SIZE": "4"}
+    assert os.environ["HPCFSDP_RANK_ENV_PID"] == str(os.getpid())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_env_of_a_launched_job_matches_mpi():
+    import os
+
+    import hpcfsdp.distributed as dist
+
+    dist.barrier()  # the default group exists: every variable is set and checked
+    lay = _mpi.node_layout()
+    assert _rank_vars() == (str(dist.get_rank()), str(dist.get_world_size()), str(lay["local_rank"]),
+                            str(lay["local_size"]))
+    assert os.environ["HPCFSDP_RANK_ENV_PID"] == str(os.getpid())

@@ -105,7 +105,8 @@ def test_parameter_memory_per_strategy():
 
 def test_mixed_precision_bf16_with_fp32_norms():
     w, _ = world()
-    mp = MixedPrecision(param_dtype=hp.bfloat16, reduce_dtype=hp.float32, buffer_dtype=hp.bfloat16)
+    mp = MixedPrecision(param_dtype=hp.bfloat16, reduce_dtype=hp.float32, buffer_dtype=hp.bfloat16,
+                        _module_classes_to_ignore=(hp.nn.LayerNorm,))
     model = tiny_gpt()
     fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp)
     ref = tiny_gpt()

@@ -170,3 +170,97 @@ def test_cross_entropy_and_mse_losses():
 def test_sequential_mlp_grad():
     mlp = nn.Sequential(nn.Linear(3, 4, dtype=hp.float64), nn.Tanh(), nn.Linear(4, 2, dtype=hp.float64))
     _check_grads(mlp, RNG.standard_normal((2, 3)))
+
+
+def _bn_ref(x, C, weight, bias, eps):
+    """NumPy float64 batch norm of (N, C, *) with batch statistics; returns (out, mean, biased var, n)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    out = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps)
+    if weight is not None:
+        out = out * weight.reshape(shape) + bias.reshape(shape)
+    return out, mean, var, x.size // C
+
+
+@pytest.mark.parametrize("cls,shape", [(nn.BatchNorm1d, (6, 3)), (nn.BatchNorm1d, (4, 3, 5)),
+                                       (nn.BatchNorm2d, (3, 3, 2, 4))])
+def test_batchnorm_forward_running_stats_and_eval(cls, shape):
+    C = shape[1]
+    bn = cls(C, eps=1e-3, momentum=0.3, dtype=hp.float64)
+    assert isinstance(bn, nn.modules.batchnorm._BatchNorm)
+    assert sorted(dict(bn.named_buffers())) == ["num_batches_tracked", "running_mean", "running_var"]
+    assert sorted(dict(bn.named_parameters())) == ["bias", "weight"]
+    assert list(bn.state_dict()) == ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+    with hp.no_grad():
+        bn.weight.copy_(_t(RNG.uniform(0.5, 2.0, C)))
+        bn.bias.copy_(_t(RNG.standard_normal(C)))
+    w, b = bn.weight.detach().numpy(), bn.bias.detach().numpy()
+    rm, rv = np.zeros(C), np.ones(C)
+    for step in range(3):
+        x = RNG.standard_normal(shape) * 2 + 1
+        out, mean, var, n = _bn_ref(x, C, w, b, 1e-3)
+        np.testing.assert_allclose(bn(_t(x)).detach().numpy(), out, rtol=1e-10, atol=1e-12)
+        rm = 0.7 * rm + 0.3 * mean
+        rv = 0.7 * rv + 0.3 * var * n / (n - 1)  # the running variance takes the unbiased batch variance
+        np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-12)
+        np.testing.assert_allclose(bn.running_var.numpy(), rv, rtol=1e-12)
+        assert bn.num_batches_tracked.item() == step + 1
+    bn.eval()
+    x = RNG.standard_normal(shape)
+    sh = (1, C) + (1,) * (len(shape) - 2)
+    ref = (x - rm.reshape(sh)) / np.sqrt(rv.reshape(sh) + 1e-3) * w.reshape(sh) + b.reshape(sh)
+    np.testing.assert_allclose(bn(_t(x)).detach().numpy(), ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-12)  # eval leaves the statistics alone
+    assert bn.num_batches_tracked.item() == 3
+    fresh = cls(C, dtype=hp.float64)
+    old = {k: v for k, v in bn.state_dict().items() if k != "num_batches_tracked"}  # a version-1 state dict
+    fresh.load_state_dict(old)  # strict: the missing num_batches_tracked is filled in, as PyTorch does
+    np.testing.assert_array_equal(fresh.running_var.numpy(), bn.running_var.numpy())
+    assert fresh.num_batches_tracked.item() == 0
+
+
+def test_batchnorm_cumulative_average_and_no_running_stats():
+    bn = nn.BatchNorm1d(2, momentum=None, dtype=hp.float64)
+    xs = [RNG.standard_normal((5, 2)) for _ in range(3)]
+    for x in xs:
+        bn(_t(x))
+    np.testing.assert_allclose(bn.running_mean.numpy(), np.mean([x.mean(0) for x in xs], axis=0), rtol=1e-12)
+    # momentum=None: the running statistics are the plain average over the batches seen
+    np.testing.assert_allclose(bn.running_var.numpy(), np.mean([x.var(0, ddof=1) for x in xs], axis=0), rtol=1e-12)
+    free = nn.BatchNorm1d(2, affine=False, track_running_stats=False, dtype=hp.float64)
+    assert free.weight is None and free.running_mean is None and dict(free.named_buffers()) == {}
+    free.eval()  # no running statistics: eval still normalises with the batch's
+    x = RNG.standard_normal((4, 2))
+    np.testing.assert_allclose(free(_t(x)).numpy(), _bn_ref(x, 2, None, None, 1e-5)[0], rtol=1e-10, atol=1e-12)
+    assert repr(free) == "BatchNorm1d(2, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False)"
+    nobias = nn.BatchNorm2d(2, bias=False, dtype=hp.float64)
+    assert nobias.bias is None and list(nobias.state_dict()) == ["weight", "running_mean", "running_var",
+                                                                 "num_batches_tracked"]
+    x = RNG.standard_normal((3, 2, 2, 2))
+    with hp.no_grad():
+        nobias.weight.fill_(1.5)
+    np.testing.assert_allclose(nobias(_t(x)).detach().numpy(), 1.5 * _bn_ref(x, 2, None, None, 1e-5)[0], rtol=1e-10)
+
+
+def test_batchnorm_grad_train_and_eval():
+    bn = nn.BatchNorm2d(3, dtype=hp.float64)
+    with hp.no_grad():
+        bn.weight.copy_(_t(RNG.uniform(0.5, 2.0, 3)))
+        bn.bias.copy_(_t(RNG.standard_normal(3)))
+    _check_grads(bn, RNG.standard_normal((2, 3, 2, 2)))
+    _check_grads(nn.BatchNorm1d(4, dtype=hp.float64), RNG.standard_normal((3, 4, 2)))
+    bn.eval()
+    bn.zero_grad()
+    _check_grads(bn, RNG.standard_normal((2, 3, 2, 2)))
+
+
+def test_batchnorm_bad_input():
+    with pytest.raises(ValueError, match=r"expected 4D input \(got 3D input\)"):
+        nn.BatchNorm2d(3)(hp.randn(2, 3, 4))
+    with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 4D input\)"):
+        nn.BatchNorm1d(3)(hp.randn(2, 3, 4, 4))
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        nn.BatchNorm1d(3)(hp.randn(1, 3))
+    with pytest.raises(ValueError, match="expected 3 channels"):
+        nn.BatchNorm1d(3)(hp.randn(4, 5))

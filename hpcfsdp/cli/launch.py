@@ -9,6 +9,13 @@ MPICH's Hydra needs neither (it is asked to print every rank's exit code, so a r
 without a word is still named). Python programs run under `python -m mpi4py`, which calls
 `MPI_Abort` on an uncaught exception, so one failing rank ends the whole job instead of leaving the
 others blocked in a collective. `--timeout` kills the whole process group after S seconds.
+
+Every rank's command runs under a tiny `sh` wrapper that exports RANK, WORLD_SIZE, LOCAL_RANK and
+LOCAL_WORLD_SIZE from the variables this mpiexec gives each rank (MPICH's PMI_RANK, Open MPI's
+OMPI_COMM_WORLD_*; with --ranks-per-node K, local = rank % K), so a torchrun-style script finds them
+before it imports anything. Values the user set are kept, and hpcfsdp checks them against MPI when it
+starts (see [Note: torchrun variables] in distributed/_mpi.py); values an hpcfsdp process exported to
+its own environment and this launcher inherited are dropped.
 """
 
 import argparse
@@ -18,7 +25,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch"]
+__all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper"]
 
 _EXTRAS_HINT = (
     "no `mpiexec` found next to {python} or on PATH; install an MPI: "
@@ -79,6 +86,26 @@ def _is_python(arg: str) -> bool:
     return base.startswith("python") and not base.endswith((".py", "-config"))
 
 
+_RANK_SOURCES = {  # vendor -> its per-rank (rank, size, local rank, local size) variables
+    "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+}
+
+
+def rank_env_wrapper(vendor, ranks_per_node=None) -> list:
+    """argv prefix that exports the torchrun variables of each rank, then execs the command ([] when the
+    vendor's variables are unknown: hpcfsdp then sets them when it initialises MPI)."""
+    if vendor not in _RANK_SOURCES:
+        return []
+    r, n, lr, ln = _RANK_SOURCES[vendor]
+    local = (f'"${{LOCAL_RANK=$(({r} % {ranks_per_node}))}}" "${{LOCAL_WORLD_SIZE={ranks_per_node}}}"'
+             if ranks_per_node else f'"${{LOCAL_RANK=${lr}}}" "${{LOCAL_WORLD_SIZE=${ln}}}"')
+    script = (f': "${{RANK=${r}}}" "${{WORLD_SIZE=${n}}}" {local}; '
+              'export RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE HPCFSDP_RANK_ENV_PID=$$; exec "$@"')
+    return [shutil.which("sh") or "/bin/sh", "-c", script, "hpcfsdp-rank-env"]
+
+
 def build_command(nprocs, cmd, *, mpiexec, vendor, env):
     """The argv and environment that run `cmd` on `nprocs` ranks."""
     if nprocs < 1:
@@ -94,6 +121,11 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
         cmd = [cmd[0], "-m", "mpi4py", *cmd[1:]]
     argv = [mpiexec, "-n", str(nprocs)]
     env = dict(env)
+    if "HPCFSDP_RANK_ENV_PID" in env:  # exported by an hpcfsdp process for itself: not this job's values
+        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID"):
+            env.pop(var, None)
+    k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
+    cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
     if vendor == "mpich":
         argv.append("-print-all-exitcodes")  # Hydra then prints every rank's exit status: names the one that died
     if vendor == "openmpi":

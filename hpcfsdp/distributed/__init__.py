@@ -1,5 +1,6 @@
 """MPI-backed torch.distributed: process groups, collectives, device meshes (``import hpcfsdp.distributed as dist``)."""
 
+from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed.device_mesh import DeviceMesh, init_device_mesh
 from hpcfsdp.distributed.distributed_c10d import (
     GroupMember,
@@ -12,6 +13,7 @@ from hpcfsdp.distributed.distributed_c10d import (
     broadcast_object_list,
     destroy_process_group,
     get_backend,
+    get_default_backend_for_device,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
@@ -49,6 +51,7 @@ __all__ = [
     "collective_counts",
     "destroy_process_group",
     "get_backend",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_process_group_ranks",
@@ -64,3 +67,5 @@ __all__ = [
     "reduce_scatter_tensor",
     "reset_collective_counts",
 ]
+
+_mpi.export_rank_env()  # RANK, WORLD_SIZE, ... from the launcher's variables, before MPI starts

@@ -23,6 +23,7 @@ __all__ = [
     "set_default_timeout",
     "progress_mode",
     "inline_enabled",
+    "export_rank_env",
 ]
 
 # [Note: MPI thread level]
@@ -59,6 +60,7 @@ def init_mpi():
     if not MPI.Is_initialized():  # rc.initialize=False set by the user: initialise ourselves
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     _MPI = MPI
+    export_rank_env(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())  # See [Note: torchrun variables]
     return MPI
 
 
@@ -106,6 +108,69 @@ def vendor() -> tuple[str, str]:
         name = "other"
     version = ".".join(str(v) for v in ver) if ver else lib.splitlines()[0].strip() if lib else ""
     return name, version
+
+
+# [Note: torchrun variables]
+# Scripts written for torchrun read RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE. hpcfsdp sets them
+# in three places, each filling what it knows and checking what is already there: at
+# ``import hpcfsdp.distributed`` from the launcher's own variables (no MPI call: a script that reads
+# them right after its imports finds them), when MPI is initialised (rank and size from COMM_WORLD), and
+# when the default process group is created over COMM_WORLD (local values from the node split, a
+# collective). `hpcfsdp launch` exports them before the command starts. The launcher's variables are
+# those of the first launcher found below (Slurm's only inside an srun step, and last: an mpiexec in a
+# batch job inherits the batch step's SLURM_PROCID); with HPCFSDP_RANKS_PER_NODE its local values are
+# not used. HPCFSDP_RANK_ENV_PID names the process that set the variables: a child process (a job
+# started from a training script) finds another pid there and replaces the inherited values instead
+# of rejecting them; values a user set (no marker) that disagree raise.
+_LAUNCHERS = (  # (launcher, rank, size, local rank, local size)
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
+)
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_RANK_ENV_PID = "HPCFSDP_RANK_ENV_PID"
+
+
+def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_size=None) -> dict:
+    """Set the torchrun variables from MPI's values (None: unknown) and the launcher's; see
+    [Note: torchrun variables]. A launcher's variable, or one the user set, that disagrees with MPI (or
+    with the launcher) raises RuntimeError. Returns the values set."""
+    mpi = dict(zip(_RANK_VARS, (rank, world_size, local_rank, local_world_size)))
+    k = _ranks_per_node_override()
+    launcher, found = None, {}
+    for name, *variables in _LAUNCHERS:
+        if variables[0] in os.environ and variables[1] in os.environ:
+            launcher = name
+            for key, var in zip(_RANK_VARS, variables):
+                if var and var in os.environ and not (k is not None and key.startswith("LOCAL")):
+                    found[key] = (var, os.environ[var].strip())
+            break
+    if os.environ.get(_RANK_ENV_PID, str(os.getpid())) != str(os.getpid()):  # a parent's: stale here
+        for key in (*_RANK_VARS, _RANK_ENV_PID):
+            os.environ.pop(key, None)
+    values = {}
+    for key in _RANK_VARS:
+        truth, source = mpi[key], "MPI"
+        if key in found:
+            var, raw = found[key]
+            if truth is not None and raw != str(truth):
+                raise RuntimeError(f"{var}={raw} (set by {launcher}) disagrees with MPI: {key} is {truth}; does "
+                                   "the launcher (mpiexec, srun --mpi=...) belong to the MPI that mpi4py was built "
+                                   "against? (`hpcfsdp info`)")
+            if truth is None and raw.isdigit():
+                truth, source = int(raw), f"{var} of {launcher}"
+        if truth is None and k is not None and "RANK" in values and key.startswith("LOCAL"):
+            truth = int(values["RANK"]) % k if key == "LOCAL_RANK" else k  # simulated nodes of k ranks
+        user = os.environ.get(key)
+        if user is not None and truth is not None and user.strip() != str(truth):
+            raise RuntimeError(f"{key}={user} in the environment disagrees with {source}: this process has "
+                               f"{key}={truth}; unset {key} or launch with matching values")
+        if truth is not None:
+            values[key] = os.environ[key] = str(truth)
+    if values:
+        os.environ[_RANK_ENV_PID] = str(os.getpid())
+    return values
 
 
 def _ranks_per_node_override() -> int | None:

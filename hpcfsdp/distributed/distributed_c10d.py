@@ -7,6 +7,7 @@ from typing import Any
 
 from hpcfsdp._tensor import Tensor
 from hpcfsdp._backend import is_meta_array
+from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed import process_group as _pg
 from hpcfsdp.distributed._buffers import array_module
 from hpcfsdp.distributed._mpi import get_mpi
@@ -21,6 +22,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "get_backend",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_process_group_ranks",
@@ -88,13 +90,22 @@ def init_process_group(
 
     ``backend`` is accepted for PyTorch compatibility ("mpi", "nccl", "gloo", ...: all map to
     MPI). ``world_size``/``rank``, when given, must agree with MPI. ``timeout`` sets the
-    collective watchdog (overrides HPCFSDP_COMM_TIMEOUT).
+    collective watchdog (overrides HPCFSDP_COMM_TIMEOUT). ``device_id`` (an int CUDA ordinal,
+    "cuda:N", "cpu" or an hp.device) binds this process to that device: a CUDA device becomes the
+    current one; the group's ``bound_device_id`` records it. ``init_method``, ``store``,
+    ``group_name`` and ``pg_options`` are accepted as PyTorch accepts them; MPI needs no rendezvous,
+    so ``init_method``/``store`` only have their combinations checked.
     """
     global _DEFAULT
     if _DEFAULT is not None:
         raise RuntimeError("trying to initialize the default process group twice")
     if backend is not None and (not isinstance(backend, str) or backend.lower() not in _BACKENDS):
         raise ValueError(f"backend={backend!r}: expected None or one of {sorted(_BACKENDS)} (all run on MPI)")
+    if init_method is not None and store is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    if store is not None and (world_size in (-1, None) or world_size <= 0 or rank in (-1, None) or rank < 0):
+        raise ValueError(f"world_size ({world_size}) and rank ({rank}) must be given when using store")
+    device = _bind_device(device_id)
     MPI = get_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -103,10 +114,53 @@ def init_process_group(
         raise ValueError(f"world_size={world_size} but the MPI communicator has {comm.Get_size()} ranks")
     if rank not in (-1, None) and rank != comm.Get_rank():
         raise ValueError(f"rank={rank} but this process is rank {comm.Get_rank()} of the MPI communicator")
+    if comm == MPI.COMM_WORLD:  # the torchrun variables, local ones from the node split (collective)
+        layout = _mpi.node_layout(comm)
+        _mpi.export_rank_env(comm.Get_rank(), comm.Get_size(), layout["local_rank"], layout["local_size"])
     if timeout is not None:
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         _pg.set_default_timeout(secs)
     _DEFAULT = ProcessGroup(comm, name=group_name or "default")
+    _DEFAULT.bound_device_id = device
+
+
+def _bind_device(device_id):
+    """init_process_group's ``device_id`` as a device; a CUDA device becomes the current one."""
+    if device_id is None:
+        return None
+    from hpcfsdp import _backend, accelerator
+
+    if isinstance(device_id, bool):
+        raise TypeError(f"device_id={device_id!r}: expected an int, a device string or an hp.device")
+    dev = _backend.device("cuda", device_id) if isinstance(device_id, int) else _backend.device(device_id)
+    if dev.type == "cuda":
+        if dev.index is None:
+            raise ValueError(f"device_id={device_id!r}: a CUDA device_id needs an index, e.g. 'cuda:0'")
+        if not accelerator.is_available():
+            raise RuntimeError(f"device_id={device_id!r}: no CUDA device is available to this process")
+        accelerator.set_device_index(dev.index)
+    elif dev.type != "cpu":
+        raise ValueError(f"device_id={device_id!r}: expected a CPU or CUDA device")
+    return dev
+
+
+def get_default_backend_for_device(device) -> str:
+    """The backend init_process_group uses for ``device``: "mpi" for "cpu" and "cuda" alike.
+
+    PyTorch answers "gloo" for CPU and "nccl" for CUDA. hpcfsdp has one backend, MPI, for both (CUDA
+    arrays go through CUDA-aware MPI or host staging), so it answers "mpi", which is also what
+    ``get_backend()`` reports and what ``init_process_group`` accepts. Other device types have no
+    backend: ValueError, as PyTorch.
+    """
+    from hpcfsdp import _backend
+
+    try:
+        dev = _backend.device("cuda", device) if isinstance(device, int) else _backend.device(device)
+    except (TypeError, ValueError):
+        raise ValueError(f"Default backend not registered for device : {device}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"Default backend not registered for device : {device}")
+    return "mpi"
 
 
 def _default_group() -> ProcessGroup:

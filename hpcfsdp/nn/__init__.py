@@ -2,12 +2,13 @@
 from hpcfsdp.nn.parameter import Parameter  # noqa: I001  (Parameter first: modules import it)
 from hpcfsdp.nn import functional, init
 from hpcfsdp.nn.modules import (
-    GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, Module, ModuleDict, ModuleList,
-    MSELoss, ReLU, Sequential, Tanh,
+    BatchNorm1d, BatchNorm2d, GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, Module,
+    ModuleDict, ModuleList, MSELoss, ReLU, Sequential, Tanh,
 )
 from hpcfsdp.nn import utils
 
 __all__ = [
-    "Parameter", "Module", "Linear", "Identity", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh",
+    "Parameter", "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout",
+    "GELU", "ReLU", "Tanh",
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
 ]

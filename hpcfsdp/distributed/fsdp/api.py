@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from ...nn.modules.normalization import LayerNorm
+from ...nn.modules.batchnorm import _BatchNorm
 
 __all__ = [
     "ShardingStrategy",
@@ -46,8 +46,8 @@ class MixedPrecision:
     keep_low_precision_grads: bool = False
     cast_forward_inputs: bool = False
     cast_root_forward_inputs: bool = True
-    # hpcfsdp has no batch norm; normalisation layers are what users keep in full precision.
-    _module_classes_to_ignore: Sequence[type] = (LayerNorm,)
+    # Modules of these classes keep full precision (their own FSDP unit, buffers uncast).
+    _module_classes_to_ignore: Sequence[type] = (_BatchNorm,)
 
 
 @dataclass

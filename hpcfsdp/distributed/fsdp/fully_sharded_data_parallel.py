@@ -3,7 +3,7 @@ offload, prefetch, no_sync, summon_full_params, clip_grad_norm_ and the state-di
 
 import contextlib
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ... import _backend
 from ..._tensor import Tensor
@@ -17,8 +17,8 @@ from ._fully_shard import (
     OffloadPolicy,
     fully_shard,
 )
-from ._fully_shard._fsdp_common import get_module_fsdp_state
 from ._strategy import strategy_kwargs, strategy_mesh
+from ._unshard_params import summon_full_params as _summon_full_params
 from .api import (
     BackwardPrefetch,
     CPUOffload,
@@ -45,98 +45,101 @@ _DEFAULT_CONFIGS = {
     StateDictType.SHARDED_STATE_DICT: (ShardedStateDictConfig, ShardedOptimStateDictConfig),
 }
 
+_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
-def _mp_policy(mp: MixedPrecision | None, cast_inputs: bool) -> MixedPrecisionPolicy | None:
-    if mp is None:
-        return None
-    if not isinstance(mp, MixedPrecision):
-        raise TypeError(f"mixed_precision must be a MixedPrecision, got {type(mp).__name__}")
-    return MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                                cast_forward_inputs=bool(cast_inputs and mp.param_dtype is not None))
+# [Note: FSDP1 on fully_shard]
+# FullyShardedDataParallel is a thin wrapper: every auto-wrapped submodule and then the wrapped module
+# itself become fully_shard units, and the wrapped module keeps its own parameter names (no
+# ``_fsdp_wrapped_module.`` prefix). Parameters are always the original ones, sharded as DTensors (what
+# PyTorch calls use_orig_params=True); ``use_orig_params=False`` is accepted and behaves the same,
+# since there is no flat parameter to expose. ``limit_all_gathers`` is accepted: an unit's all-gather
+# is only issued one unit ahead (prefetch) and every collective of a process runs in order on one
+# communication thread, so at most two units are unsharded at once either way. ``sync_module_states``
+# broadcasts rank 0's parameters and buffers before sharding, on CPU too (PyTorch needs a GPU for it).
 
 
 class FullyShardedDataParallel(Module):
     """Wraps ``module`` and shards it with :func:`fully_shard`: each auto-wrapped submodule becomes a unit,
-    then the root. Parameter and state-dict names are the wrapped module's own (no prefix)."""
+    then the root. Parameter and state-dict names are the wrapped module's own (no prefix); attributes
+    and items the wrapper lacks are looked up on the wrapped module. See [Note: FSDP1 on fully_shard].
+
+    ``process_group``: a ProcessGroup to shard over, or for HYBRID_SHARD a pair ``(shard_group,
+    replicate_group)`` (intra-node, inter-node); not together with ``device_mesh``. ``device_id``: the
+    device (int: CUDA ordinal) the module is moved to before sharding. ``param_init_fn(module)`` is
+    called on every submodule holding meta parameters or buffers (without it, such modules are
+    ``to_empty``'d and ``reset_parameters()``'d). ``sync_module_states``: parameters and buffers start
+    equal to rank 0's on every rank (a broadcast at wrap time; works on CPU, unlike PyTorch's).
+    """
 
     def __init__(
         self,
         module: Module,
-        *,
-        sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
-        auto_wrap_policy: Any = None,
-        mixed_precision: MixedPrecision | None = None,
+        process_group: Any = None,
+        sharding_strategy: ShardingStrategy | None = None,
         cpu_offload: CPUOffload | None = None,
+        auto_wrap_policy: Any = None,
         backward_prefetch: BackwardPrefetch | None = BackwardPrefetch.BACKWARD_PRE,
-        forward_prefetch: bool = False,
-        device_mesh: Any = None,
+        mixed_precision: MixedPrecision | None = None,
         ignored_modules: Iterable[Module] | None = None,
+        param_init_fn: Callable[[Module], None] | None = None,
+        device_id: Any = None,
+        sync_module_states: bool = False,
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = False,
+        ignored_states: Iterable[Any] | None = None,
+        device_mesh: Any = None,
     ):
         super().__init__()
-        if not isinstance(module, Module):
-            raise TypeError(f"FullyShardedDataParallel expects an nn.Module, got {type(module).__name__}")
-        if isinstance(module, FSDPModule):
-            raise RuntimeError("module is already managed by fully_shard / FullyShardedDataParallel")
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-            raise TypeError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
-        if cpu_offload is not None and not isinstance(cpu_offload, CPUOffload):
-            raise TypeError(f"cpu_offload must be a CPUOffload, got {type(cpu_offload).__name__}")
-        if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
-            raise TypeError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
+        sharding_strategy = ShardingStrategy.FULL_SHARD if sharding_strategy is None else sharding_strategy
+        _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
+                    device_mesh, sharding_strategy)
+        ignored = _ignored_params(ignored_modules, ignored_states)
+        device = _resolve_device(device_id)
+        _materialize_meta(module, param_init_fn, device, ignored)
+        if device is not None:
+            module.to(device)
         device_type = "cuda" if any(p.device.type == "cuda" for p in module.parameters()) else "cpu"
-        mesh, dims = strategy_mesh(sharding_strategy, device_type, device_mesh)
-        ignored = set()
-        for m in ignored_modules or ():
-            ignored.update(m.parameters())
+        mesh = _mesh_from_process_group(process_group, sharding_strategy, device_type) \
+            if process_group is not None else device_mesh
+        mesh, dims = strategy_mesh(sharding_strategy, device_type, mesh)
+        if sync_module_states:
+            _sync_module_states(module, mesh, ignored)
         offload: OffloadPolicy = CPUOffloadPolicy() if cpu_offload and cpu_offload.offload_params else OffloadPolicy()
         common = dict(mesh=mesh, dp_mesh_dims=dims, offload_policy=offload, ignored_params=ignored or None,
                       **strategy_kwargs(sharding_strategy))
-        units = []
-        if auto_wrap_policy is not None:
-            units = select_units(module, auto_wrap_policy, {id(p) for p in ignored})
-            if not units:
-                warnings.warn(f"auto_wrap_policy {auto_wrap_policy!r} wrapped no submodule of "
-                              f"{type(module).__name__}: the whole model is one FSDP unit, so every rank "
-                              "all-gathers all parameters at once", stacklevel=2)
-        mp_ignore = tuple(mixed_precision._module_classes_to_ignore) if mixed_precision else ()
-        if mixed_precision is not None:
-            # Modules of the ignored classes (normalisation layers) keep full precision: units of their own.
-            fp32 = MixedPrecisionPolicy(param_dtype=_backend.float32, cast_forward_inputs=True)
-            for m in module.modules():
-                if isinstance(m, mp_ignore) and m not in units and any(True for _ in m.parameters(recurse=False)):
-                    fully_shard(m, mp_policy=fp32, **common)
-                    _cast_output_to_input_dtype(m)
-        for unit in units:
-            if not isinstance(unit, mp_ignore):
-                fully_shard(unit, mp_policy=_mp_policy(mixed_precision, mixed_precision and
-                                                       mixed_precision.cast_forward_inputs), **common)
-        fully_shard(module, mp_policy=_mp_policy(mixed_precision, mixed_precision and
-                                                 mixed_precision.cast_root_forward_inputs), **common)
-        if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
-            bdt = _backend.to_dtype(mixed_precision.buffer_dtype)
-            for m in module.modules():
-                for name, b in m._buffers.items():
-                    if b is not None and _backend.is_floating_dtype(b.dtype):
-                        m._buffers[name] = b.to(dtype=bdt)
+        units = _select_units(module, auto_wrap_policy, ignored)
+        _shard(module, units, mixed_precision, common)
+        self._buffer_dtypes = _cast_buffers(module, mixed_precision)
         self.module = module
         self.sharding_strategy = sharding_strategy
         self.mixed_precision = mixed_precision
         self.cpu_offload = cpu_offload or CPUOffload()
         self.backward_prefetch = backward_prefetch
-        self.forward_prefetch = forward_prefetch
+        self.forward_prefetch = bool(forward_prefetch)
+        self.limit_all_gathers = bool(limit_all_gathers)
+        self.use_orig_params = bool(use_orig_params)
+        self.compute_device = device if device is not None else _backend.device(device_type)
         self._device_mesh = mesh
-        fsdp_modules = [m for m in module.modules() if isinstance(m, FSDPModule)]
-        for m in fsdp_modules:
-            if not forward_prefetch:
-                m.set_modules_to_forward_prefetch([])
-            if backward_prefetch is None:
-                m.set_modules_to_backward_prefetch([])
-            elif backward_prefetch == BackwardPrefetch.BACKWARD_POST:
-                m._get_fsdp_state()._backward_prefetch_post = True
+        _configure_units(module, mixed_precision, forward_prefetch, backward_prefetch)
         self._state_dict_settings = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(),
                                                       FullOptimStateDictConfig())
 
     # -- module plumbing: names are the wrapped module's ------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the wrapper lacks come from the wrapped module (``fsdp_model.blocks``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            wrapped = self.__dict__.get("_modules", {}).get("module")
+            if wrapped is None:
+                raise
+            return getattr(wrapped, name)
+
+    def __getitem__(self, key: int) -> Any:
+        """Indexing reaches the wrapped module (an ``nn.Sequential`` or ``nn.ModuleList``)."""
+        return self.module.__getitem__(key)
+
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
@@ -147,12 +150,21 @@ class FullyShardedDataParallel(Module):
         return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def state_dict(self, *args, **kwargs):
+        """The wrapped module's state dict of the current state-dict type; buffers that MixedPrecision's
+        ``buffer_dtype`` cast come back in their original dtype, as PyTorch's FSDP returns them."""
         s = self._state_dict_settings
-        return sdu.model_state_dict(self.module, s.state_dict_type, s.state_dict_config)
+        sd = sdu.model_state_dict(self.module, s.state_dict_type, s.state_dict_config)
+        for name, dtype in self._buffer_dtypes.items():
+            v = sd.get(name)
+            if isinstance(v, Tensor) and v.dtype != dtype:
+                sd[name] = v.to(dtype=dtype)
+        return sd
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         s = self._state_dict_settings
-        return sdu.load_model_state_dict(self.module, state_dict, s.state_dict_type, strict=strict)
+        result = sdu.load_model_state_dict(self.module, state_dict, s.state_dict_type, strict=strict)
+        _cast_buffers(self.module, self.mixed_precision)  # loaded buffers take the compute buffer dtype again
+        return result
 
     @property
     def _fsdp_root(self) -> FSDPModule:
@@ -173,34 +185,22 @@ class FullyShardedDataParallel(Module):
         return _clip_grad_norm(list(self.parameters()), max_norm, norm_type=norm_type)
 
     @staticmethod
-    @contextlib.contextmanager
     def summon_full_params(module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
                            offload_to_cpu: bool = False, with_grads: bool = False):
-        """Inside the context, module attributes are the full parameters; with ``writeback`` changes to them
-        are copied back into the shards on exit."""
-        if rank0_only and writeback:
-            raise ValueError("summon_full_params: rank0_only=True and writeback=True cannot be combined")
-        if with_grads:
-            raise NotImplementedError("summon_full_params(with_grads=True) is not supported")
-        root = module.module if isinstance(module, FullyShardedDataParallel) else module
-        fsdp_mods = [m for m in root.modules() if isinstance(m, FSDPModule)] if recurse else [root]
-        groups = [g for m in fsdp_mods if get_module_fsdp_state(m) is not None
-                  for g in m._get_fsdp_state()._all_param_groups()]
-        seen = []
-        for g in groups:
-            if g not in seen:
-                seen.append(g)
-        for g in seen:
-            g.reshard()
-            g.lazy_init()
-            g.unshard()
-        try:
-            yield
-        finally:
-            for g in seen:
-                if writeback:
-                    g.write_back_unsharded()
-                g.reshard()
+        """A context in which module attributes are the full (unsharded, full-precision) parameters.
+
+        ``recurse``: every FSDP unit under ``module`` (else only ``module``'s own). ``writeback``: changes
+        to the full parameters are copied into the shards on exit. ``rank0_only``: only global rank 0
+        holds the full parameters; the others keep seeing their shards (not with ``writeback``).
+        ``offload_to_cpu``: the full parameters live in host memory. ``with_grads``: the full gradients
+        are gathered too and visible as ``param.grad`` (read-only: they are not written back).
+        Collective: every rank must enter it.
+        """
+        if with_grads and isinstance(module, FullyShardedDataParallel) and not module.use_orig_params:
+            raise NotImplementedError(f"with_grads={with_grads}, use_orig_params={module.use_orig_params}, "
+                                      f"offload_to_cpu={offload_to_cpu} is not supported yet")
+        return _summon_full_params(_root(module), recurse=recurse, writeback=writeback, rank0_only=rank0_only,
+                                   offload_to_cpu=offload_to_cpu, with_grads=with_grads)
 
     # -- state-dict type API ----------------------------------------------------------------------------
     @staticmethod
@@ -267,6 +267,225 @@ class FullyShardedDataParallel(Module):
 FSDP = FullyShardedDataParallel
 
 
+# -- construction steps, in the order __init__ runs them ------------------------------------------------
+def _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
+                device_mesh, sharding_strategy):
+    if not isinstance(module, Module):
+        raise TypeError(f"FullyShardedDataParallel expects an nn.Module, got {type(module).__name__}")
+    if isinstance(module, FSDPModule):
+        raise RuntimeError("module is already managed by fully_shard / FullyShardedDataParallel")
+    if not isinstance(sharding_strategy, ShardingStrategy):
+        raise TypeError(f"sharding_strategy must be a ShardingStrategy, got {sharding_strategy!r}")
+    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
+    if cpu_offload is not None and not isinstance(cpu_offload, CPUOffload):
+        raise TypeError(f"cpu_offload must be a CPUOffload, got {type(cpu_offload).__name__}")
+    if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
+        raise TypeError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
+    if param_init_fn is not None and not callable(param_init_fn):
+        raise TypeError(f"param_init_fn must be a callable taking a module, got {param_init_fn!r}")
+    if process_group is not None and device_mesh is not None:
+        raise ValueError("Cannot pass both process_group and device_mesh at the same time. "
+                         "Please just pass only one of them.")
+
+
+def _ignored_params(ignored_modules, ignored_states) -> set:
+    """Parameters FSDP leaves alone: those of ``ignored_modules`` and ``ignored_states`` (parameters or modules)."""
+    if ignored_modules is not None and ignored_states is not None:
+        raise ValueError("Cannot pass both ignored_modules and ignored_states at the same time. "
+                         "Please just pass ignored_states.")
+    ignored = set()
+    for item in list(ignored_modules or ()) + list(ignored_states or ()):
+        if isinstance(item, Module):
+            ignored.update(item.parameters())
+        elif isinstance(item, Tensor):
+            ignored.add(item)
+        else:
+            raise TypeError(f"ignored modules/states must be nn.Modules or Parameters, got {type(item).__name__}")
+    return ignored
+
+
+def _resolve_device(device_id):
+    """``device_id`` as a device: an int is a CUDA ordinal (PyTorch's meaning); None keeps the module's."""
+    if device_id is None:
+        return None
+    if isinstance(device_id, bool):
+        raise TypeError(f"device_id must be an int or a device, got {device_id!r}")
+    dev = _backend.device("cuda", device_id) if isinstance(device_id, int) else _backend.device(device_id)
+    if dev.type == "cuda":
+        from ... import accelerator
+
+        n = accelerator.device_count()
+        if dev.index is not None and not 0 <= dev.index < n:
+            raise RuntimeError(f"device_id={device_id!r}: this process sees {n} CUDA device(s)")
+    return dev
+
+
+def _has_meta(module: Module) -> bool:
+    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    return any(_backend.is_meta_array(t._data) for t in tensors)
+
+
+def _materialize_meta(module: Module, param_init_fn, device, ignored: set) -> None:
+    """Give modules built on the meta device real storage: ``param_init_fn(m)`` on each module holding meta
+    tensors, or else ``to_empty(device)`` and ``reset_parameters()`` (PyTorch's default)."""
+    def wanted(m):
+        own = list(m.parameters(recurse=False))
+        return _has_meta(m) and not (own and all(p in ignored for p in own))
+
+    todo = [m for m in module.modules() if wanted(m)]
+    if not todo:
+        return
+    if param_init_fn is not None:
+        for m in todo:
+            param_init_fn(m)
+    else:
+        target = device if device is not None else _backend.device("cpu")
+        for m in todo:
+            m.to_empty(device=target, recurse=False)
+            reset = getattr(m, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    still = [type(m).__name__ for m in module.modules() if wanted(m)]
+    if still:
+        raise RuntimeError(f"FSDP: modules {still} still hold meta tensors after "
+                           f"{'param_init_fn' if param_init_fn else 'to_empty/reset_parameters'}")
+
+
+def _group_rows(group):
+    """Every rank's ``group`` as the rows of a rank array (collective over the default group): one row
+    per distinct group, ordered by first rank; groups must be disjoint and of equal size."""
+    import numpy as np
+
+    from .. import distributed_c10d as c10d
+
+    gathered = [None] * c10d.get_world_size()
+    c10d.all_gather_object(gathered, c10d.get_process_group_ranks(group))
+    rows = sorted({tuple(sorted(r)) for r in gathered})
+    if len({len(r) for r in rows}) != 1 or len({x for r in rows for x in r}) != sum(len(r) for r in rows):
+        raise ValueError(f"process_group: the ranks' groups must be disjoint and of equal size, got "
+                         f"{[list(r) for r in rows]}")
+    return np.array(rows)
+
+
+def _mesh_from_process_group(process_group, strategy: ShardingStrategy, device_type: str):
+    """A DeviceMesh over ``process_group`` (a pair ``(shard_group, replicate_group)`` for HYBRID_SHARD).
+
+    Collective over the default group, like every DeviceMesh here: all ranks construct FSDP together,
+    each with its own group (several disjoint groups give independent FSDP instances)."""
+    import numpy as np
+
+    from .. import distributed_c10d as c10d
+    from ..device_mesh import DeviceMesh
+    from ..process_group import ProcessGroup
+
+    if strategy in _HYBRID:
+        if not (isinstance(process_group, tuple) and len(process_group) == 2
+                and all(isinstance(g, ProcessGroup) for g in process_group)):
+            raise ValueError(f"{strategy.name} expects process_group to be None or a pair (intra-node shard "
+                             f"group, inter-node replicate group), got {process_group!r}")
+        shard_pg, replicate_pg = process_group
+        mesh = _group_rows(shard_pg)  # (replicas, shard size)
+        _, j = np.argwhere(mesh == c10d.get_rank())[0]
+        if sorted(mesh[:, j].tolist()) != sorted(c10d.get_process_group_ranks(replicate_pg)):
+            raise ValueError(f"process_group: the replicate group {c10d.get_process_group_ranks(replicate_pg)} "
+                             f"must hold this rank's position in every shard group {mesh.tolist()}")
+        return DeviceMesh(device_type, mesh, mesh_dim_names=("replicate", "shard"))
+    if not isinstance(process_group, ProcessGroup):
+        raise ValueError(f"{strategy.name} expects process_group to be a ProcessGroup or None, got "
+                         f"{process_group!r}")
+    name = "replicate" if strategy == ShardingStrategy.NO_SHARD else "shard"
+    rows = _group_rows(process_group)
+    if len(rows) == 1:
+        return DeviceMesh(device_type, rows[0], mesh_dim_names=(name,))
+    return DeviceMesh(device_type, rows, mesh_dim_names=("groups", name))[name]  # this rank's group
+
+
+def _sync_module_states(module: Module, mesh, ignored: set) -> None:
+    """Broadcast the first mesh rank's parameters and buffers to every rank of the mesh (collective)."""
+    from .. import distributed_c10d as c10d
+
+    tensors = [p for p in module.parameters() if p not in ignored] + list(module.buffers())
+    for dim in reversed(range(mesh.ndim)):  # inside each shard group, then across the replicas
+        group = mesh.get_group(dim)
+        if group.size() == 1:
+            continue
+        for t in tensors:
+            if _backend.is_meta_array(t._data):
+                raise ValueError("sync_module_states=True needs materialized tensors: pass param_init_fn or "
+                                 "build the module off the meta device")
+            c10d.broadcast(t, group=group, group_src=0)
+
+
+def _select_units(module: Module, auto_wrap_policy, ignored: set) -> list:
+    if auto_wrap_policy is None:
+        return []
+    units = select_units(module, auto_wrap_policy, {id(p) for p in ignored})
+    if not units:
+        warnings.warn(f"auto_wrap_policy {auto_wrap_policy!r} wrapped no submodule of "
+                      f"{type(module).__name__}: the whole model is one FSDP unit, so every rank "
+                      "all-gathers all parameters at once", stacklevel=3)
+    return units
+
+
+def _mp_policy(mp: MixedPrecision | None, cast_inputs: bool) -> MixedPrecisionPolicy | None:
+    if mp is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
+                                cast_forward_inputs=bool(cast_inputs and mp.param_dtype is not None))
+
+
+def _shard(module: Module, units: list, mp: MixedPrecision | None, common: dict) -> None:
+    """fully_shard every unit, children first, then the root; modules of the classes MixedPrecision ignores
+    become full-precision units of their own."""
+    mp_ignore = tuple(mp._module_classes_to_ignore) if mp else ()
+    if mp is not None:
+        fp32 = MixedPrecisionPolicy(param_dtype=_backend.float32, cast_forward_inputs=True)
+        for m in module.modules():
+            if isinstance(m, mp_ignore) and any(True for _ in m.parameters(recurse=False)):
+                fully_shard(m, mp_policy=fp32, **common)
+                _cast_output_to_input_dtype(m)
+    for unit in units:
+        if not isinstance(unit, mp_ignore):
+            fully_shard(unit, mp_policy=_mp_policy(mp, mp is not None and mp.cast_forward_inputs), **common)
+    fully_shard(module, mp_policy=_mp_policy(mp, mp is not None and mp.cast_root_forward_inputs), **common)
+
+
+def _cast_buffers(module: Module, mp: MixedPrecision | None) -> dict:
+    """Cast floating buffers to ``buffer_dtype`` (not those of the classes MixedPrecision ignores); returns
+    {buffer name: original dtype} for the ones it changed."""
+    if mp is None or mp.buffer_dtype is None:
+        return {}
+    bdt = _backend.to_dtype(mp.buffer_dtype)
+    skip = tuple(mp._module_classes_to_ignore)
+    original = {}
+    for prefix, m in module.named_modules():
+        if isinstance(m, skip):
+            continue
+        for name, b in m._buffers.items():
+            if b is not None and _backend.is_floating_dtype(b.dtype) and b.dtype != bdt:
+                original[f"{prefix}.{name}" if prefix else name] = b.dtype
+                m._buffers[name] = b.to(dtype=bdt)
+    return original
+
+
+def _configure_units(module: Module, mp: MixedPrecision | None, forward_prefetch: bool, backward_prefetch) -> None:
+    """Per-unit settings: prefetch directions, and low-precision gradients when MixedPrecision keeps them."""
+    keep_low = bool(mp is not None and mp.keep_low_precision_grads)
+    for m in module.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        if not forward_prefetch:
+            m.set_modules_to_forward_prefetch([])
+        if backward_prefetch is None:
+            m.set_modules_to_backward_prefetch([])
+        elif backward_prefetch == BackwardPrefetch.BACKWARD_POST:
+            m._get_fsdp_state()._backward_prefetch_post = True
+        if keep_low:
+            for group in m._get_fsdp_state()._all_param_groups():
+                group.keep_low_precision_grads = True
+
+
 def _cast_output_to_input_dtype(module):
     """A full-precision unit inside a low-precision model (a norm layer MixedPrecision ignores) computes in
     float32 and hands its output back in the dtype its input came in, as PyTorch's FSDP does."""
@@ -295,3 +514,4 @@ def _wrappers(module, required: bool = True):
     if not found and required:
         raise ValueError(f"{type(module).__name__} contains no FullyShardedDataParallel instance")
     return found
+

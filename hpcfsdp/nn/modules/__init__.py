@@ -1,5 +1,6 @@
 """Layers and containers of hpcfsdp.nn."""
 from hpcfsdp.nn.modules.activation import GELU, ReLU, Tanh
+from hpcfsdp.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d
 from hpcfsdp.nn.modules.container import ModuleDict, ModuleList, Sequential
 from hpcfsdp.nn.modules.dropout import Dropout
 from hpcfsdp.nn.modules.linear import Identity, Linear
@@ -9,6 +10,7 @@ from hpcfsdp.nn.modules.normalization import LayerNorm
 from hpcfsdp.nn.modules.sparse import Embedding
 
 __all__ = [
-    "Module", "Linear", "Identity", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh",
+    "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "GELU",
+    "ReLU", "Tanh",
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
 ]

@@ -252,8 +252,6 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
     return ReduceResult(group, works, out, list(params), had_grad, post), None
 
 
-
-
 def finish_reduce(result: ReduceResult) -> None:
     """Wait for ``result``, post-divide, and write or accumulate the sharded gradients of its parameters."""
     _wait(result.works)
@@ -268,12 +266,15 @@ def finish_reduce(result: ReduceResult) -> None:
         g = p.local_grad_from(out)
         if group.offload:
             g = _backend.to_numpy(g)
-        if g.dtype != p.dtype:
-            g = g.astype(p.dtype)
+        dtype = p.param_dtype if group.keep_low_precision_grads else p.dtype
+        if g.dtype != dtype:
+            g = g.astype(dtype)
         if _settings.get("HPCFSDP_CHECK_FINITE"):
             _check_finite(g, p, group.backward_steps)
         sp = p.sharded_param
-        if sp.grad is None:
+        if sp.grad is None and group.keep_low_precision_grads:
+            sp._grad = p.sharded_grad(g)  # a low-precision grad of a full-precision parameter, on purpose
+        elif sp.grad is None:
             sp.grad = p.sharded_grad(g)
         else:
             sp.grad._data += g

@@ -65,6 +65,7 @@ class FSDPParamGroup:
         self.gradient_divide_factor = None
         self.force_sum_reduction_for_comms = False
         self.reduce_scatter_unused_params = False
+        self.keep_low_precision_grads = False  # FSDP1 MixedPrecision: sharded grads stay in param_dtype
         self.reduce_scatter_max_input_buffers = 1
         self.unshard_async_op = False
         self.all_gather_comm = DefaultAllGather()

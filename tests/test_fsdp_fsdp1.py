@@ -1,0 +1,325 @@
+"""FullyShardedDataParallel as PyTorch's FSDP1: attribute access, constructor arguments, mixed precision and
+summon_full_params, against an unsharded reference trained on the global batch."""
+import warnings
+
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+import hpcfsdp.distributed as dist
+from hpcfsdp import nn
+from hpcfsdp.distributed.fsdp import FSDP, MixedPrecision, ShardingStrategy
+from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy
+from hpcfsdp.distributed.tensor import DTensor
+
+from _fsdp_util import Blocks, full, global_mean, local, world
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def _blocks(seed=0):
+    w, _ = world()
+    hp.manual_seed(seed)
+    return Blocks(4 * w + 1)
+
+
+def _batches(steps, B_per_rank=2, T=5, seed=7):
+    w, _ = world()
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 4 * w + 1, (w * B_per_rank, T)) for _ in range(steps)]
+
+
+def _wrap_policy():
+    return ModuleWrapPolicy({nn.Sequential})
+
+
+def _train_parity(fsdp, ref, steps=4):
+    opt = hp.optim.AdamW(fsdp.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    for x in _batches(steps):
+        loss = fsdp(hp.tensor(local(x)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rl = ref(hp.tensor(x))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        np.testing.assert_allclose(global_mean(loss.item()), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in fsdp.named_parameters():
+        np.testing.assert_allclose(full(p), refp[name].detach().numpy(), atol=2e-5, rtol=2e-4, err_msg=name)
+
+
+def test_attribute_and_item_access_reach_the_wrapped_module():
+    model = _blocks()
+    fsdp = FSDP(model, auto_wrap_policy=_wrap_policy())
+    assert fsdp.module is model
+    assert fsdp.blocks is model.blocks and fsdp.head is model.head
+    assert fsdp.blocks[1] is model.blocks[1]
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        fsdp.no_such_thing
+    seq = FSDP(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
+    assert isinstance(seq[0], nn.Linear) and seq[2].out_features == 2
+
+
+def test_pytorch_constructor_arguments_train_like_the_reference():
+    ref = _blocks()
+    fsdp = FSDP(_blocks(), None, ShardingStrategy.FULL_SHARD, auto_wrap_policy=_wrap_policy(),
+                device_id=hp.device("cpu"), use_orig_params=True, limit_all_gathers=False, forward_prefetch=True,
+                sync_module_states=False)
+    assert fsdp.use_orig_params and not fsdp.limit_all_gathers and fsdp.forward_prefetch
+    assert fsdp.compute_device == hp.device("cpu")
+    _train_parity(fsdp, ref)
+    if not hp.accelerator.is_available():
+        with pytest.raises(RuntimeError, match="device_id=0: this process sees 0 CUDA device"):
+            FSDP(_blocks(), device_id=0)
+    model = _blocks()
+    kept = FSDP(model, ignored_states=[model.head])
+    assert not isinstance(model.head.weight, DTensor) and isinstance(model.emb.weight, DTensor)
+    assert kept.head is model.head
+    with pytest.raises(ValueError, match="Cannot pass both ignored_modules and ignored_states"):
+        FSDP(_blocks(), ignored_modules=[], ignored_states=[])
+
+
+def test_sync_module_states_broadcasts_rank0_parameters_and_buffers():
+    w, r = world()
+    hp.manual_seed(100 + r)  # every rank initialises differently
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+    with hp.no_grad():
+        model[1].running_mean.fill_(float(r + 1))
+    fsdp = FSDP(model, sync_module_states=True)
+    hp.manual_seed(100)  # rank 0's model
+    want = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+    for name, p in want.named_parameters():
+        np.testing.assert_array_equal(full(dict(fsdp.named_parameters())[name]), p.detach().numpy(), err_msg=name)
+    np.testing.assert_array_equal(fsdp[1].running_mean.numpy(), np.ones(6, np.float32))
+
+
+def test_param_init_fn_materializes_meta_modules_and_sync_from_rank0():
+    w, r = world()
+    seen = []
+
+    def init_fn(m):
+        seen.append(type(m).__name__)
+        m.to_empty(device="cpu", recurse=False)
+
+    if r == 0:
+        model = _blocks(seed=3)
+    else:
+        with hp.device("meta"):
+            model = _blocks(seed=3)
+    fsdp = FSDP(model, auto_wrap_policy=_wrap_policy(), param_init_fn=init_fn, sync_module_states=True)
+    if r == 0:
+        assert seen == []
+    else:  # called on exactly the modules that hold meta tensors
+        assert sorted(seen) == sorted(["Embedding", "Linear"] + ["Linear"] * 6)
+    _train_parity(fsdp, _blocks(seed=3), steps=2)
+
+
+def test_meta_module_without_param_init_fn_is_reset():
+    with hp.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    fsdp = FSDP(model)
+    ln = dict(fsdp.named_parameters())["1.weight"]
+    np.testing.assert_array_equal(full(ln), np.ones(4, np.float32))  # reset_parameters ran
+    assert np.isfinite(fsdp(hp.ones(2, 4)).detach().numpy()).all()
+
+
+def test_process_group_argument():
+    w, r = world()
+    pg = dist.new_group(list(range(w)))
+    _train_parity(FSDP(_blocks(), process_group=pg, auto_wrap_policy=_wrap_policy()), _blocks(), steps=2)
+    with pytest.raises(ValueError, match="Cannot pass both process_group and device_mesh"):
+        FSDP(_blocks(), process_group=pg, device_mesh=dist.init_device_mesh("cpu", (w,)))
+    with pytest.raises(ValueError, match="HYBRID_SHARD expects process_group to be None or a pair"):
+        FSDP(_blocks(), process_group=pg, sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+    with pytest.raises(ValueError, match="FULL_SHARD expects process_group to be a ProcessGroup"):
+        FSDP(_blocks(), process_group=(pg, pg))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_hybrid_shard_process_group_pair(monkeypatch):
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
+    w, r = world()
+    shard = [dist.new_group([0, 1]), dist.new_group([2, 3])][r // 2]
+    replicate = [dist.new_group([0, 2]), dist.new_group([1, 3])][r % 2]
+    model = _blocks()
+    fsdp = FSDP(model, process_group=(shard, replicate), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                auto_wrap_policy=_wrap_policy())
+    info = model._get_fsdp_state().mesh_info
+    assert info.shard_world_size == 2 and info.replicate_world_size == 2
+    assert sorted(info.shard_process_group.world_ranks) == sorted(shard.world_ranks)
+    assert sorted(info.replicate_process_group.world_ranks) == sorted(replicate.world_ranks)
+    _train_parity(fsdp, _blocks(), steps=2)
+
+
+def _grads_after_one_step(mp):
+    fsdp = FSDP(_blocks(), auto_wrap_policy=_wrap_policy(), mixed_precision=mp)
+    fsdp(hp.tensor(local(_batches(1)[0]))).backward()
+    return {n: p.grad for n, p in fsdp.named_parameters()}, fsdp
+
+
+def test_keep_low_precision_grads():
+    full_grads, _ = _grads_after_one_step(MixedPrecision(param_dtype=hp.bfloat16, reduce_dtype=hp.float32))
+    low_grads, fsdp = _grads_after_one_step(MixedPrecision(param_dtype=hp.bfloat16, reduce_dtype=hp.float32,
+                                                           keep_low_precision_grads=True))
+    for name, g in low_grads.items():
+        assert full_grads[name].dtype == hp.float32
+        assert g.dtype == hp.bfloat16, name
+        np.testing.assert_array_equal(g.to_local().numpy(), full_grads[name].to_local().numpy().astype(hp.bfloat16))
+    assert all(p.dtype == hp.float32 for p in fsdp.parameters())  # the sharded parameters stay full precision
+    before = {n: p.to_local().numpy().copy() for n, p in fsdp.named_parameters()}
+    hp.optim.SGD(fsdp.parameters(), lr=0.5).step()  # an optimizer steps the fp32 shards with the bf16 grads
+    for n, p in fsdp.named_parameters():
+        want = before[n] - 0.5 * low_grads[n].to_local().numpy().astype(np.float32)
+        np.testing.assert_allclose(p.to_local().numpy(), want, rtol=1e-6, atol=1e-7, err_msg=n)
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.register_buffer("scale", hp.tensor([1.0 / 3.0] * 4))
+
+    def forward(self, x):
+        return self.bn(self.lin(x) * self.scale)
+
+
+def test_buffer_dtype_does_not_change_the_state_dict_and_batchnorm_stays_fp32():
+    hp.manual_seed(0)
+    model = _Scaled()
+    fsdp = FSDP(model, mixed_precision=MixedPrecision(param_dtype=hp.bfloat16, buffer_dtype=hp.bfloat16))
+    assert model.scale.dtype == hp.bfloat16  # computes with the low-precision buffer
+    assert model.bn.running_mean.dtype == hp.float32  # _BatchNorm is ignored by default: full precision
+    assert model.bn._get_fsdp_state()._param_group.param_dtype == hp.float32
+    assert model._get_fsdp_state()._param_group.param_dtype == hp.bfloat16
+    out = fsdp(hp.randn(3, 4))
+    assert out.dtype == hp.bfloat16
+    sd = fsdp.state_dict()
+    assert sd["scale"].dtype == hp.float32 and sd["bn.running_var"].dtype == hp.float32
+    np.testing.assert_allclose(sd["scale"].numpy(), np.full(4, 1 / 3), rtol=4e-3)
+    fsdp.load_state_dict(sd)
+    assert model.scale.dtype == hp.bfloat16
+    hp.manual_seed(0)
+    model = _Scaled()  # a _BatchNorm that the auto-wrap policy also picks stays full precision
+    FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.BatchNorm1d}),
+         mixed_precision=MixedPrecision(param_dtype=hp.bfloat16))
+    assert model.bn._get_fsdp_state()._param_group.param_dtype == hp.float32
+    assert model.bn._get_fsdp_state() is not model._get_fsdp_state()
+
+
+def test_summon_full_params_writeback_and_full_precision():
+    ref = _blocks()
+    model = _blocks()
+    fsdp = FSDP(model, auto_wrap_policy=_wrap_policy(), mixed_precision=MixedPrecision(param_dtype=hp.bfloat16))
+    with FSDP.summon_full_params(fsdp):
+        w = fsdp.blocks[0][0].weight
+        assert not isinstance(w, DTensor) and w.dtype == hp.float32  # full shape, full precision
+        np.testing.assert_array_equal(w.detach().numpy(), ref.blocks[0][0].weight.detach().numpy())
+        np.testing.assert_array_equal(fsdp.emb.weight.detach().numpy(), ref.emb.weight.detach().numpy())
+        with hp.no_grad():
+            w.mul_(2.0)
+    np.testing.assert_array_equal(full(model.blocks[0][0].weight), 2 * ref.blocks[0][0].weight.detach().numpy())
+    assert isinstance(model.blocks[0][0].weight, DTensor)
+    with FSDP.summon_full_params(fsdp, writeback=False):
+        with hp.no_grad():
+            fsdp.head.weight.zero_()
+    np.testing.assert_array_equal(full(model.head.weight), ref.head.weight.detach().numpy())
+    with FSDP.summon_full_params(fsdp, recurse=False):  # only the root unit's own parameters
+        assert not isinstance(fsdp.head.weight, DTensor)
+        assert isinstance(fsdp.blocks[0][0].weight, DTensor)
+
+
+def test_summon_full_params_rank0_only_offload_and_bad_combinations():
+    _, r = world()
+    ref = _blocks()
+    fsdp = FSDP(_blocks(), auto_wrap_policy=_wrap_policy())
+    with FSDP.summon_full_params(fsdp, writeback=False, rank0_only=True, offload_to_cpu=True):
+        w = fsdp.blocks[2][2].weight
+        if r == 0:
+            np.testing.assert_array_equal(w.detach().numpy(), ref.blocks[2][2].weight.detach().numpy())
+            assert w.device == hp.device("cpu")
+        else:
+            assert isinstance(w, DTensor)  # other ranks keep their shards
+    with pytest.raises(NotImplementedError, match="writeback=True and rank0_only=True"):
+        with FSDP.summon_full_params(fsdp, rank0_only=True):
+            pass
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with FSDP.summon_full_params(fsdp, offload_to_cpu=True):
+            pass
+    assert any("offload_to_cpu=True and rank0_only=False" in str(x.message) for x in rec)
+
+
+def test_summon_full_params_with_grads_matches_the_reference():
+    ref = _blocks()
+    fsdp = FSDP(_blocks(), auto_wrap_policy=_wrap_policy(), use_orig_params=True)
+    x = _batches(1)[0]
+    fsdp(hp.tensor(local(x))).backward()
+    ref(hp.tensor(x)).backward()
+    refg = {n: p.grad.numpy() for n, p in ref.named_parameters()}
+    with FSDP.summon_full_params(fsdp, with_grads=True):
+        for name, p in fsdp.named_parameters():
+            assert tuple(p.grad.shape) == refg[name].shape
+            np.testing.assert_allclose(p.grad.numpy(), refg[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    with pytest.raises(NotImplementedError, match="use_orig_params=False"):
+        with FSDP.summon_full_params(FSDP(_blocks()), with_grads=True):
+            pass
+
+
+@pytest.mark.mpi(min_size=4)
+def test_hybrid_shard_sync_module_states(monkeypatch):
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
+    _, r = world()
+    fsdp = FSDP(_blocks(seed=50 + r), sharding_strategy=ShardingStrategy.HYBRID_SHARD, sync_module_states=True,
+                auto_wrap_policy=_wrap_policy())
+    _train_parity(fsdp, _blocks(seed=50), steps=2)  # every replica and shard starts from rank 0's weights
+
+
+def test_summon_full_params_keeps_tied_weights_tied():
+    from _fsdp_util import tiny_gpt
+
+    ref = tiny_gpt(tie=True)
+    model = tiny_gpt(tie=True)
+    fsdp = FSDP(model)
+    with FSDP.summon_full_params(fsdp):
+        assert model.lm_head.weight is model.transformer.wte.weight
+        np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(),
+                                      ref.transformer.wte.weight.detach().numpy())
+        with hp.no_grad():
+            model.lm_head.weight.add_(1.0)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    np.testing.assert_allclose(full(model.transformer.wte.weight), ref.transformer.wte.weight.detach().numpy() + 1.0,
+                               rtol=1e-6)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_disjoint_process_groups_give_independent_fsdp_instances():
+    """Ranks {0, 1} and {2, 3} each shard one model over their own group; each pair matches a reference
+    trained on the pair's global batch."""
+    w, r = world()
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][r // 2]
+    hp.manual_seed(0)
+    ref = Blocks(17)
+    hp.manual_seed(0)
+    model = Blocks(17)
+    fsdp = FSDP(model, process_group=pair, auto_wrap_policy=_wrap_policy())
+    info = model._get_fsdp_state().mesh_info
+    assert info.shard_world_size == 2 and sorted(info.shard_process_group.world_ranks) == [r // 2 * 2,
+                                                                                          r // 2 * 2 + 1]
+    opt = hp.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+    rng = np.random.default_rng(11 + r // 2)  # each pair its own data
+    for _ in range(2):
+        x = rng.integers(0, 17, (4, 5))
+        fsdp(hp.tensor(x[(r % 2) * 2:(r % 2) * 2 + 2])).backward()
+        opt.step()
+        opt.zero_grad()
+        ref(hp.tensor(x)).backward()
+        ropt.step()
+        ropt.zero_grad()
+    refp = dict(ref.named_parameters())
+    for name, p in fsdp.named_parameters():
+        np.testing.assert_allclose(full(p), refp[name].detach().numpy(), atol=2e-5, rtol=2e-4, err_msg=name)
