@@ -18,6 +18,10 @@ def _have_gpu():
 
 HAVE_GPU = _have_gpu()
 
+# ---- system tier: the simulated multi-host cluster (fixture `cluster`, tests/cluster/) ----
+from cluster.fixtures import cluster  # noqa: E402,F401
+# ---- end system tier ----
+
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU / CuPy")
