@@ -189,3 +189,32 @@ def test_cluster_rejects_bad_arguments():
         Cluster(2, net="shm")
     with pytest.raises(ValueError, match="name must be"):
         Cluster(2, name="Bad Name")
+
+
+@pytest.mark.timeout(120)
+def test_harness_command_line(cluster):
+    """up / exec / launch through the stand-in mpiexec / shape / status / down, as a user drives them."""
+    h = [PY, os.path.join(HERE, "cluster", "harness.py")]
+
+    def run(*args, env=None):
+        out = subprocess.run([*h, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        return out.stdout
+
+    name = f"hfc-t{os.getpid() % 100000}"
+    try:
+        run("up", "-n", "2", "--name", name[4:])
+        assert f"{name} (persistent)" in run("status")
+        assert run("exec", name, "h1", "hostname").strip() == f"{name}-h1"
+        run("shape", name, "300mbit")
+        assert "rate 300Mbit" in subprocess.run(["ip", "netns", "exec", f"{name}-h0", "tc", "qdisc", "show", "dev", "eth0"],
+                                                capture_output=True, text=True).stdout
+        env = dict(os.environ, HPCFSDP_CLUSTER_PPN="2")
+        out = subprocess.run([PY, "-m", "hpcfsdp.cli.main", "launch", "--mpiexec", f"/run/hpcfsdp-cluster/{name}/mpiexec",
+                              "-n", "4", "--", "hostname"], capture_output=True, text=True, timeout=60, env=env)
+        names = sorted(w for w in out.stdout.split() if w.startswith(name))
+        assert out.returncode == 0 and names == [f"{name}-h0"] * 2 + [f"{name}-h1"] * 2, out
+        assert name not in clean_stale()  # a command-line cluster lives until `down`
+    finally:
+        subprocess.run([*h, "down", name], timeout=60)
+    assert name not in list_clusters() and not os.path.exists(f"/run/hpcfsdp-cluster/{name}")

@@ -27,8 +27,8 @@ it starts. Clusters made by the command line are named ``hfc-<word>`` and live u
 
 Command line (root): ``python tests/cluster/harness.py up [-n N] [--rate 200mbit] [--name NAME]``,
 ``launch -H HOSTS -p PPN [--rate R] -- CMD...`` (brings up, runs ``hpcfsdp launch`` across the hosts, prints
-the bytes each host sent, tears down), ``mpiexec NAME ...``, ``exec NAME HOST CMD...``, ``status``, ``down NAME``,
-``clean`` (every hfc cluster).
+the bytes each host sent, tears down), ``mpiexec NAME ...``, ``exec NAME HOST CMD...`` (HOST: h<i> or i),
+``shape NAME RATE|none``, ``status``, ``down NAME``, ``clean`` (every hfc cluster).
 """
 import argparse
 import atexit
@@ -405,7 +405,9 @@ def _main(argv=None) -> int:
     if a.action == "mpiexec":
         return subprocess.run([os.path.join(STATE_ROOT, a.name, "mpiexec"), *a.rest]).returncode
     if a.action == "exec":
-        host = a.rest[0]
+        host = a.rest[0]  # a namespace, h<i> or <i>
+        if re.fullmatch(r"h?\d+", host):
+            host = f"{a.name}-h{host.lstrip('h')}"
         return subprocess.run(["ip", "netns", "exec", host, "unshare", "--uts", "--", "sh", "-c",
                                'hostname "$0" && exec "$@"', host, *a.rest[1:]]).returncode
     # shape NAME RATE|none
