@@ -110,3 +110,32 @@ def test_bench_train_counts_host_bytes_and_bounds(cluster):
         assert res["step_over_bound"] == pytest.approx(res["step_time_s"] / max(res["compute_only_s"], res["wire_bound_s"]))
         # the whole job (warm-up, calibration and compute-only steps included) sent at least the measured steps
         assert min(sent[:2]) >= 2 * min(per_step)
+
+
+def _bench(*args, n=None):
+    import subprocess
+
+    cmd = [PY, "-m", "hpcfsdp.cli.main", "bench", "train", "--vocab-size", "256", "--block-size", "8", "--n-layer", "1",
+           "--n-head", "2", "--n-embd", "16", "--batch-size", "2", "--warmup", "1", "--steps", "2", *args]
+    if n:
+        cmd = [PY, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+def test_bench_train_bounds_on_one_host():
+    """One host: nothing must cross a link (wire bound 0), so the step is compared with compute-only."""
+    out = _bench("--link", "lo", "--link-rate", "1gbit", "--compute-only", "--json", "-", n=2)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    res = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    assert res["hosts"] == 1 and res["wire_bound_s"] == 0 and res["wire_min_bytes_per_host"] == 0
+    assert len(res["bytes_sent_per_host_per_step"]) == 1 and res["link_bytes_per_payload_byte"] == 1.0
+    assert res["compute_only_s"] > 0
+    assert res["step_over_bound"] == pytest.approx(res["step_time_s"] / res["compute_only_s"])
+
+
+@pytest.mark.parametrize("args,msg", [(["--link", "nosuch0"], "--link nosuch0: no such network interface"),
+                                      (["--strategy", "none", "--compute-only"], "not with --strategy none"),
+                                      (["--link-rate", "fast"], "link rate 'fast'")])
+def test_bench_train_bound_options_bad_input(args, msg):
+    out = _bench(*args)
+    assert out.returncode != 0 and msg in out.stderr, out.stderr[-2000:]

@@ -153,9 +153,12 @@ def _link_tx(iface: str) -> int:
 
 
 def _link_factor(comm, layout, iface, nbytes=4 << 20) -> float:
-    """Link bytes per payload byte: the host leaders send ``nbytes`` each around a ring (collective)."""
+    """Link bytes per payload byte: the host leaders send ``nbytes`` each around a ring (collective); 1.0 on one
+    host, where nothing crosses a link."""
     import numpy as np
 
+    if layout["num_nodes"] == 1:
+        return 1.0
     leaders = comm.Split(0 if layout["local_rank"] == 0 else 1, comm.Get_rank())
     try:
         comm.Barrier()
@@ -232,6 +235,15 @@ def _timed_steps(n, step, comm, device):
     return times
 
 
+def _check_bound_options(args):
+    """The nominal link rate (bit/s) or None; ValueError for options that cannot work together."""
+    if (args.link or args.link_rate or args.compute_only) and args.strategy == "none":
+        raise ValueError("--link, --link-rate and --compute-only measure FSDP across ranks: not with --strategy none")
+    if args.link and not os.path.exists(f"/sys/class/net/{args.link}/statistics/tx_bytes"):
+        raise ValueError(f"--link {args.link}: no such network interface here (/sys/class/net/{args.link})")
+    return parse_rate(args.link_rate) if args.link_rate else None
+
+
 def bench_train(args) -> dict:
     import numpy as np
 
@@ -242,6 +254,7 @@ def bench_train(args) -> dict:
 
     cfg = _config(args)
     unsharded = args.strategy == "none"
+    rate = _check_bound_options(args)
     if unsharded:
         comm, rank, world = None, 0, 1
     else:
@@ -259,11 +272,6 @@ def bench_train(args) -> dict:
         model = build_gpt(cfg, device)
     n_params = sum(p.numel() for p in model.parameters())
     once, twice = _unit_numels(model, cfg)
-    if (args.link or args.link_rate or args.compute_only) and unsharded:
-        raise ValueError("--link, --link-rate and --compute-only measure FSDP across ranks: not with --strategy none")
-    rate = parse_rate(args.link_rate) if args.link_rate else None
-    if args.link and not os.path.exists(f"/sys/class/net/{args.link}/statistics/tx_bytes"):
-        raise ValueError(f"--link {args.link}: no such network interface here (/sys/class/net/{args.link})")
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     if args.meta_init:
@@ -391,6 +399,11 @@ def _max():
 
 
 def _run_train(args) -> int:
+    try:
+        _check_bound_options(args)
+    except ValueError as err:  # checked before any communication, the same on every rank
+        print(f"hpcfsdp bench train: {err}", file=sys.stderr)
+        return 2
     res = bench_train(args)
     import hpcfsdp.distributed as dist
 
