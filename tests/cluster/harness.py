@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 __all__ = ["Cluster", "ClusterError", "preflight", "clean_stale", "list_clusters", "PREFIX"]
 
@@ -186,8 +187,9 @@ class Cluster:
             with open(os.path.join(self.dir, "owner"), "w") as f:
                 f.write(f"{os.getpid()} {_start_time(os.getpid())}")
             atexit.register(self.down)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            if threading.current_thread() is threading.main_thread():  # only there can handlers be set
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         try:
             self._build()
             if self.rate:
