@@ -152,25 +152,30 @@ _OWNER = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from cluster.harness import Cluster
-c = Cluster(2, rate="200mbit").up()
+c = Cluster(2, rate="200mbit", reaper={reaper}).up()
 print(c.name, flush=True)
 time.sleep(120)
 """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
-def test_harness_always_tears_down(cluster, sig):
-    """A signalled owner removes its cluster; a killed owner's cluster is removed by the next one's cleanup,
-    which leaves clusters with a live owner (this session's) alone."""
-    proc = subprocess.Popen([PY, "-c", _OWNER.format(tests=HERE)], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("sig,reaper", [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGKILL, True),
+                                        (signal.SIGKILL, False)], ids=["SIGTERM", "SIGINT", "SIGKILL", "SIGKILL-noreaper"])
+def test_harness_always_tears_down(cluster, sig, reaper):
+    """A signalled owner removes its cluster; a killed owner's reaper removes it; without a reaper the next
+    harness start does, leaving clusters with a live owner (this session's) alone."""
+    proc = subprocess.Popen([PY, "-c", _OWNER.format(tests=HERE, reaper=reaper)], stdout=subprocess.PIPE, text=True)
     try:
         name = proc.stdout.readline().strip()
         assert re.fullmatch(r"hfc\d+", name), name
         assert sorted(list_clusters()[name]) == [f"{name}-h0", f"{name}-h1", f"{name}-hd"]
         proc.send_signal(sig)
         proc.wait(timeout=30)
-        if sig == signal.SIGKILL:
+        if sig == signal.SIGKILL and reaper:
+            deadline = time.time() + 20
+            while name in list_clusters() and time.time() < deadline:
+                time.sleep(0.2)
+        elif sig == signal.SIGKILL:
             assert name in list_clusters()  # nobody could clean up ...
             assert name in clean_stale()  # ... until the next harness start
         assert name not in list_clusters()

@@ -21,9 +21,10 @@ Shaping: ``shape(rate)`` puts a token bucket on both ends of every host link (a 
 [Note: Teardown]
 A cluster is named ``hfc<owner pid>`` and its state directory records the owner's pid and start time.
 ``Cluster`` removes everything on ``down()``, on leaving a ``with`` block, at interpreter exit and on
-SIGTERM/SIGINT/SIGHUP; a process killed outright (SIGKILL, pytest-timeout's os._exit) leaves the
-namespaces behind, and the next ``Cluster`` removes every ``hfc<pid>`` cluster whose owner is gone before
-it starts. Clusters made by the command line are named ``hfc-<word>`` and live until ``down``.
+SIGTERM/SIGINT/SIGHUP. For an owner killed outright (SIGKILL, pytest-timeout's os._exit) a reaper
+process, started with the cluster in a session of its own, removes it within a second or two; and
+should the reaper be gone too, the next ``Cluster`` removes every ``hfc<pid>`` cluster whose owner is
+gone before it starts. Clusters made by the command line are named ``hfc-<word>`` and live until ``down``.
 
 Command line (root): ``python tests/cluster/harness.py up [-n N] [--rate 200mbit] [--name NAME]``,
 ``launch -H HOSTS -p PPN [--rate R] -- CMD...`` (brings up, runs ``hpcfsdp launch`` across the hosts, prints
@@ -40,6 +41,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 __all__ = ["Cluster", "ClusterError", "preflight", "clean_stale", "list_clusters", "PREFIX"]
 
@@ -142,6 +144,17 @@ def _destroy(name: str, namespaces=None):
     shutil.rmtree(os.path.join(STATE_ROOT, name), ignore_errors=True)
 
 
+def _reap(name: str) -> int:
+    """Wait for the owner of cluster ``name`` to end; remove the cluster if it is still there then."""
+    d = os.path.join(STATE_ROOT, name)
+    while os.path.isdir(d):
+        if not _owner_alive(name):
+            _destroy(name)
+            break
+        time.sleep(0.5)
+    return 0
+
+
 def clean_stale(everything=False) -> list[str]:
     """Remove clusters whose owner process is gone (all hfc clusters with ``everything``); their names."""
     gone = []
@@ -156,14 +169,15 @@ def clean_stale(everything=False) -> list[str]:
 class Cluster:
     """``nhosts`` simulated hosts; ``rate`` (e.g. "200mbit") shapes every host link both ways."""
 
-    def __init__(self, nhosts: int, *, rate: str | None = None, name: str | None = None, net: str = "ofi"):
+    def __init__(self, nhosts: int, *, rate: str | None = None, name: str | None = None, net: str = "ofi",
+                 reaper: bool = True):
         if not 1 <= nhosts <= 250:
             raise ValueError(f"nhosts must be 1..250, got {nhosts}")
         if net not in NET_ENV:
             raise ValueError(f"net must be one of {sorted(NET_ENV)}, got {net!r}")
         if name is not None and not re.fullmatch(r"[a-z0-9]{1,8}", name):
             raise ValueError(f"name must be 1-8 lowercase letters or digits, got {name!r}")
-        self.nhosts, self.rate, self.net = nhosts, rate, net
+        self.nhosts, self.rate, self.net, self.reaper = nhosts, rate, net, reaper
         self.name = f"{PREFIX}-{name}" if name else f"{PREFIX}{os.getpid()}"
         self.head = f"{self.name}-hd"
         self.hosts = [f"{self.name}-h{i}" for i in range(nhosts)]
@@ -187,6 +201,9 @@ class Cluster:
             with open(os.path.join(self.dir, "owner"), "w") as f:
                 f.write(f"{os.getpid()} {_start_time(os.getpid())}")
             atexit.register(self.down)
+            if self.reaper:
+                subprocess.Popen([sys.executable, os.path.abspath(__file__), "reap", self.name], start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if threading.current_thread() is threading.main_thread():  # only there can handlers be set
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     self._old_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -373,7 +390,11 @@ def _main(argv=None) -> int:
     p = sub.add_parser("down")
     p.add_argument("name")
     sub.add_parser("clean", help="remove every hfc cluster")
+    p = sub.add_parser("reap", help=argparse.SUPPRESS)
+    p.add_argument("name")
     a = ap.parse_args(argv)
+    if a.action == "reap":
+        return _reap(a.name)
     if a.action == "up":
         c = Cluster(a.hosts, rate=a.rate, name=a.name, net=a.net).up(persistent=True)
         print(f"{c.name}: {a.hosts} hosts {','.join(c.addresses)}; mpiexec stand-in: {c.mpiexec}\n"
