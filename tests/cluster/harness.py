@@ -115,7 +115,8 @@ def list_clusters() -> dict[str, list[str]]:
         if m:
             found.setdefault(m.group(1), []).append(ns)
     for d in os.listdir(STATE_ROOT) if os.path.isdir(STATE_ROOT) else []:
-        found.setdefault(d, [])
+        if not d.startswith("."):  # .<name>.<pid>: a state directory being written
+            found.setdefault(d, [])
     return found
 
 
@@ -195,11 +196,17 @@ class Cluster:
         clean_stale()
         if self.name in list_clusters():
             raise ClusterError(f"cluster {self.name} already exists: `python {__file__} down {self.name}`")
-        os.makedirs(self.dir)
+        # the state directory appears with its owner file (a rename), so that no concurrent cleanup can take
+        # a cluster being built for an ownerless one
+        os.makedirs(STATE_ROOT, exist_ok=True)
+        tmp = os.path.join(STATE_ROOT, f".{self.name}.{os.getpid()}")
+        os.makedirs(tmp)
+        if not persistent:
+            with open(os.path.join(tmp, "owner"), "w") as f:
+                f.write(f"{os.getpid()} {_start_time(os.getpid())}")
+        os.rename(tmp, self.dir)
         self._up = True
         if not persistent:
-            with open(os.path.join(self.dir, "owner"), "w") as f:
-                f.write(f"{os.getpid()} {_start_time(os.getpid())}")
             atexit.register(self.down)
             if self.reaper:
                 subprocess.Popen([sys.executable, os.path.abspath(__file__), "reap", self.name], start_new_session=True,
