@@ -22,6 +22,10 @@ def _have_gpu():
 HAVE_GPU = _have_gpu()  # real or simulated (HPCFSDP_CUDA_SIM=1): runs the `gpu` tests
 REAL_GPU = HAVE_GPU and not _backend.cuda_simulated()  # runs the `gpu_hw` tests too
 
+# ---- system tier: the simulated multi-host cluster (fixture `cluster`, tests/cluster/) ----
+from cluster.fixtures import cluster  # noqa: E402,F401
+# ---- end system tier ----
+
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU / CuPy (HPCFSDP_CUDA_SIM=1 runs these on the simulated device)")

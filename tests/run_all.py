@@ -1,9 +1,14 @@
 """Run the whole test suite: serial tests, then MPI tests at 2 and at 4 ranks; fail if any part fails.
 
-Usage: python tests/run_all.py [--quick] [extra pytest args]
+Usage: python tests/run_all.py [--system] [--quick] [extra pytest args]
 Every test has a timeout (setup.cfg), and every MPI phase has an overall one, so a deadlock fails
 in seconds instead of hanging CI. pytest's exit code 5 (no tests collected) counts as a failure:
 each phase is expected to run tests.
+
+`--system` adds the system tier after those phases: tests marked `system`, which need root or a long
+setup (simulated hosts on network namespaces), and the GPU code paths on the simulated CUDA device
+(hpcfsdp/testing/cuda_sim.py, serially and at 2 and 4 ranks), within SYSTEM_TIMEOUT. There a test whose setup cannot
+start fails instead of skipping (HPCFSDP_SYSTEM_TIER=1), and so does a system test that is skipped.
 """
 import os
 import subprocess
@@ -14,8 +19,9 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-_SIM = {"HPCFSDP_CUDA_SIM": "1"}
 PHASE_TIMEOUT = float(os.environ.get("HPCFSDP_TEST_PHASE_TIMEOUT", "1500"))
+_SIM = {"HPCFSDP_CUDA_SIM": "1"}
+SYSTEM_TIMEOUT = float(os.environ.get("HPCFSDP_SYSTEM_TIMEOUT", "2400"))  # the system tier: 40 minutes
 
 
 def _counts(xml_path):
@@ -31,52 +37,61 @@ def _counts(xml_path):
     return tot
 
 
-def _phase(name, argv, env, xml, logdir):
+def _phase(name, argv, env, xml, logdir, timeout=PHASE_TIMEOUT):
     print(f"\n===== {name}: {' '.join(argv)}", flush=True)
     t0 = time.time()
     try:
-        rc = subprocess.run(argv, env=env, cwd=ROOT, timeout=PHASE_TIMEOUT).returncode
+        rc = subprocess.run(argv, env=env, cwd=ROOT, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         rc = 124
-    print(f"===== {name}: exit {rc} in {time.time() - t0:.0f} s", flush=True)
+    took = time.time() - t0
+    print(f"===== {name}: exit {rc} in {took:.0f} s", flush=True)
     if rc != 0 and logdir:
         for f in sorted(os.listdir(logdir)):
             text = open(os.path.join(logdir, f), errors="replace").read()
             if "failed" in text or "Error" in text or "Timeout" in text:
                 print(f"----- {f} (tail)\n{text[-4000:]}", flush=True)
-    return rc, _counts(xml)
+    return rc, _counts(xml), took
 
 
 def main() -> int:
-    extra = [a for a in sys.argv[1:] if a != "--quick"]
+    system = "--system" in sys.argv[1:]
+    extra = [a for a in sys.argv[1:] if a not in ("--quick", "--system")]
     env = dict(os.environ)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
     tmp = tempfile.mkdtemp(prefix="hpcfsdp-tests-")
     py = sys.executable
-    phases = [("serial", [py, "-m", "pytest", "-m", "not mpi", "tests"], None)]
+    phases = [("serial", [py, "-m", "pytest", "-m", "not mpi and not system", "tests"], None)]
     for n in (2, 4):
         logdir = os.path.join(tmp, f"np{n}")
         os.makedirs(logdir)
         argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
                 py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi", "-q", "tests"]
         phases.append((f"mpi-{n}", argv, logdir))
-    # the GPU code paths on the simulated device (hpcfsdp/testing/cuda_sim.py): serial, then 2 and 4 ranks
-    phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, _SIM))
-    for n in (2, 4):
-        logdir = os.path.join(tmp, f"sim-np{n}")
-        os.makedirs(logdir)
-        argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
-                py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
-        phases.append((f"gpu-sim-mpi-{n}", argv, logdir, _SIM))
-    failed, totals = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if system:
+        phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, _SIM))
+        for n in (2, 4):
+            logdir = os.path.join(tmp, f"sim-np{n}")
+            os.makedirs(logdir)
+            argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
+                    py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
+            phases.append((f"gpu-sim-mpi-{n}", argv, logdir, _SIM))
+        phases.append(("system", [py, "-m", "pytest", "-m", "system", "-rs", "tests"], None))
+    failed, totals, times = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
     for name, argv, logdir, *extra_env in phases:
         xml = os.path.join(tmp, f"{name}.xml")
         penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "", **(extra_env[0] if extra_env else {}))
+        if name == "system":
+            penv["HPCFSDP_SYSTEM_TIER"] = "1"
         argv = argv + [f"--junitxml={xml}", *extra]
-        rc, counts = _phase(name, argv, penv, xml, logdir)
+        rc, counts, took = _phase(name, argv, penv, xml, logdir, SYSTEM_TIMEOUT if name == "system" else PHASE_TIMEOUT)
+        times.append((name, took))
         if rc == 5:
             print(f"===== {name}: pytest collected no tests (exit 5): counted as a failure", flush=True)
+        if name == "system" and counts and counts["skipped"]:
+            print(f"===== system: {counts['skipped']} test(s) skipped: counted as a failure", flush=True)
+            rc = rc or 1
         if rc != 0:
             failed.append(name)
         if counts:
@@ -84,7 +99,8 @@ def main() -> int:
                 totals[k] += counts[k]
     bad = totals["failures"] + totals["errors"]
     passed = totals["tests"] - bad - totals["skipped"]
-    print(f"\nphases failed: {', '.join(failed) or 'none'}")
+    print("\nphase times: " + ", ".join(f"{n} {t:.0f} s" for n, t in times))
+    print(f"phases failed: {', '.join(failed) or 'none'}")
     print(f"hpcfsdp-tests: {passed} passed, {bad} failed, {totals['skipped']} skipped")
     return 1 if failed else 0
 

@@ -1,7 +1,26 @@
 """`hpcfsdp bench train` (FSDP training steps, measured) and `hpcfsdp bench compare` (A/B against the
-unsharded step and PyTorch FSDP2, alternating runs in one invocation)."""
+unsharded step and PyTorch FSDP2, alternating runs in one invocation).
+
+[Note: Step against its bounds]
+Across hosts a step can be no faster than its computation and no faster than the bytes a host must put
+on its link. `bench train --link IFACE --link-rate R --compute-only` measures both in the same run:
+- bytes sent per host per step: the host link's tx counter (/sys/class/net/IFACE, read by the first rank
+  of each host) between two barriers around the measured steps, less a calibrated per-run overhead: the
+  same window with empty steps (barriers, the timing reductions, launcher chatter) is subtracted, and the
+  rest is divided by the link's bytes per payload byte (frame headers and the acknowledgements of the
+  received stream), measured by the host leaders exchanging a known buffer around a ring;
+- wire bound: the least payload one host must send per step over the rate R, with H hosts: FULL_SHARD
+  (and SHARD_GRAD_OP) (H-1)/H of the parameter bytes per all-gather (each unit in forward, again in
+  backward when it reshards; the root once) plus (H-1)/H of the gradient bytes for the reduce-scatter;
+  HYBRID_SHARD and NO_SHARD 2(H-1)/H of the gradient bytes for the cross-host all-reduce;
+- compute-only: the same steps with FSDP's collectives (ProcessGroup all_gather_into,
+  reduce_scatter_into, all_reduce_) replaced by local copies of the same sizes: numbers wrong, times
+  right; run after everything else, and refused if FSDP issued any other collective meanwhile;
+- ratio: step time / max(compute-only, wire bound).
+"""
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -56,8 +75,28 @@ def add_parser(subparsers):
                    "holds the full model: what peak-memory measurements need)")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs)")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--link", default=None, metavar="IFACE",
+                   help="count the bytes each host sends per step on this network interface (e.g. eth0)")
+    p.add_argument("--link-rate", default=None, metavar="RATE",
+                   help="nominal link rate per host (e.g. 200mbit, 1gbit, 25gbit) for the wire bound")
+    p.add_argument("--compute-only", action="store_true",
+                   help="also time the same steps with FSDP's collectives replaced by local copies (numbers wrong, "
+                   "times right)")
     p.add_argument("--json", default=None, help="append the result as one JSON line to this file ('-' = stdout)")
     p.set_defaults(func=_run_train)
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc-style rate: 200mbit, 1gbit, 1.5Gbit, 100kbit, 1000000 (bit/s)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit)?\s*", str(text).lower())
+    if not m or (m.group(2) and not m.group(3)):
+        raise ValueError(f"link rate {text!r}: expected e.g. 200mbit, 1gbit or a number of bit/s")
+    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2)]
+    if value <= 0:
+        raise ValueError(f"link rate {text!r} must be positive")
+    return value
 
 
 def _config(args):
@@ -84,6 +123,127 @@ def _state_bytes(model, optim) -> int:
     return total
 
 
+def _unit_numels(model, cfg):
+    """Parameter counts of the FSDP units shard_gpt makes: (gathered once per step, gathered twice)."""
+    total = sum(p.numel() for p in model.parameters())
+    units = [*model.blocks] + ([] if model.config.tie_weights else [model.lm_head])
+    inner = sum(p.numel() for u in units for p in u.parameters())
+    reshard = cfg.effective_reshard_after_forward()
+    root_twice = cfg.reshard_after_forward is True  # the root keeps its parameters unless told otherwise
+    once = (0 if reshard else inner) + (0 if root_twice else total - inner)
+    return once, total - once
+
+
+def wire_min_bytes(strategy: str, hosts: int, once: int, twice: int, param_itemsize: int, grad_itemsize: int) -> float:
+    """Least payload bytes one host must send per step (see [Note: Step against its bounds])."""
+    if hosts <= 1:
+        return 0.0
+    frac = (hosts - 1) / hosts
+    grads = (once + twice) * grad_itemsize
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return frac * (once + 2 * twice) * param_itemsize + frac * grads
+    if strategy in ("HYBRID_SHARD", "NO_SHARD"):
+        return 2 * frac * grads
+    raise ValueError(f"no wire bound for strategy {strategy!r}")
+
+
+def _link_tx(iface: str) -> int:
+    with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def _link_factor(comm, layout, iface, nbytes=4 << 20) -> float:
+    """Link bytes per payload byte: the host leaders send ``nbytes`` each around a ring (collective); 1.0 on one
+    host, where nothing crosses a link."""
+    import numpy as np
+
+    if layout["num_nodes"] == 1:
+        return 1.0
+    leaders = comm.Split(0 if layout["local_rank"] == 0 else 1, comm.Get_rank())
+    try:
+        comm.Barrier()
+        t0 = _link_tx(iface)
+        if layout["local_rank"] == 0:
+            n, r = leaders.Get_size(), leaders.Get_rank()
+            buf, out = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+            leaders.Sendrecv(buf, (r + 1) % n, 11, out, (r - 1) % n, 11)
+        comm.Barrier()
+        sent = _link_tx(iface) - t0
+    finally:
+        leaders.Free()
+    ratios = comm.allgather(sent / nbytes if layout["local_rank"] == 0 else None)
+    ratios = [x for x in ratios if x is not None]
+    return statistics.median(ratios)
+
+
+@contextlib.contextmanager
+def local_collectives():
+    """FSDP's collectives become local copies of the same sizes (numbers wrong, times right); any other
+    collective issued meanwhile is an error."""
+    from hpcfsdp.distributed import process_group as pgm
+    from hpcfsdp.distributed._comm_thread import Work
+
+    def all_gather_into(self, out_flat, in_flat, async_op=False):
+        out_flat.reshape(self.size(), -1)[...] = in_flat.reshape(1, -1)
+        return Work._completed("local all_gather_into") if async_op else None
+
+    def reduce_scatter_into(self, out_flat, in_flat, op=None, async_op=False):
+        out_flat.reshape(-1)[...] = in_flat.reshape(self.size(), -1).sum(axis=0)
+        return Work._completed("local reduce_scatter_into") if async_op else None
+
+    def all_reduce_(self, arr, op=None, async_op=False):
+        a = arr.reshape(-1)
+        a[...] = a.copy()
+        return Work._completed("local all_reduce_") if async_op else None
+
+    fakes = {"all_gather_into": all_gather_into, "reduce_scatter_into": reduce_scatter_into, "all_reduce_": all_reduce_}
+    classes, todo = [], [pgm.ProcessGroup]
+    while todo:
+        c = todo.pop()
+        classes.append(c)
+        todo.extend(c.__subclasses__())
+    saved = [(c, name, c.__dict__[name]) for c in classes for name in fakes if name in c.__dict__]
+    before = pgm.collective_counts()
+    for c, name, _ in saved:
+        setattr(c, name, fakes[name])
+    try:
+        yield
+    finally:
+        for c, name, fn in saved:
+            setattr(c, name, fn)
+    after = pgm.collective_counts()
+    if after != before:
+        extra = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+        raise RuntimeError(f"compute-only steps still issued collectives {extra}: the switch replaces only "
+                           f"{sorted(fakes)}; the compute-only time would include communication")
+
+
+def _timed_steps(n, step, comm, device):
+    """Per-step seconds (max over ranks) of ``n`` calls of ``step``, each between a barrier and a reduction."""
+    import hpcfsdp as hp
+
+    times = []
+    for _ in range(n):
+        if comm is not None:
+            comm.Barrier()
+        hp._backend.synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        hp._backend.synchronize(device)
+        dt = time.perf_counter() - t0
+        times.append(comm.allreduce(dt, op=_max()) if comm is not None else dt)
+    return times
+
+
+def _check_bound_options(args):
+    """The nominal link rate (bit/s) or None; ValueError for options that cannot work together."""
+    if (args.link or args.link_rate or args.compute_only) and args.strategy == "none":
+        raise ValueError("--link, --link-rate and --compute-only measure FSDP across ranks: not with --strategy none")
+    if args.link and not os.path.exists(f"/sys/class/net/{args.link}/statistics/tx_bytes"):
+        raise ValueError(f"--link {args.link}: no such network interface here (/sys/class/net/{args.link})")
+    return parse_rate(args.link_rate) if args.link_rate else None
+
+
 def bench_train(args) -> dict:
     import numpy as np
 
@@ -94,6 +254,7 @@ def bench_train(args) -> dict:
 
     cfg = _config(args)
     unsharded = args.strategy == "none"
+    rate = _check_bound_options(args)
     if unsharded:
         comm, rank, world = None, 0, 1
     else:
@@ -110,6 +271,7 @@ def bench_train(args) -> dict:
     else:
         model = build_gpt(cfg, device)
     n_params = sum(p.numel() for p in model.parameters())
+    once, twice = _unit_numels(model, cfg)
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     if args.meta_init:
@@ -126,7 +288,11 @@ def bench_train(args) -> dict:
     optim = make_optimizer(cfg, model.parameters())
     rng = np.random.default_rng(args.seed + rank)
     times, exposed = [], []
+    link0 = None
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and args.link:
+            comm.Barrier()
+            link0 = _link_tx(args.link)
         x = hp.tensor(rng.integers(0, cfg.vocab_size, (cfg.batch_size, cfg.block_size)), device=device)
         y = hp.tensor(rng.integers(0, cfg.vocab_size, (cfg.batch_size, cfg.block_size)), device=device)
         if comm is not None:
@@ -147,6 +313,11 @@ def bench_train(args) -> dict:
         if i >= args.warmup:
             times.append(dt)
             exposed.append(ex)
+    net = {}
+    if args.link:
+        comm.Barrier()
+        raw = _link_tx(args.link) - link0
+        net = _net_metrics(args, comm, device, raw)
     med = statistics.median(times)
     peak = peak_memory_bytes(device)
     peaks = comm.allgather(peak) if comm is not None else [peak]
@@ -166,6 +337,29 @@ def bench_train(args) -> dict:
         "exposed_comm_s": statistics.median(exposed), "exposed_comm_frac": statistics.median(exposed) / med,
         "peak_mem_bytes": peaks, "sharded_state_bytes": sbytes_all,
     }
+    if not unsharded:
+        from hpcfsdp.distributed import _mpi
+
+        hosts = _mpi.node_layout(comm)["num_nodes"]
+        res["hosts"] = hosts
+        if rate:
+            mp = args.mixed_precision in ("bf16", "fp16")
+            wire = wire_min_bytes(args.strategy, hosts, once, twice, 2 if mp else 4, 4)
+            res.update(link_rate_bps=rate, wire_min_bytes_per_host=wire, wire_bound_s=wire * 8 / rate)
+    res.update(net)
+    if args.compute_only:
+        def fake_step():
+            _, loss = model(x, y)
+            loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+
+        optim.zero_grad(set_to_none=True)
+        with local_collectives():
+            fake_step()  # warm-up
+            res["compute_only_s"] = statistics.median(_timed_steps(args.steps, fake_step, comm, device))
+    if "compute_only_s" in res and "wire_bound_s" in res:
+        res["step_over_bound"] = med / max(res["compute_only_s"], res["wire_bound_s"])
     peak_flops = args.peak_tflops * 1e12 if args.peak_tflops else None
     if peak_flops is None and device.startswith("cuda"):
         import cupy
@@ -177,6 +371,27 @@ def bench_train(args) -> dict:
     return res
 
 
+def _net_metrics(args, comm, device, raw):
+    """Bytes each host sent per measured step, corrected for the per-run overhead (collective)."""
+    from hpcfsdp.distributed import _mpi
+
+    layout = _mpi.node_layout(comm)
+    # the same window with empty steps: barriers, timing reductions, whatever else talks meanwhile
+    comm.Barrier()
+    t0 = _link_tx(args.link)
+    _timed_steps(args.steps, lambda: None, comm, device)
+    comm.Barrier()
+    const = _link_tx(args.link) - t0
+    factor = _link_factor(comm, layout, args.link)
+    mine = (layout["node_index"], raw, const) if layout["local_rank"] == 0 else None
+    per_host = sorted(x for x in comm.allgather(mine) if x is not None)
+    sent = [max(0.0, (r - c) / factor) / args.steps for _, r, c in per_host]
+    return {"link": args.link, "link_bytes_per_payload_byte": factor,
+            "link_raw_bytes_per_host": [r for _, r, _ in per_host],
+            "link_overhead_bytes_per_host": [c for _, _, c in per_host],
+            "bytes_sent_per_host_per_step": sent}
+
+
 def _max():
     from mpi4py import MPI
 
@@ -184,6 +399,11 @@ def _max():
 
 
 def _run_train(args) -> int:
+    try:
+        _check_bound_options(args)
+    except ValueError as err:  # checked before any communication, the same on every rank
+        print(f"hpcfsdp bench train: {err}", file=sys.stderr)
+        return 2
     res = bench_train(args)
     import hpcfsdp.distributed as dist
 
@@ -202,6 +422,18 @@ def _run_train(args) -> int:
                   f"{res['tokens_per_s']:.0f} tok/s, exposed comm {100 * res['exposed_comm_frac']:.1f}%, "
                   f"peak RSS/rank {max(mib):.0f} MiB, sharded state/rank {max(st):.0f} MiB"
                   + (f", MFU {100 * res['mfu']:.1f}%" if "mfu" in res else ""), flush=True)
+            extra = []
+            if "bytes_sent_per_host_per_step" in res:
+                extra.append(f"sent/host/step {max(res['bytes_sent_per_host_per_step']) / 2**20:.2f} MiB")
+            if "wire_bound_s" in res:
+                extra.append(f"wire bound {res['wire_bound_s']:.3f} s "
+                             f"({res['wire_min_bytes_per_host'] / 2**20:.2f} MiB/host at {res['link_rate_bps'] / 1e6:g} Mbit/s)")
+            if "compute_only_s" in res:
+                extra.append(f"compute-only {res['compute_only_s']:.3f} s")
+            if "step_over_bound" in res:
+                extra.append(f"step/max(compute, wire) {res['step_over_bound']:.2f}")
+            if extra:
+                print(f"  {res.get('hosts', 1)} host(s): " + ", ".join(extra), flush=True)
     return 0
 
 

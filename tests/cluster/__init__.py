@@ -1,0 +1,1 @@
+"""The simulated multi-host cluster of the system tier (harness, jobs, pytest fixture)."""
