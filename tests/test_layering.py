@@ -17,10 +17,12 @@ LEVELS = {
     "hpcfsdp.distributed.fsdp._fully_shard._fsdp_api": 1,
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.nn": 3,
+    "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.distributed.fsdp": 5,
     "hpcfsdp.distributed.sharding_plan": 5,
+    "hpcfsdp.distributed.algorithms": 5,  # checkpoint wrappers applied next to fully_shard
     "hpcfsdp.distributed.checkpoint": 6,
     "hpcfsdp.cli": 7,
 }

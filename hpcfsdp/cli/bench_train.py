@@ -54,6 +54,8 @@ def add_parser(subparsers):
     p.add_argument("--meta-init", action="store_true",
                    help="build the model on the meta device and materialise only each rank's shards (no rank ever "
                    "holds the full model: what peak-memory measurements need)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's forward in backward instead of keeping its activations")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="append the result as one JSON line to this file ('-' = stdout)")
@@ -110,6 +112,10 @@ def bench_train(args) -> dict:
     else:
         model = build_gpt(cfg, device)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.activation_checkpointing:
+        from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_block_checkpointing
+
+        apply_block_checkpointing(model)
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     if args.meta_init:
@@ -159,7 +165,8 @@ def bench_train(args) -> dict:
     flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     res = {
         "strategy": args.strategy, "world_size": world, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
-        "device": cfg.device, "prefetch": not args.no_prefetch, "model": {
+        "device": cfg.device, "prefetch": not args.no_prefetch,
+        "activation_checkpointing": args.activation_checkpointing, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
             "n_head": cfg.n_head, "n_embd": cfg.n_embd, "batch_size": cfg.batch_size, "params": n_params},
         "step_time_s": med, "step_times_s": times, "tokens_per_s": tokens / med,

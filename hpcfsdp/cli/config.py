@@ -102,6 +102,7 @@ class TrainConfig:
     cpu_offload: bool = False  # keep sharded parameters and optimizer state in host memory
     device: str = "cpu"  # cpu | cuda (each rank uses the GPU numbered by its node-local rank)
     reshard_after_forward: Optional[bool] = None  # None = by strategy (FULL_SHARD/HYBRID yes, SHARD_GRAD_OP no)
+    activation_checkpointing: bool = False  # recompute each block's forward in backward instead of keeping it
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
@@ -487,6 +488,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--device", choices=DEVICES, default=S, help=_help("device", "array backend; cuda uses the GPU of the node-local rank"))
     g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("reshard_after_forward", "free gathered parameters after forward; unset = by strategy"))
+    g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("activation_checkpointing", "recompute each block's forward in backward (less memory, more time)"))
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))

@@ -274,12 +274,16 @@ class _Session:
     def __init__(self, cfg, ctx):
         from hpcfsdp.data import DistributedSampler
 
+        from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_block_checkpointing
+
         from ._common import build_gpt, make_optimizer, shard_gpt
 
         self.cfg, self.ctx = cfg, ctx
 
         def build():
             model = build_gpt(cfg, ctx.device)
+            if cfg.activation_checkpointing:
+                apply_block_checkpointing(model)
             shard_gpt(model, cfg, "cuda" if ctx.device.startswith("cuda") else "cpu")
             return model
 
