@@ -166,3 +166,18 @@ def test_wrapper_state_dict_keys_and_attribute_forwarding():
     assert w.checkpoint_impl is CheckpointImpl.REENTRANT and w.in_features == 2
     with pytest.raises(TypeError, match="CheckpointImpl"):
         checkpoint_wrapper(nn.Linear(2, 2), checkpoint_impl="no_reentrant")
+
+
+@pytest.mark.timeout(300)
+def test_train_cli_activation_checkpointing_same_losses(tmp_path):
+    """`hpcfsdp train --activation-checkpointing` at 2 ranks logs the losses of the run without it."""
+    from test_cli_train import TINY, job, losses, ok
+
+    runs = {}
+    for name, extra in (("plain", []), ("ac", ["--activation-checkpointing"])):
+        d = tmp_path / name
+        ok(job(tmp_path, 2, TINY + ["--steps", "4", "--dropout", "0.1", "--out-dir", str(d)] + extra))
+        runs[name] = losses(d / "metrics.jsonl")
+    assert [s for s, _, _ in runs["ac"]] == [1, 2, 3, 4]
+    for (s, l0, g0), (_, l1, g1) in zip(runs["plain"], runs["ac"]):
+        assert abs(l0 - l1) <= 1e-6 and abs(g0 - g1) <= 1e-6 * max(1.0, g0), (s, l0, l1, g0, g1)
