@@ -16,6 +16,7 @@ COMMANDS = (
     "hpcfsdp.cli.bench",
     "hpcfsdp.cli.slurm",
     "hpcfsdp.cli.checkpoint",
+    "hpcfsdp.cli.generate",
     "hpcfsdp.cli.plot",
 )
 

@@ -217,3 +217,32 @@ class Llama(nn.Module):
         return AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                      lr=learning_rate, betas=betas)
+
+    @classmethod
+    def from_pretrained(cls, path, *, device=None, dtype=None, shard_fn=None, **config_overrides):
+        """A Llama from a local Hugging Face directory (config.json + safetensors, single or sharded).
+
+        With ``shard_fn`` the model is built on the meta device, sharded, and each rank reads only its
+        own slices. Collective when ``shard_fn`` shards.
+        """
+        from . import _hf
+
+        cfg = _hf.llama_config(_hf.read_config(path), **config_overrides)
+        model, used, ckpt = _hf.from_pretrained(cls, cfg, path, _hf.llama_names, device=device, dtype=dtype,
+                                                shard_fn=shard_fn)
+        _hf.check_unused(ckpt, used, "Llama", tied_to="model.embed_tokens.weight" if cfg.tie_weights else None,
+                         ignored=(".rotary_emb.inv_freq",))
+        return model
+
+    def save_pretrained(self, path):
+        """Write config.json and model.safetensors in Hugging Face Llama layout (weights only); collective
+        for a sharded model (rank 0 writes)."""
+        from . import _hf
+
+        _hf.save_weights(self, path, _hf.llama_names, config=_hf.llama_hf_config(self.config))
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Append ``max_new_tokens`` sampled tokens to idx (B, T); see ``hpcfsdp.models.generate``."""
+        from ._generate import generate
+
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k)
