@@ -289,3 +289,23 @@ def test_cli_generate_from_training_checkpoint(tmp_path, capsys):
     assert main(["generate", ckpt, "--prompt", "The ", "--max-new-tokens", "8", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("The ")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sharded_load_with_activation_checkpointing_trains_like_plain():
+    from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_block_checkpointing
+
+    def shard_ac(m):
+        apply_block_checkpointing(m)
+        _shard_fn(m)
+
+    res = []
+    for fn in (_shard_fn, shard_ac):
+        m = Llama.from_pretrained(os.path.join(FIX, "llama"), shard_fn=fn)
+        x = _inputs()
+        _, loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        res.append((loss.item(), [p.grad.to_local().numpy().copy() for p in m.parameters()]))
+    assert res[0][0] == res[1][0]
+    for a, b in zip(res[0][1], res[1][1]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
