@@ -13,6 +13,7 @@ COMMANDS = (
     "hpcfsdp.cli.launch",
     "hpcfsdp.cli.demo",
     "hpcfsdp.cli.train",
+    "hpcfsdp.cli.data",
     "hpcfsdp.cli.bench",
     "hpcfsdp.cli.slurm",
     "hpcfsdp.cli.checkpoint",
