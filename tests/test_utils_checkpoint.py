@@ -181,3 +181,20 @@ def test_train_cli_activation_checkpointing_same_losses(tmp_path):
     assert [s for s, _, _ in runs["ac"]] == [1, 2, 3, 4]
     for (s, l0, g0), (_, l1, g1) in zip(runs["plain"], runs["ac"]):
         assert abs(l0 - l1) <= 1e-6 and abs(g0 - g1) <= 1e-6 * max(1.0, g0), (s, l0, l1, g0, g1)
+
+
+@pytest.mark.timeout(300)
+def test_train_cli_resume_with_checkpointing_from_a_plain_checkpoint(tmp_path):
+    """State-dict names do not depend on the wrappers: a run resumed with --activation-checkpointing from a
+    checkpoint written without it continues with the losses of the uninterrupted run."""
+    from test_cli_train import TINY, job, losses, ok
+
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    ok(job(tmp_path, 2, TINY + ["--steps", "2", "--out-dir", str(tmp_path / "a")] + ckpt))
+    ok(job(tmp_path, 2, TINY + ["--steps", "4", "--out-dir", str(tmp_path / "a"), "--resume",
+                                "--activation-checkpointing"] + ckpt))
+    ok(job(tmp_path, 2, TINY + ["--steps", "4", "--out-dir", str(tmp_path / "ref")]))
+    got, ref = losses(tmp_path / "a" / "metrics.jsonl"), losses(tmp_path / "ref" / "metrics.jsonl")
+    assert [s for s, _, _ in got] == [1, 2, 3, 4]
+    for (s, l0, _), (_, l1, _) in zip(ref, got):
+        assert abs(l0 - l1) <= 1e-6, (s, l0, l1)
