@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every number in BENCHMARKS.md comes from this script (CPU; one BLAS thread per rank).
-# Usage: bash scripts/benchmarks.sh [SECTION...]   sections: single compare prefetch comm table memory ckpt
+# Usage: bash scripts/benchmarks.sh [SECTION...]   sections: single compare prefetch comm table memory ckpt ac
 # PyTorch (for the peer numbers) lives in its own venv, never in hpcfsdp's: TORCH_PY=/path/to/python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,12 @@ single)  # unsharded single-process step vs PyTorch eager, default GPT, alternat
 compare)  # FULL_SHARD at 2 ranks / unsharded, hpcfsdp and PyTorch FSDP2 (gloo), alternating
   $HP bench compare -n 2 --repeats 2 --warmup 1 --steps 3 --no-tie --torch-python $TORCH_PY --peer-script $PEER \
     --json $R/compare_n2.json ;;
+ac)  # activation checkpointing on vs off at 2 ranks, default GPT built on the meta device, alternating
+  for r in 1 2; do
+    for ac in "" "--activation-checkpointing"; do
+      $HP launch -n 2 -- hpcfsdp bench train --meta-init --warmup 1 --steps 3 $ac --json $R/ac_n2.jsonl
+    done
+  done ;;
 prefetch)  # prefetch on vs off at 2 ranks, exposed communication
   for r in 1 2; do
     for pf in "" "--no-prefetch"; do

@@ -19,11 +19,13 @@ LEVELS = {
     "hpcfsdp.nn.functional": 1,
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.nn": 3,
+    "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors
     "hpcfsdp.distributed.fsdp": 5,
     "hpcfsdp.distributed.sharding_plan": 5,
+    "hpcfsdp.distributed.algorithms": 5,  # checkpoint wrappers applied next to fully_shard
     "hpcfsdp.distributed.checkpoint": 6,
     "hpcfsdp.cli": 7,
 }

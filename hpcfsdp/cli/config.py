@@ -52,7 +52,7 @@ MIXED_PRECISIONS = ("bf16", "fp16", "none")
 DEVICES = ("cpu", "cuda")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "adam", "sgd")
-DATA_DTYPES = ("uint8", "uint16", "uint32")
+DATA_DTYPES = ("auto", "uint8", "uint16", "uint32")
 
 # Keys of one record of the JSONL metrics log the trainer writes on rank 0 (`hpcfsdp plot` reads
 # `step`, `loss`, `tokens_per_s`; `val_loss` where an eval ran). `peak_mem_bytes` is a list, one
@@ -79,7 +79,7 @@ class TrainConfig:
     tie_weights: bool = True  # share the token embedding with the output head
     # data
     data: Optional[str] = None  # path of a flat token file; None = the shipped text corpus (bytes)
-    data_dtype: str = "uint8"  # element type of the token file: uint8 | uint16 | uint32
+    data_dtype: str = "auto"  # element type of the token file: auto (from its .json sidecar) | uint8 | uint16 | uint32
     # batch
     batch_size: int = 8  # sequences per rank per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
@@ -102,6 +102,7 @@ class TrainConfig:
     cpu_offload: bool = False  # keep sharded parameters and optimizer state in host memory
     device: str = "cpu"  # cpu | cuda (each rank uses the GPU numbered by its node-local rank)
     reshard_after_forward: Optional[bool] = None  # None = by strategy (FULL_SHARD/HYBRID yes, SHARD_GRAD_OP no)
+    activation_checkpointing: bool = False  # recompute each block's forward in backward instead of keeping it
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
@@ -173,7 +174,7 @@ class TrainConfig:
                 f"n_embd={self.n_embd}: expected a multiple of n_head={self.n_head} "
                 f"(head size n_embd/n_head must be an integer)"
             )
-        if self.data is None and self.data_dtype == "uint8" and self.vocab_size < 256:
+        if self.data is None and self.vocab_size < 256:
             raise ConfigError(
                 f"vocab_size={self.vocab_size}: the shipped byte-level corpus needs vocab_size >= 256"
             )
@@ -461,8 +462,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("tie_weights", "share token embedding and output head"))
     g = parser.add_argument_group("data and batch")
-    g.add_argument("--data", metavar="PATH", default=S, help=_help("data", "flat token file; 'none' = the shipped corpus"))
-    g.add_argument("--data-dtype", choices=DATA_DTYPES, default=S, help=_help("data_dtype", "element type of the token file"))
+    g.add_argument("--data", metavar="PATH", default=S, help=_help("data", "token file or directory of shards (hpcfsdp data prepare); 'none' = the shipped corpus"))
+    g.add_argument("--data-dtype", choices=DATA_DTYPES, default=S, help=_help("data_dtype", "element type of the token file; auto = from its .json sidecar"))
     g.add_argument("--batch-size", type=int, default=S, help=_help("batch_size", "sequences per rank per micro-step"))
     g.add_argument("--grad-accum", type=int, default=S, help=_help("grad_accum", "gradient-accumulation micro-steps per optimizer step"))
     g.add_argument("--steps", type=int, default=S, help=_help("steps", "optimizer steps in total"))
@@ -487,6 +488,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--device", choices=DEVICES, default=S, help=_help("device", "array backend; cuda uses the GPU of the node-local rank"))
     g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("reshard_after_forward", "free gathered parameters after forward; unset = by strategy"))
+    g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("activation_checkpointing", "recompute each block's forward in backward (less memory, more time)"))
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))

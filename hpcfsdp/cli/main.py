@@ -15,9 +15,11 @@ COMMANDS = (
     "hpcfsdp.cli.launch",
     "hpcfsdp.cli.demo",
     "hpcfsdp.cli.train",
+    "hpcfsdp.cli.data",
     "hpcfsdp.cli.bench",
     "hpcfsdp.cli.slurm",
     "hpcfsdp.cli.checkpoint",
+    "hpcfsdp.cli.generate",
     "hpcfsdp.cli.plot",
 )
 

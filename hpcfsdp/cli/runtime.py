@@ -95,16 +95,14 @@ def train_val_datasets(cfg):
     """(train, val) windows; val is None when the data is too small to hold out VAL_FRACTION."""
     import numpy as np
 
-    from hpcfsdp.data import TokenDataset, default_corpus
+    from hpcfsdp.data import TokenDataset, default_corpus, open_token_data
 
     if cfg.data is None:
         ds = TokenDataset.from_text(default_corpus(), cfg.block_size, dtype=np.uint16)
-    elif not os.path.isfile(cfg.data):
+    elif not os.path.exists(cfg.data):
         raise FileNotFoundError("no such file")
-    elif cfg.data_dtype == "uint8":  # TokenDataset maps uint16/uint32 files; widen byte files in memory
-        ds = TokenDataset(np.fromfile(cfg.data, dtype=np.uint8).astype(np.uint16), cfg.block_size, dtype=np.uint16)
-    else:
-        ds = TokenDataset(cfg.data, cfg.block_size, dtype=np.dtype(cfg.data_dtype))
+    else:  # memory-mapped on every rank; dtype and vocabulary checked against the sidecar
+        ds = open_token_data(cfg.data, cfg.block_size, dtype=cfg.data_dtype, vocab_size=cfg.vocab_size)
     n = len(ds)
     n_val = int(n * VAL_FRACTION) - cfg.block_size  # the gap keeps val targets out of the training tokens
     if n_val < 1:
@@ -167,6 +165,7 @@ class Session:
 
     def __init__(self, cfg, ctx):
         from hpcfsdp.data import DistributedSampler
+        from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_block_checkpointing
 
         from ._common import build_gpt, make_optimizer, shard_gpt
 
@@ -174,6 +173,8 @@ class Session:
 
         def build():
             model = build_gpt(cfg, ctx.device)
+            if cfg.activation_checkpointing:
+                apply_block_checkpointing(model)
             shard_gpt(model, cfg, "cuda" if ctx.device.startswith("cuda") else "cpu")
             return model
 

@@ -2,6 +2,7 @@
 from .dataset import TokenDataset, default_corpus
 from .sampler import DistributedSampler, batches
 from .tokenizer import VOCAB_SIZE, ByteTokenizer, build_token_file, decode, encode
+from .tokenfile import ShardedTokenDataset, TokenFileWriter, open_token_data, read_sidecar
 
 __all__ = [
     "VOCAB_SIZE",
@@ -13,4 +14,8 @@ __all__ = [
     "default_corpus",
     "DistributedSampler",
     "batches",
+    "open_token_data",
+    "read_sidecar",
+    "TokenFileWriter",
+    "ShardedTokenDataset",
 ]

@@ -29,16 +29,19 @@ def _looks_like_path(x) -> bool:
 class TokenDataset:
     """Windows of `block_size` tokens: item i is (x, y) = (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64.
 
-    `path_or_array` is a binary token file (flat `dtype` ids, e.g. from build_token_file), opened read-only
-    with np.memmap so that only the pages a batch touches are read, or an integer array of ids.
-    len() = number of windows = len(tokens) - block_size.
+    `path_or_array` is a binary token file (flat `dtype` ids, e.g. from build_token_file; uint8 byte files
+    too), opened read-only with np.memmap so that only the pages a batch touches are read, or an integer
+    array of ids. With `vocab_size`, every batch is checked to hold ids below it (a clear error instead of a
+    failure deep inside the embedding). len() = number of windows = len(tokens) - block_size.
     """
 
-    def __init__(self, path_or_array, block_size: int, dtype=np.uint16):
+    def __init__(self, path_or_array, block_size: int, dtype=np.uint16, vocab_size=None):
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = int(block_size)
-        self.dtype = check_token_dtype(dtype)
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
+        is_file = isinstance(path_or_array, (str, os.PathLike))
+        self.dtype = np.dtype(np.uint8) if is_file and np.dtype(dtype) == np.uint8 else check_token_dtype(dtype)
         if isinstance(path_or_array, (str, os.PathLike)):
             self.path = os.fspath(path_or_array)
             size = os.path.getsize(self.path)
@@ -105,6 +108,12 @@ class TokenDataset:
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"window indices must lie in [0, {len(self)}), got {idx.min()}..{idx.max()}")
         rows = np.asarray(self.tokens[idx[:, None] + np.arange(self.block_size + 1)], dtype=np.int64)  # (B, T+1)
+        if self.vocab_size is not None and rows.size and int(rows.max()) >= self.vocab_size:
+            bad = int(rows.max())
+            where = int(idx[np.nonzero((rows >= self.vocab_size).any(1))[0][0]])
+            raise ValueError(f"token id {bad} in window {where} of {self.path or 'the token array'} is outside "
+                             f"the model's vocabulary (vocab_size={self.vocab_size}); wrong --data-dtype or "
+                             f"--vocab-size?")
         return rows[:, :-1], rows[:, 1:]
 
     def __repr__(self) -> str:

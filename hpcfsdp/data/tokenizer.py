@@ -56,7 +56,8 @@ def decode(ids) -> str:
 
 def build_token_file(text_path, out_path, dtype=np.uint16) -> int:
     """Tokenise a UTF-8 text file into a flat little-endian binary of token ids (nanoGPT's train.bin layout),
-    written to a temporary name and renamed into place. Returns the number of tokens."""
+    written to a temporary name and renamed into place, with its sidecar OUT.json (dtype, vocabulary).
+    Returns the number of tokens."""
     dt = check_token_dtype(dtype).newbyteorder("<")
     try:
         with open(text_path, "rb") as f:
@@ -69,4 +70,8 @@ def build_token_file(text_path, out_path, dtype=np.uint16) -> int:
     tmp = f"{os.fspath(out_path)}.tmp-{os.getpid()}"
     ids.astype(dt).tofile(tmp)
     os.replace(tmp, out_path)
+    from .tokenfile import write_sidecar
+
+    write_sidecar(out_path, dtype=dt, vocab_size=VOCAB_SIZE, num_tokens=ids.size,
+                  max_id=int(ids.max()) if ids.size else -1, tokenizer={"type": "byte"})
     return int(ids.size)

@@ -19,6 +19,8 @@ class GPTConfig:
     dropout: float = 0.0       # dropout on embeddings, attention and residual branches
     bias: bool = True          # biases in Linear and LayerNorm layers (False: a bit faster and better)
     tie_weights: bool = True   # lm_head.weight is the token embedding (both must sit in one FSDP unit)
+    gelu_approximate: str = "none"  # MLP activation: exact GELU, or "tanh" (GPT-2's "gelu_new")
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -29,6 +31,8 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.gelu_approximate not in ("none", "tanh"):
+            raise ValueError(f"GPTConfig.gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
 
 
 # [Note: GPT initialisation]
@@ -107,7 +111,7 @@ class MLP(nn.Module):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
         self.c_fc = _Linear(config.n_embd, 4 * config.n_embd, bias=config.bias, **kw)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=config.gelu_approximate)
         self.c_proj = _Linear(4 * config.n_embd, config.n_embd, bias=config.bias,
                               std=0.02 / math.sqrt(2 * config.n_layer), **kw)
         self.dropout = nn.Dropout(config.dropout)
@@ -126,9 +130,9 @@ class Block(nn.Module):
     def __init__(self, config, device=None, dtype=None):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias, **kw)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias, **kw)
         self.attn = CausalSelfAttention(config, **kw)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias, **kw)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias, **kw)
         self.mlp = MLP(config, **kw)
 
     def forward(self, x):
@@ -157,7 +161,7 @@ class GPT(nn.Module):
             wpe=_Embedding(config.block_size, config.n_embd, **kw),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, **kw) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias, **kw),
+            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias, **kw),
         ))
         self.lm_head = _Linear(config.n_embd, config.vocab_size, bias=False, **kw)
         if config.tie_weights:
@@ -224,3 +228,35 @@ class GPT(nn.Module):
             {"params": nodecay_params, "weight_decay": 0.0},
         ]
         return AdamW(optim_groups, lr=learning_rate, betas=betas)
+
+    @classmethod
+    def from_pretrained(cls, path, *, device=None, dtype=None, shard_fn=None, **config_overrides):
+        """A GPT from a local Hugging Face GPT-2 directory (config.json + safetensors, single or sharded).
+
+        GPT-2's Conv1D weights are transposed into Linear layout; the head is tied as GPT-2's. With
+        ``shard_fn`` (e.g. one that calls ``fully_shard``) the model is built on the meta device, sharded,
+        and each rank reads only its own slices from the file. Collective when ``shard_fn`` shards.
+        """
+        from . import _hf
+
+        cfg = _hf.gpt2_config(_hf.read_config(path), **config_overrides)
+        model, used, ckpt = _hf.from_pretrained(cls, cfg, path, _hf.gpt2_names, _hf.gpt2_transposed, device=device,
+                                                dtype=dtype, shard_fn=shard_fn)
+        _hf.check_unused(ckpt, used, "GPT",
+                         tied_to="transformer.wte.weight" if cfg.tie_weights else None, ignored=_hf.GPT2_IGNORED)
+        return model
+
+    def save_pretrained(self, path):
+        """Write config.json and model.safetensors in Hugging Face GPT-2 layout (weights only).
+
+        Collective for a sharded model (every rank calls it; rank 0 writes).
+        """
+        from . import _hf
+
+        _hf.save_weights(self, path, _hf.gpt2_names, _hf.gpt2_transposed, config=_hf.gpt2_hf_config(self.config))
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Append ``max_new_tokens`` sampled tokens to idx (B, T); see ``hpcfsdp.models.generate``."""
+        from ._generate import generate
+
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k)

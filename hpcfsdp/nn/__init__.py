@@ -6,9 +6,11 @@ from hpcfsdp.nn.modules import (
     ModuleDict, ModuleList, MSELoss, ReLU, Sequential, Tanh,
 )
 from hpcfsdp.nn import utils
+from hpcfsdp.nn.modules import RMSNorm, SiLU  # noqa: E402
 
 __all__ = [
     "Parameter", "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout",
     "GELU", "ReLU", "Tanh",
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
 ]
+__all__ += ["RMSNorm", "SiLU"]

@@ -10,6 +10,7 @@ from ..autograd import ops, ops_nn
 __all__ = [
     "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "nll_loss",
     "mse_loss", "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "silu",
+    "rms_norm",
 ]
 
 
@@ -60,6 +61,8 @@ def sigmoid(input):  # noqa: A002
 
 
 def silu(input, inplace=False):  # noqa: A002
+    """x * sigmoid(x), composed of Tensor ops (a fused op would save one saved array per call)."""
+    _float(input, "silu")
     return input * input.sigmoid()
 
 
@@ -200,6 +203,29 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
     return ops_nn.LayerNorm.apply(input, nd, weight, bias, float(eps))
 
 
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    """x / sqrt(mean(x^2 over normalized_shape) + eps) * weight; eps None = the dtype's machine epsilon.
+
+    Composed of Tensor ops (square, mean, rsqrt, mul); a fused autograd op would keep one array
+    instead of several for backward and make one pass over the data.
+    """
+    _float(input, "rms_norm")
+    ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    nd = len(ns)
+    if nd > input.ndim or tuple(input.shape[input.ndim - nd:]) != ns:
+        raise RuntimeError(f"rms_norm(): given normalized_shape={list(ns)}, expected input with shape "
+                           f"[*, {', '.join(map(str, ns))}], but got input of size {list(input.shape)}")
+    if weight is not None and tuple(weight.shape) != ns:
+        raise RuntimeError(f"rms_norm(): weight of shape {tuple(weight.shape)} does not match normalized_shape {ns}")
+    if eps is None:
+        import ml_dtypes  # finfo that knows bfloat16
+
+        eps = float(ml_dtypes.finfo(input.dtype).eps)
+    dims = tuple(range(input.ndim - nd, input.ndim))
+    y = input * ((input * input).mean(dims, keepdim=True) + float(eps)).rsqrt()
+    return y * weight if weight is not None else y
+
+
 def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
@@ -243,7 +269,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             mask = mask.astype(query.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if enable_gqa and query.shape[-3] != key.shape[-3]:
+    if enable_gqa and query.ndim >= 3 and query.shape[-3] != key.shape[-3]:
+        if key.shape[-3] != value.shape[-3] or query.shape[-3] % key.shape[-3] != 0:
+            raise RuntimeError(f"scaled_dot_product_attention(): with enable_gqa=True the number of query heads "
+                               f"({query.shape[-3]}) must be a multiple of the key/value heads (key "
+                               f"{key.shape[-3]}, value {value.shape[-3]})")
+        # each group of query heads shares one key/value head, as repeat_interleave along the head dim
         rep = query.shape[-3] // key.shape[-3]
         key = key.unsqueeze(-3).expand(*key.shape[:-2], rep, *key.shape[-2:]).reshape(query.shape[:-2] + key.shape[-2:])
         value = value.unsqueeze(-3).expand(*value.shape[:-2], rep, *value.shape[-2:]).reshape(

@@ -1,5 +1,5 @@
-"""Small utilities shared by every layer (hook handles)."""
-
+"""Utilities (PyTorch's torch.utils): activation checkpointing, hook handles shared by every layer."""
+from hpcfsdp.utils import checkpoint
 from hpcfsdp.utils.hooks import RemovableHandle
 
-__all__ = ["RemovableHandle"]
+__all__ = ["checkpoint", "RemovableHandle"]

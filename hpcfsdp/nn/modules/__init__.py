@@ -9,8 +9,12 @@ from hpcfsdp.nn.modules.module import Module
 from hpcfsdp.nn.modules.normalization import LayerNorm
 from hpcfsdp.nn.modules.sparse import Embedding
 
+from hpcfsdp.nn.modules.activation import SiLU  # noqa: E402
+from hpcfsdp.nn.modules.normalization import RMSNorm  # noqa: E402
+
 __all__ = [
     "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "GELU",
     "ReLU", "Tanh",
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
 ]
+__all__ += ["RMSNorm", "SiLU"]

@@ -1,8 +1,8 @@
-"""Activation layers: GELU, ReLU, Tanh."""
+"""Activation layers: GELU, ReLU, SiLU, Tanh."""
 import hpcfsdp.nn.functional as F
 from hpcfsdp.nn.modules.module import Module
 
-__all__ = ["GELU", "ReLU", "Tanh"]
+__all__ = ["GELU", "ReLU", "SiLU", "Tanh"]
 
 
 class GELU(Module):
@@ -40,3 +40,17 @@ class Tanh(Module):
 
     def forward(self, input):
         return F.tanh(input)
+
+
+class SiLU(Module):
+    """x * sigmoid(x) (the swish)."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input):
+        return F.silu(input, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""

@@ -1,4 +1,4 @@
-"""LayerNorm over the trailing dimensions."""
+"""LayerNorm and RMSNorm over the trailing dimensions."""
 import numbers
 
 import hpcfsdp.nn.functional as F
@@ -6,7 +6,7 @@ from hpcfsdp.nn import init
 from hpcfsdp.nn.modules.module import Module
 from hpcfsdp.nn.parameter import Parameter
 
-__all__ = ["LayerNorm"]
+__all__ = ["LayerNorm", "RMSNorm"]
 
 
 class LayerNorm(Module):
@@ -41,6 +41,35 @@ class LayerNorm(Module):
 
     def forward(self, input):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(**self.__dict__)
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) * weight over ``normalized_shape``; eps None = the dtype's machine epsilon."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True, device=None, dtype=None):
+        super().__init__()
+        import hpcfsdp
+
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(hpcfsdp.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.elementwise_affine:
+            init.ones_(self.weight)
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(**self.__dict__)

@@ -1,0 +1,1 @@
+"""Activation-checkpoint wrappers (PyTorch's torch.distributed.algorithms._checkpoint)."""
