@@ -33,3 +33,5 @@ __all__ = [
 # Submodules above the compute core, imported last: they import the names above.
 from . import nn, optim, models, accelerator  # noqa: E402,F401
 from .serialization import load, save  # noqa: E402
+from . import utils  # noqa: E402,F401
+from .utils import checkpoint as _checkpoint  # noqa: E402,F401  (hp.utils.checkpoint, as torch.utils.checkpoint)

@@ -20,6 +20,7 @@ LEVELS = {
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.nn": 3,
     "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code
+    "hpcfsdp.utils.hooks": 0,  # RemovableHandle: a leaf every layer uses
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors

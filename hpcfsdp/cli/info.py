@@ -42,9 +42,10 @@ def _text(info: dict) -> str:
 
 def run(args) -> int:
     from hpcfsdp import _settings
-    from hpcfsdp.distributed import _mpi
 
-    try:
+    try:  # importing hpcfsdp.distributed already reads settings (the torchrun variables)
+        from hpcfsdp.distributed import _mpi
+
         info = dict(_mpi.probe(), settings=_settings.effective())
     except ValueError as e:  # an HPCFSDP_* variable the probe reads does not parse: name it, show them all
         print(f"hpcfsdp info: error: {e}", file=sys.stderr)
