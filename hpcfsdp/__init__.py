@@ -6,7 +6,7 @@ from ._backend import (bfloat16, bool, device, double, float, float16, float32, 
 from ._creation import (arange, as_tensor, cat, concat, concatenate, empty, empty_like, eye, from_dlpack,
                         from_numpy, full, full_like, is_tensor, linspace, numel, ones, ones_like, rand, rand_like,
                         randint, randn, randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like)
-from ._ops_api import (abs, allclose, amax, amin, argmax, argmin, clamp, clip, exp, log, matmul, max, maximum,  # noqa: A004
+from ._ops_api import (abs, allclose, amax, equal, amin, argmax, argmin, clamp, clip, exp, log, matmul, max, maximum,  # noqa: A004
                        mean, min, minimum, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
                        get_default_dtype, is_floating_point, promote_types)
 from ._tensor import Size, Tensor
@@ -24,7 +24,7 @@ __all__ = [
     "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
     "from_numpy", "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu",
     "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled",
-    "abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
+    "abs", "allclose", "equal", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
     "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
     "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
     "save", "load",

@@ -4,7 +4,7 @@ from . import _backend
 from ._array import promote_types as _promote
 from ._tensor import Tensor
 
-__all__ = ["abs", "allclose", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
+__all__ = ["abs", "allclose", "equal", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
            "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
            "var", "get_default_dtype", "is_floating_point", "promote_types"]
 
@@ -22,6 +22,7 @@ def _method_as_function(name):
 
 abs = _method_as_function("abs")  # noqa: A001
 allclose = _method_as_function("allclose")
+equal = _method_as_function("equal")
 amax = _method_as_function("amax")
 amin = _method_as_function("amin")
 argmax = _method_as_function("argmax")

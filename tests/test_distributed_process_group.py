@@ -286,6 +286,24 @@ def test_object_encoding_roundtrip_and_rejects_arbitrary_objects():
         B.encode_object(object())
 
 
+def test_object_encoding_carries_tensors_but_not_dtensors():
+    import hpcfsdp as hp
+    from hpcfsdp.distributed import init_device_mesh
+    from hpcfsdp.distributed.tensor import Shard, distribute_tensor
+
+    t = hp.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    b = hp.tensor([1.5, -2.0], dtype=hp.bfloat16)
+    back = B.decode_object(B.encode_object({"state": {0: {"exp_avg": t, "step": b}}, "groups": [{"lr": 0.1}]}))
+    got, step = back["state"][0]["exp_avg"], back["state"][0]["step"]
+    assert isinstance(got, hp.Tensor) and got.requires_grad and got.dtype == hp.float32
+    np.testing.assert_array_equal(got.detach().numpy(), t.detach().numpy())
+    assert step.dtype == hp.bfloat16 and not step.requires_grad and step.tolist() == [1.5, -2.0]
+    assert back["groups"] == [{"lr": 0.1}]
+    sharded = distribute_tensor(hp.zeros(4), init_device_mesh("cpu", (1,)), [Shard(0)])
+    with pytest.raises(TypeError, match="DTensor"):
+        B.encode_object([sharded])
+
+
 def _run_mpi(script, n=2, env=None, timeout=60):
     e = dict(os.environ)
     e.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})

@@ -323,3 +323,17 @@ def test_disjoint_process_groups_give_independent_fsdp_instances():
     refp = dict(ref.named_parameters())
     for name, p in fsdp.named_parameters():
         np.testing.assert_allclose(full(p), refp[name].detach().numpy(), atol=2e-5, rtol=2e-4, err_msg=name)
+
+
+def test_clip_grad_norm_returns_the_full_norm_as_a_plain_tensor():
+    ref = _blocks()
+    fsdp = FSDP(_blocks(), auto_wrap_policy=_wrap_policy())
+    x = _batches(1)[0]
+    fsdp(hp.tensor(local(x))).backward()
+    ref(hp.tensor(x)).backward()
+    expected = np.sqrt(sum(float((p.grad.numpy().astype(np.float64) ** 2).sum()) for p in ref.parameters()))
+    total = fsdp.clip_grad_norm_(0.5)
+    assert not isinstance(total, DTensor) and isinstance(total, hp.Tensor)
+    np.testing.assert_allclose(total.item(), expected, rtol=1e-5)
+    clipped = np.sqrt(sum(float((full(p.grad).astype(np.float64) ** 2).sum()) for p in fsdp.parameters()))
+    np.testing.assert_allclose(clipped, 0.5, rtol=1e-4)

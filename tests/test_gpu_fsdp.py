@@ -130,9 +130,6 @@ def test_cpu_offload_matches_cpu(mpi_path, rank_gpu):
     assert all(p.device.type == "cpu" for p in cuda[0].parameters())
 
 
-# The sharded storage is allocated in _fsdp_param_group._init_sharded_storage/reallocate, which must take
-# it from _backend.host_empty(shape, dtype, pin_memory=policy.pin_memory) (and zero it) under CPU offload.
-@pytest.mark.xfail(strict=True, reason="CPUOffloadPolicy(pin_memory=True) not yet wired into the sharded storage")
 @pytest.mark.timeout(300)
 def test_cpu_offload_keeps_shards_in_pinned_memory(rank_gpu):
     model, _, _ = _train(rank_gpu, steps=1, offload=True)

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from hpcfsdp import _backend
-from hpcfsdp._backend import array_module, is_cupy_array
+from hpcfsdp._backend import array_module, is_cupy_array, to_numpy
+from hpcfsdp._tensor import Tensor
 from hpcfsdp.distributed._mpi import cuda_aware, get_mpi, half_types
 
 __all__ = [
@@ -391,7 +392,9 @@ def check_same_kind(a, b, what: str) -> None:
 
 # [Note: Objects without pickle]
 # all_gather_object / broadcast_object move Python objects as UTF-8 JSON with tags for what
-# JSON lacks: tuples, dicts with non-string keys, sets, bytes, NumPy dtypes, scalars and arrays.
+# JSON lacks: tuples, dicts with non-string keys, sets, bytes, NumPy dtypes, scalars and arrays, and
+# Tensors (their host copy, device and requires_grad; they arrive on the same device, as PyTorch's
+# pickled tensors do; DTensors are refused: send their local pieces or full_tensor()).
 # Decoding never runs code. Anything else (custom classes) raises TypeError naming its type.
 
 def _enc(o: Any) -> Any:
@@ -414,10 +417,14 @@ def _enc(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         a = np.ascontiguousarray(o)
         return {"__array": [a.dtype.name, list(a.shape), _b64.b64encode(a.tobytes()).decode("ascii")]}
+    if isinstance(o, Tensor):
+        if hasattr(o, "device_mesh"):
+            raise TypeError("cannot send a DTensor as an object: send to_local() or full_tensor()")
+        return {"__tensor": [_enc(to_numpy(o._data)), str(o.device), bool(o.requires_grad)]}
     raise TypeError(
         f"cannot send an object of type {type(o).__module__}.{type(o).__qualname__}: collectives on "
         "objects accept None, bool, int, float, str, list, tuple, dict, set, bytes, NumPy dtypes, "
-        "scalars and arrays (no pickle)"
+        "scalars, arrays and Tensors (no pickle)"
     )
 
 
@@ -452,6 +459,9 @@ def _dec(o: Any) -> Any:
     if "__array" in o:
         name, shape, data = o["__array"]
         return np.frombuffer(_b64.b64decode(data), _dtype_from_name(name)).reshape(shape).copy()
+    if "__tensor" in o:
+        data, device, requires_grad = o["__tensor"]
+        return Tensor._wrap(_dec(data)).to(device).requires_grad_(requires_grad)
     raise ValueError(f"malformed object encoding: unknown tag in {sorted(o)}")
 
 

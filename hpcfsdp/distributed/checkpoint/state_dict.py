@@ -133,7 +133,7 @@ def get_model_state_dict(model, *, submodules=None, options=None) -> dict:
     if o.ignore_frozen_params:
         for n, p in root.named_parameters():
             if not p.requires_grad:
-                sd.pop(n, None)
+                sd.pop(sdu.clean_fqn(n), None)
     return sd
 
 
@@ -245,7 +245,8 @@ def _init_optim_state(optim) -> None:
             lrs.append(g["lr"])
             g["lr"] = 0.0
     try:
-        optim.step()
+        with np.errstate(invalid="ignore", over="ignore"):  # parameters may still hold to_empty's garbage
+            optim.step()
     finally:
         for g in optim.param_groups:
             if "lr" in g:
@@ -291,7 +292,7 @@ def _unflatten_osd(root, optim, flat) -> dict:
 def _param_names(root):
     names = {}
     for n, p in root.named_parameters():
-        names.setdefault(id(p), n)
+        names.setdefault(id(p), sdu.clean_fqn(n))
     return names
 
 

@@ -176,7 +176,7 @@ def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
     raise TypeError(f"unknown state_dict_type {sd_type!r}")
 
 
-def _fqn(name):
+def clean_fqn(name):
     """A parameter's name as state dicts spell it: activation-checkpoint wrappers are transparent, as in PyTorch."""
     return name.replace("_checkpoint_wrapped_module.", "")
 
@@ -187,7 +187,7 @@ def _param_names(root):
     for g in fsdp_groups(root):
         for fp in g.fsdp_params:
             by_id[id(fp.sharded_param)] = (g, fp)
-    return {_fqn(name): by_id[id(p)] for name, p in root.named_parameters(remove_duplicate=False) if id(p) in by_id}
+    return {clean_fqn(name): by_id[id(p)] for name, p in root.named_parameters(remove_duplicate=False) if id(p) in by_id}
 
 
 def _local_state_dict(root, sd, offload):
@@ -264,7 +264,7 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     osd = osd if osd is not None else optim.state_dict()
     names = {}
     for n, p in root.named_parameters():
-        names.setdefault(id(p), _fqn(n))
+        names.setdefault(id(p), clean_fqn(n))
     params = _optim_params(optim)
     full = sd_type == StateDictType.FULL_STATE_DICT
     cfg = osd_config or FullOptimStateDictConfig()
@@ -300,7 +300,7 @@ def optim_state_dict_to_load(root, optim, osd, osd_config=None) -> dict:
     reshard_all(root)
     if isinstance(osd_config, FullOptimStateDictConfig) and osd_config.rank0_only:
         osd = broadcast_optim_state_dict(root, osd)
-    by_name = {_fqn(n): p for n, p in root.named_parameters(remove_duplicate=False)}
+    by_name = {clean_fqn(n): p for n, p in root.named_parameters(remove_duplicate=False)}
     index = {id(p): i for i, p in enumerate(_optim_params(optim))}
     if "state" not in osd or "param_groups" not in osd:
         raise ValueError("optimizer state dict must have 'state' and 'param_groups'")

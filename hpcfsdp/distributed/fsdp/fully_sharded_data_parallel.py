@@ -9,6 +9,7 @@ from ... import _backend
 from ..._tensor import Tensor
 from ...nn import Module
 from ...nn.utils import clip_grad_norm_ as _clip_grad_norm
+from ..tensor import DTensor
 from . import _state_dict_utils as sdu
 from ._fully_shard import (
     CPUOffloadPolicy,
@@ -181,8 +182,10 @@ class FullyShardedDataParallel(Module):
             self.module.set_requires_gradient_sync(True)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
-        """Clip the sharded gradients by their global norm (one all-reduce); returns the total norm."""
-        return _clip_grad_norm(list(self.parameters()), max_norm, norm_type=norm_type)
+        """Clip the sharded gradients by their global norm (one all-reduce); returns the total norm as a
+        plain (full) tensor, as PyTorch's FSDP1 does."""
+        total = _clip_grad_norm(list(self.parameters()), max_norm, norm_type=norm_type)
+        return total.full_tensor() if isinstance(total, DTensor) else total
 
     @staticmethod
     def summon_full_params(module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
@@ -258,7 +261,9 @@ class FullyShardedDataParallel(Module):
     def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_optimizer: bool = False,
                                  load_directly: bool = False, group=None) -> dict:
         """Turn a name-keyed optimizer state dict (FULL or SHARDED) into ``optim.load_state_dict`` input."""
-        result = sdu.optim_state_dict_to_load(_root(model), optim, optim_state_dict)
+        settings = FullyShardedDataParallel.get_state_dict_type(model)
+        result = sdu.optim_state_dict_to_load(_root(model), optim, optim_state_dict,
+                                              settings.optim_state_dict_config)
         if load_directly:
             optim.load_state_dict(result)
         return result

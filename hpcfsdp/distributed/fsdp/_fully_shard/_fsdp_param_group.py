@@ -43,6 +43,7 @@ class FSDPParamGroup:
         self.post_forward_mesh_info = post_forward_mesh_info
         self.device = _backend.to_device(device)
         self.offload = isinstance(offload_policy, CPUOffloadPolicy)
+        self.pin_memory = self.offload and bool(offload_policy.pin_memory)  # page-locked shards: async copies
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             names = ", ".join(f"{p.name}: {p.dtype}" for p in params)
@@ -101,11 +102,19 @@ class FSDPParamGroup:
         device = self._storage_device()
         if is_meta:
             self.flat = _backend.meta_array((self.total,), self.dtype)
+        elif self.offload:
+            self.flat = self._host_zeros()
         else:
             self.flat = _backend.array_module(device).zeros((self.total,), dtype=self.dtype)
         for p, orig in zip(self.fsdp_params, originals):
             p.bind_flat(self.flat, None if is_meta else _to_storage(orig._data, device))
         self.is_meta = is_meta
+
+    def _host_zeros(self):
+        """CPU offload's flat shard buffer: host memory, page-locked when the policy asks (CuPy only)."""
+        flat = _backend.host_empty((self.total,), self.dtype, pin_memory=self.pin_memory)
+        flat[...] = 0
+        return flat
 
     def reallocate(self, fn):
         """Re-create the sharded storage after ``Module._apply(fn)`` (to_empty, to(device/dtype))."""
@@ -118,8 +127,11 @@ class FSDPParamGroup:
         self.dtype = sample.dtype
         for p in self.fsdp_params:
             p.dtype = sample.dtype
-        self.flat = _backend.array_module(sample).zeros((self.total,), dtype=self.dtype)
         self.is_meta = _backend.is_meta_array(sample)
+        if self.offload and not self.is_meta:
+            self.flat = self._host_zeros()
+        else:
+            self.flat = _backend.array_module(sample).zeros((self.total,), dtype=self.dtype)
         for p in self.fsdp_params:
             p.sharded_param._data = p._local  # bind_flat replaces it
             segment = p.layout.segment(self.flat)[:p.local_rows()]
