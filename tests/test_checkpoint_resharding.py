@@ -62,6 +62,9 @@ def test_checkpoint_cli_reads_it(saved):
     assert out.returncode == 0, out.stderr
     from safetensors.numpy import load_file
 
-    full = load_file(dst)
+    full = load_file(dst)  # the model's weights, by parameter name; the optimizer state beside them
     ref = np.load(os.path.join(saved, "ref.npz"))
-    np.testing.assert_array_equal(full["model.transformer.wte.weight"], ref["model/transformer.wte.weight"])
+    np.testing.assert_array_equal(full["transformer.wte.weight"], ref["model/transformer.wte.weight"])
+    assert not any(k.startswith(("model.", "optim.")) for k in full)
+    optim = load_file(os.path.join(saved, "full.optim.safetensors"))
+    assert optim and all(k.startswith("optim.") for k in optim)

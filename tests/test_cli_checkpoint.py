@@ -109,3 +109,24 @@ def test_help_lists_subcommands(capsys):
         run(["checkpoint", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and all(c in out for c in ("inspect", "verify", "consolidate"))
+
+
+def test_consolidate_splits_a_training_checkpoint_into_model_and_optimizer_files(tmp_path, capsys):
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(1)
+    ref = {"model.w": rng.standard_normal((4, 3)).astype(np.float32),
+           "optim.state.w.exp_avg": rng.standard_normal((4, 3)).astype(np.float32),
+           "optim.state.w.step": np.array(7.0, np.float32)}
+    pieces = {k: F.Piece(a.shape, a.dtype, (0,) * a.ndim, a) for k, a in ref.items()}
+    path = str(tmp_path / "ck")
+    F.save_pieces(path, pieces, comm=MPI.COMM_SELF)
+    out, opt = str(tmp_path / "model.safetensors"), str(tmp_path / "opt.safetensors")
+    assert run(["checkpoint", "consolidate", path, out]) == 0
+    assert load_file(out).keys() == {"w"}
+    np.testing.assert_array_equal(load_file(out)["w"], ref["model.w"])
+    default_optim = load_file(str(tmp_path / "model.optim.safetensors"))
+    assert default_optim.keys() == {"optim.state.w.exp_avg", "optim.state.w.step"}
+    np.testing.assert_array_equal(default_optim["optim.state.w.exp_avg"], ref["optim.state.w.exp_avg"])
+    assert run(["checkpoint", "consolidate", path, out, "--optim-out", opt]) == 0
+    assert f"wrote {out}, {opt}" in capsys.readouterr().out and load_file(opt).keys() == default_optim.keys()

@@ -284,7 +284,8 @@ def test_cli_generate_from_training_checkpoint(tmp_path, capsys):
     assert source == "hpcfsdp"
     sd = model.state_dict()
     for k, v in sd.items():
-        np.testing.assert_array_equal(v.numpy(), full["model." + k], err_msg=k)
+        np.testing.assert_array_equal(v.numpy(), full[k], err_msg=k)
+    assert model.load_state_dict(full, strict=True) is not None  # the consolidated file loads directly
     capsys.readouterr()
     assert main(["generate", ckpt, "--prompt", "The ", "--max-new-tokens", "8", "--seed", "1"]) == 0
     out = capsys.readouterr().out

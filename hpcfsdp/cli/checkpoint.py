@@ -26,11 +26,14 @@ def add_parser(subparsers):
                        "Exit status 1 with the reason on the first fault.")
     q.add_argument("dir", metavar="DIR", help="checkpoint directory")
     q.set_defaults(func=run_verify)
-    q = sub.add_parser("consolidate", help="write all entries, unsharded, to one safetensors file",
-                       description="Assemble every entry in full from its pieces and write one safetensors file "
-                       "(entry names unchanged; extras and mesh as JSON in the file's metadata).")
+    q = sub.add_parser("consolidate", help="write the entries, unsharded, to safetensors files",
+                       description="Assemble every entry in full from its pieces and write safetensors files "
+                       "(extras and mesh as JSON in each file's metadata). A training checkpoint is split: "
+                       "model weights to OUT under their parameter names, optimizer state to --optim-out "
+                       "(default OUT with .optim before its suffix). Other checkpoints go whole to OUT.")
     q.add_argument("dir", metavar="DIR", help="checkpoint directory")
-    q.add_argument("out", metavar="OUT.safetensors", help="output file")
+    q.add_argument("out", metavar="OUT.safetensors", help="output file (the model weights)")
+    q.add_argument("--optim-out", metavar="FILE", default=None, help="output file for the optimizer state")
     q.set_defaults(func=run_consolidate)
     return p
 
@@ -91,10 +94,10 @@ def run_consolidate(args) -> int:
     from hpcfsdp.distributed.checkpoint import _format
 
     try:
-        _format.consolidate(args.dir, args.out)
+        written = _format.consolidate(args.dir, args.out, args.optim_out)
     except (ValueError, TypeError, OSError) as e:
         return _fail("consolidate", e)
-    print(f"wrote {args.out}")
+    print("wrote " + ", ".join(written))
     return 0
 
 

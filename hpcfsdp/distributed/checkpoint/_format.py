@@ -536,8 +536,13 @@ def verify_checkpoint(path) -> CheckpointMetadata:
     return md
 
 
-def consolidate(path, out_file) -> None:
-    """Assemble every entry in full, piece by piece, and write them to one safetensors file (names unchanged)."""
+def consolidate(path, out_file, optim_file=None) -> list:
+    """Assemble every entry in full, piece by piece, and write safetensors files; returns the files written.
+
+    A training checkpoint (entries under ``model.`` and ``optim.``) is split: the model's weights go to
+    ``out_file`` under their parameter names (``model.`` removed, so a model loads them directly) and the
+    optimizer state to ``optim_file`` (default: ``out_file`` with ``.optim`` before its suffix), names
+    unchanged. Any other checkpoint is written whole to ``out_file`` with its entry names."""
     import json
 
     from safetensors.numpy import save_file
@@ -548,10 +553,26 @@ def consolidate(path, out_file) -> None:
         size = os.path.getsize(fpath) if os.path.exists(fpath) else None
         if size != f.size:
             raise ValueError(f"{fpath} has {size} bytes, the metadata says {f.size}: truncated, damaged or missing")
-    full = {name: np.empty(e.shape, e.dtype) for name, e in md.entries.items()}
-    _load_local(md, {name: (e.shape, e.dtype, (0,) * len(e.shape), full[name]) for name, e in md.entries.items()}, True)
     meta = {"format": "np", "hpcfsdp.extras": json.dumps(md.extras), "hpcfsdp.mesh": json.dumps(md.mesh)}
-    save_file(full, os.fspath(out_file), metadata=meta)
+    names = list(md.entries)
+    model = [n for n in names if n.startswith("model.")]
+    optim = [n for n in names if n.startswith("optim.")]
+    if not model or len(model) + len(optim) != len(names):
+        groups = [(os.fspath(out_file), names, "")]
+    else:
+        if optim_file is None:
+            stem, ext = os.path.splitext(os.fspath(out_file))
+            optim_file = f"{stem}.optim{ext or '.safetensors'}"
+        groups = [(os.fspath(out_file), model, "model.")]
+        if optim:
+            groups.append((os.fspath(optim_file), optim, ""))
+    for target, group, prefix in groups:
+        full = {name: np.empty(md.entries[name].shape, md.entries[name].dtype) for name in group}
+        _load_local(md, {name: (md.entries[name].shape, md.entries[name].dtype, (0,) * len(md.entries[name].shape),
+                                full[name]) for name in group}, True)
+        save_file({name[len(prefix):]: a for name, a in full.items()}, target, metadata=meta)
+        del full
+    return [target for target, _, _ in groups]
 
 
 def benchmark_io(path, total_bytes: int, comm=None, *, fsync: bool = True) -> dict:
