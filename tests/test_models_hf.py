@@ -310,3 +310,27 @@ def test_sharded_load_with_activation_checkpointing_trains_like_plain():
     assert res[0][0] == res[1][0]
     for a, b in zip(res[0][1], res[1][1]):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_bfloat16_safetensors_are_read_whole_and_by_slice(tmp_path):
+    import json as _json
+
+    import ml_dtypes
+
+    from hpcfsdp.models._hf import HFCheckpoint
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 4)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(3).astype(np.float32)
+    header = {"w": {"dtype": "BF16", "shape": [6, 4], "data_offsets": [0, w.nbytes]},
+              "b": {"dtype": "F32", "shape": [3], "data_offsets": [w.nbytes, w.nbytes + b.nbytes]}}
+    text = _json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(tmp_path / "model.safetensors", "wb") as f:  # the safetensors layout, written by hand
+        f.write(np.uint64(len(text)).tobytes() + text + w.tobytes() + b.tobytes())
+    ck = HFCheckpoint(str(tmp_path))
+    whole = ck.read("w")
+    assert whole.dtype == ml_dtypes.bfloat16 and np.array_equal(whole.view(np.uint16), w.view(np.uint16))
+    piece = ck.read("w", [(2, 5), (1, 3)])
+    assert np.array_equal(piece.view(np.uint16), w[2:5, 1:3].view(np.uint16))
+    np.testing.assert_array_equal(ck.read("b"), b)

@@ -59,13 +59,34 @@ class HFCheckpoint:
         """The tensor ``name``, or its [a, b) piece per dimension, as a NumPy array (only those bytes are read)."""
         sl = self._handles[self.weight_map[name]].get_slice(name)
         dt = sl.get_dtype()
+        if dt == "BF16":  # NumPy has no bfloat16: map the file's bytes as ml_dtypes.bfloat16
+            return self._read_bf16(name, bounds)
         if dt not in ("F64", "F32", "F16"):
-            raise TypeError(f"{self.path}: tensor {name} has dtype {dt}; hpcfsdp reads F64, F32 and F16 safetensors")
+            raise TypeError(f"{self.path}: tensor {name} has dtype {dt}; hpcfsdp reads F64, F32, F16 and BF16 "
+                            f"safetensors")
         if bounds is None:
             bounds = [(0, s) for s in sl.get_shape()]
         if not bounds:
             return np.asarray(sl[...])
         return np.asarray(sl[tuple(slice(a, b) for a, b in bounds)])
+
+
+    def _read_bf16(self, name, bounds):
+        """A bfloat16 tensor (or piece) through a memory map of its bytes: the safetensors header (8-byte
+        length, then JSON with each tensor's dtype, shape and byte offsets) locates it."""
+        import ml_dtypes
+
+        fn = os.path.join(self.path, self.weight_map[name])
+        with open(fn, "rb") as f:
+            (length,) = np.frombuffer(f.read(8), "<u8")
+            entry = json.loads(f.read(int(length)))[name]
+        start, stop = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        whole = np.memmap(fn, dtype=ml_dtypes.bfloat16, mode="r", offset=8 + int(length) + start, shape=shape)
+        assert whole.nbytes == stop - start, (name, whole.nbytes, stop - start)
+        if bounds is None or not shape:
+            return np.array(whole)
+        return np.array(whole[tuple(slice(a, b) for a, b in bounds)])
 
 
 def read_config(path) -> dict:
