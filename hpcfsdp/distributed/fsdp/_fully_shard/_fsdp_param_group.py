@@ -18,6 +18,8 @@ reductions are in flight (in the queue the root's states share), or at the end o
 This bounds memory to a few unsharded groups while reductions overlap compute.
 """
 
+import contextlib
+
 from .... import _backend
 from ...._tensor import Tensor
 from ._fsdp_api import CPUOffloadPolicy
@@ -100,14 +102,15 @@ class FSDPParamGroup:
         originals = [p.module_infos[0][0]._parameters[p.module_infos[0][1]] for p in self.fsdp_params]
         is_meta = any(_backend.is_meta_array(orig._data) for orig in originals)
         device = self._storage_device()
-        if is_meta:
-            self.flat = _backend.meta_array((self.total,), self.dtype)
-        elif self.offload:
-            self.flat = self._host_zeros()
-        else:
-            self.flat = _backend.array_module(device).zeros((self.total,), dtype=self.dtype)
-        for p, orig in zip(self.fsdp_params, originals):
-            p.bind_flat(self.flat, None if is_meta else _to_storage(orig._data, device))
+        with _on_device(device):  # the mesh's GPU, whatever GPU the parameters were built on (as PyTorch)
+            if is_meta:
+                self.flat = _backend.meta_array((self.total,), self.dtype)
+            elif self.offload:
+                self.flat = self._host_zeros()
+            else:
+                self.flat = _backend.array_module(device).zeros((self.total,), dtype=self.dtype)
+            for p, orig in zip(self.fsdp_params, originals):
+                p.bind_flat(self.flat, None if is_meta else _to_storage(orig._data, device))
         self.is_meta = is_meta
 
     def _host_zeros(self):
@@ -304,8 +307,19 @@ class FSDPParamGroup:
             reductions.append(result)
 
 
+def _on_device(device):
+    """A context in which CuPy allocates on ``device`` (a no-op for the CPU)."""
+    if device.type != "cuda" or device.index is None:
+        return contextlib.nullcontext()
+    return _backend.array_module(device).cuda.Device(device.index)
+
+
 def _to_storage(arr, device):
+    """``arr`` on ``device``: unchanged when it is there already, else copied (host, or the current GPU)."""
+    if device.type == "cpu":
+        return _backend.to_numpy(arr)
     xp = _backend.array_module(device)
-    if xp is _backend.array_module(arr):
+    index = device.index if device.index is not None else _backend.current_cuda_device()
+    if _backend.is_cupy_array(arr) and arr.device.id == index:
         return arr
-    return _backend.to_numpy(arr) if device.type == "cpu" else xp.asarray(arr)
+    return xp.array(arr, copy=True) if _backend.is_cupy_array(arr) else xp.asarray(arr)
