@@ -156,7 +156,6 @@ def test_watchdog_peer_report_names_missing_and_elsewhere_ranks():
             assert "computing elsewhere): 3 (world rank 3)" in report
     elif r == 1:
         assert "group rank 0 (world rank 0) is stuck in #7 all_reduce of this group instead" in report
-    st = MPI.Status()
     _drain_watchdog_reports(pg)
 
 
