@@ -315,8 +315,8 @@ class Output:
             print(line, flush=True)
 
     def record(self, rec):
-        if self.metrics is not None:
-            self.metrics.write(json.dumps(rec) + "\n")
+        if self.metrics is not None:  # every record carries its wall-clock time (Unix seconds)
+            self.metrics.write(json.dumps({**rec, "time": round(time.time(), 3)}) + "\n")
             self.metrics.flush()
 
     def log_step(self, rec, peaks):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import io
 import os
 import sys
 import threading
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from hpcfsdp import _settings
+from hpcfsdp._logging import write_line
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed._mpi import get_mpi, thread_level
 
@@ -130,7 +133,8 @@ def debug_checked(pg: ProcessGroup, fn: Callable[[], Any], meta: CollectiveRecor
 #   printed (and the job aborted when it has several ranks).
 # * In a job of more than one rank, an uncaught exception in any thread (main thread: user code,
 #   forward/backward hooks; any other thread) prints "hpcfsdp: rank R of N: ..." and the
-#   traceback, then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
+#   traceback (one os.write ending in a newline, so that the reports of several ranks never run
+#   together on one line), then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
 #   will never join, are killed at once instead of waiting for the watchdog. This is
 #   `python -m mpi4py`'s behaviour made independent of the launcher (plain `mpiexec python x.py`,
 #   `srun python x.py`) and extended to threads, and it does not wait for the communication
@@ -181,11 +185,21 @@ def abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1
     MPI = get_mpi()
     r, n = _world()
     try:
-        print(f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}", file=sys.stderr, flush=True)
-        if printer is not None:
-            printer()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        text = f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}"
+        if printer is not None:  # the traceback joins the message: one write, never split by another rank's
+            buf = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(buf):
+                    printer()
+            except Exception as e:
+                buf.write(f"(no traceback: {type(e).__name__}: {e})\n")
+            text += "\n" + buf.getvalue()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        write_line(text.rstrip("\n"))
         time.sleep(linger)
     finally:
         if MPI.Is_initialized() and not MPI.Is_finalized():
@@ -232,9 +246,8 @@ def _report_unreported_at_exit() -> None:
     if not works or _ABORTING:
         return
     r, n = _world()
-    for w in works:
-        print(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no wait()): "
-              f"{w.desc}\n{w._tb}", file=sys.stderr, end="", flush=True)
+    write_line("".join(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no "
+                       f"wait()): {w.desc}\n{w._tb}" for w in works).rstrip("\n"))
     if n > 1:
         abort_job(f"{len(works)} failed collective(s) were never waited on")
 
