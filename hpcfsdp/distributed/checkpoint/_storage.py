@@ -1,4 +1,4 @@
-"""Checkpoint storage primitives: N-D boxes, safetensors shard files (write, header parse), exact preads, CRCs, the commit lock."""
+"""Checkpoint storage primitives: boxes, safetensors shard files, exact preads, CRCs, the commit lock."""
 from __future__ import annotations
 
 import contextlib
