@@ -513,7 +513,9 @@ def load_pieces(path, requests: Mapping[str, Any], *, comm=None, strict: bool = 
         raise err
     bad = [m for m in errs if m is not None]
     if bad:
-        raise ValueError("checkpoint load failed on another rank: " + "; ".join(bad))
+        err = ValueError("checkpoint load failed on another rank: " + "; ".join(bad))
+        err.on_other_rank = True  # an echo: the failing rank raises its own error (cli.runtime.agree)
+        raise err
     return result
 
 
