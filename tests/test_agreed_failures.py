@@ -85,3 +85,33 @@ def test_rank_with_empty_shard_raises_too(monkeypatch):
                                                  r"shard\(s\) of rank\(s\) 0.* at step 1"):
         model(hp.tensor(x)).sum().backward()
     dist.barrier()
+
+
+class _SometimesB(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(IN, 4), nn.Linear(IN, 4)
+
+    def forward(self, x, use_b):
+        out = self.a(x)
+        return out + self.b(x) if use_b else out
+
+
+@pytest.mark.timeout(60)
+def test_parameters_with_a_gradient_on_some_ranks_only(monkeypatch):
+    """Only rank 0 uses `b`: the ranks hold gradients for different parameters, and the check's collective
+    still has the same size everywhere (no mismatch, no hang)."""
+    monkeypatch.setenv("HPCFSDP_CHECK_FINITE", "1")
+    w, r = world()
+    hp.manual_seed(0)
+    model = _SometimesB()
+    fully_shard(model)
+    x = np.ones((B, IN), np.float32)
+    model(hp.tensor(x), r == 0).sum().backward()  # finite everywhere
+    model.zero_grad()
+    if r == 0:
+        x[0, 0] = np.nan
+    with pytest.raises(FloatingPointError, match=r"gradient of a\.weight has \d+ non-finite value\(s\) in the "
+                                                 r"shard\(s\) of rank\(s\) .* at step 2"):
+        model(hp.tensor(x), r == 0).sum().backward()
+    dist.barrier()

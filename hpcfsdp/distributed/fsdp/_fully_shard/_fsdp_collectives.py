@@ -268,8 +268,8 @@ def finish_reduce(result: ReduceResult) -> None:
     if result.hook is not None:
         result.hook(Tensor._wrap(out))
     _divide_if_needed(out, result.post_divide)
-    grads = []
-    for p, had in zip(result.params, result.had_grad):
+    grads = []  # (parameter index, FSDPParam, this rank's gradient shard)
+    for i, (p, had) in enumerate(zip(result.params, result.had_grad)):
         if not (had or group.reduce_scatter_unused_params):
             continue
         g = p.local_grad_from(out)
@@ -278,14 +278,14 @@ def finish_reduce(result: ReduceResult) -> None:
         dtype = p.param_dtype if group.keep_low_precision_grads else p.dtype
         if g.dtype != dtype:
             g = g.astype(dtype)
-        grads.append((p, g))
+        grads.append((i, p, g))
     if _settings.get("HPCFSDP_CHECK_FINITE"):
         err = _agreed_finite_check(grads, result)
         if err is not None:
             if group.finite_error is None:
                 group.finite_error = err
             return
-    for p, g in grads:
+    for _, p, g in grads:
         sp = p.sharded_param
         if sp.grad is None and group.keep_low_precision_grads:
             sp._grad = p.sharded_grad(g)  # a low-precision grad of a full-precision parameter, on purpose
@@ -311,16 +311,17 @@ def finish_reduce(result: ReduceResult) -> None:
 
 def _agreed_finite_check(grads: list, result: ReduceResult) -> Optional[FloatingPointError]:
     """The FloatingPointError every rank of ``result.check_group`` agrees on, or None when all is finite."""
-    counts = np.zeros(len(grads), np.int64)
-    for i, (_, g) in enumerate(grads):
+    n = len(result.params)  # the same on every rank, whichever parameters got a gradient here
+    counts = np.zeros(n, np.int64)
+    for i, _, g in grads:
         if g.size:
             xp = _backend.array_module(g)
             counts[i] = int((~xp.isfinite(g)).sum())
     pg = result.check_group
-    if pg is not None and pg.size() > 1 and len(grads):
-        table = np.empty(pg.size() * len(grads), np.int64)
+    if pg is not None and pg.size() > 1 and n:
+        table = np.empty(pg.size() * n, np.int64)
         pg.all_gather_into(table, counts)
-        table = table.reshape(pg.size(), len(grads))
+        table = table.reshape(pg.size(), n)
         ranks = pg.world_ranks
     else:
         table, ranks = counts.reshape(1, -1), (None,)
@@ -328,7 +329,7 @@ def _agreed_finite_check(grads: list, result: ReduceResult) -> Optional[Floating
     if not len(bad_params):
         return None
     i = int(bad_params[0])
-    p = grads[i][0]
+    p = result.params[i]
     where = [(r, int(n)) for r, n in zip(ranks, table[:, i]) if n]
     total = sum(n for _, n in where)
     on = "" if ranks == (None,) else " in the shard(s) of rank(s) " + ", ".join(str(r) for r, _ in where)
