@@ -330,8 +330,8 @@ def _agreed_finite_check(grads: list, result: ReduceResult) -> Optional[Floating
         return None
     i = int(bad_params[0])
     p = result.params[i]
-    where = [(r, int(n)) for r, n in zip(ranks, table[:, i]) if n]
-    total = sum(n for _, n in where)
+    where = [(r, int(c)) for r, c in zip(ranks, table[:, i]) if c]
+    total = sum(c for _, c in where)
     on = "" if ranks == (None,) else " in the shard(s) of rank(s) " + ", ".join(str(r) for r, _ in where)
     more = f" (and {len(bad_params) - 1} more parameter(s) of this group)" if len(bad_params) > 1 else ""
     return FloatingPointError(
