@@ -113,3 +113,29 @@ def test_abort_report_is_one_write(monkeypatch):
     assert writes[0].startswith("hpcfsdp: rank 2 of 4 is aborting the job (MPI_Abort): uncaught KeyError\n"
                                 "Traceback (most recent call last):")
     assert writes[0].rstrip().endswith("KeyError: 'boom'")
+
+
+def test_init_process_group_says_one_job_line_on_rank_0_and_per_rank_debug_lines():
+    code = ("import hpcfsdp.distributed as dist\n"
+            "dist.init_process_group()\n"
+            "dist.destroy_process_group()\n")
+    p = _run({"HPCFSDP_LOG_LEVEL": "debug"}, code=code)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert any(ln.startswith("[rank 0/1 ") and "info hpcfsdp.distributed: process group 'default': 1 ranks, MPI"
+               in ln for ln in lines), lines
+    assert any("debug hpcfsdp.distributed: rank 0 of 1 on " in ln for ln in lines), lines
+    assert _run({}, code=code).stderr == ""  # quiet at the default level
+
+
+def test_job_wide_line_once_per_job_under_mpiexec():
+    code = "import hpcfsdp.distributed as dist; dist.init_process_group(); dist.destroy_process_group()"
+    env = dict(os.environ, PYTHONPATH=ROOT, HPCFSDP_LOG_LEVEL="debug", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", "2", "--timeout", "60", "--",
+                        sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "hpcfsdp.distributed" in ln]
+    assert len([ln for ln in lines if "process group 'default': 2 ranks" in ln]) == 1, lines
+    assert sorted(ln.split("]")[0] for ln in lines if "debug" in ln) == [
+        f"[rank 0/2 {socket.gethostname()}", f"[rank 1/2 {socket.gethostname()}"], lines
+    assert all(ln.startswith("[rank ") for ln in lines), lines  # one write per line: never run together
