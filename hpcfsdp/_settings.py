@@ -92,7 +92,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("HPCFSDP_DEBUG", parse_bool, False,
             "before each collective, ranks check they call the same one with the same sizes (slow; for debugging)"),
     Setting("HPCFSDP_CHECK_FINITE", parse_bool, False,
-            "fail on the first NaN/Inf in a reduced gradient, naming the parameter and the step"),
+            "fail on the first NaN/Inf in a reduced gradient, naming the parameter, the ranks and the step; the "
+            "ranks agree, so every rank raises the same FloatingPointError at the end of backward"),
     Setting("HPCFSDP_RANKS_PER_NODE", _parse_positive_int, None,
             "ranks per node, overriding MPI's shared-memory split (simulates several nodes on one machine)"),
     Setting("HPCFSDP_CUDA_AWARE", _parse_auto_bool, None,
@@ -109,6 +110,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("HPCFSDP_CUDA_SIM", parse_bool, False,
             "replace CuPy by the simulated CUDA device (NumPy arrays, 2 GPUs) that enforces stream, event and "
             "device rules; for tests on machines without a GPU; read at import"),
+    Setting("HPCFSDP_LOG_LEVEL", _choice("debug", "info", "warning", "error", "critical", aliases={"warn": "warning"}),
+            "warning", "level of the `hpcfsdp` logger (rank-prefixed lines on stderr): debug, info, warning, error or "
+            "critical; `hpcfsdp train --log-level` overrides it"),
     Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
             "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
 )}

@@ -150,16 +150,71 @@ def test_watchdog_peer_report_names_missing_and_elsewhere_ranks():
         assert (report, linger) == ("", 9.0)
     elif r == 0:
         assert linger == 0.0
-        assert "group rank 1 (world rank 1) is stuck in #8 all_reduce of this group instead" in report
+        assert ("group rank 1 (world rank 1) is stuck in #8 all_reduce of this group instead (all_reduce of 4 "
+                "float32 (op=SUM))") in report
         if silent is not None:
             assert "computing elsewhere): 3 (world rank 3)" in report
     elif r == 1:
         assert "group rank 0 (world rank 0) is stuck in #7 all_reduce of this group instead" in report
+    _drain_watchdog_reports(pg)
+
+
+def _drain_watchdog_reports(pg):
+    from mpi4py import MPI
+
     st = MPI.Status()
     while pg.comm.Iprobe(MPI.ANY_SOURCE, P._WATCHDOG_TAG, st):  # nothing should be left; never leave it behind
-        pg.comm.Recv([np.empty(3, np.int64), MPI.INT64_T], st.Get_source(), P._WATCHDOG_TAG)
+        pg.comm.Recv([np.empty(st.Get_count(MPI.BYTE), np.uint8), MPI.BYTE], st.Get_source(), P._WATCHDOG_TAG)
     pg.barrier()
     pg.destroy()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_peer_report_compares_kind_size_dtype_and_op():
+    # Every rank is stuck at #5, but rank 1 in a different call: not "an MPI-level hang", the ranks disagree.
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed._failure import CollectiveRecord
+
+    pg = ProcessGroup(MPI.COMM_WORLD, name="wd2")
+    n, r = pg.size(), pg.rank()
+    pg.barrier()
+    if r == 1:
+        meta = CollectiveRecord(5, "all_gather", 4096, np.dtype(np.float32), "", -1, pg)
+    else:
+        meta = CollectiveRecord(5, "reduce_scatter", 8192, np.dtype(np.float32), "AVG", -1, pg)
+    report, linger = P._peer_report(meta, 1.0, 9.0)
+    pg.barrier()
+    if r == 0:
+        assert ("group rank 1 (world rank 1) waits in all_gather of 4096 float32 while group rank 0 (world rank 0) "
+                "waits in reduce_scatter of 8192 float32 (op=AVG), both #5 of this group: the ranks issued "
+                "different collectives") in report, report
+        assert "MPI-level hang" not in report and "not waiting" not in report, report
+    elif r == 1:
+        for q in range(n):
+            if q != 1:
+                assert (f"group rank {q} (world rank {q}) waits in reduce_scatter of 8192 float32 (op=AVG) while "
+                        f"group rank 1 (world rank 1) waits in all_gather of 4096 float32") in report, report
+    else:
+        assert (report, linger) == ("", 9.0)
+    _drain_watchdog_reports(pg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_peer_report_same_call_everywhere_is_an_mpi_level_hang():
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed._failure import CollectiveRecord
+
+    pg = ProcessGroup(MPI.COMM_WORLD, name="wd3")
+    pg.barrier()
+    meta = CollectiveRecord(2, "all_reduce", 1, np.dtype(np.float64), "SUM", -1, pg)
+    report, _ = P._peer_report(meta, 1.0, 9.0)
+    pg.barrier()
+    if pg.rank() <= 1:
+        assert report == ("\n  every rank of the group reports waiting on #2 all_reduce of 1 float64 (op=SUM) "
+                          "(the same call everywhere: an MPI-level hang)"), report
+    _drain_watchdog_reports(pg)
 
 
 # -- serial: jobs that abort ------------------------------------------------------------------------------------

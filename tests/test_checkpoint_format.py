@@ -291,10 +291,10 @@ def test_crash_at_any_stage_leaves_a_loadable_checkpoint(ckdir, monkeypatch, sta
             F.read_metadata(t)
         with pytest.raises(ValueError, match="incomplete checkpoint"):
             load_full(t, old)
-    # the next save succeeds and cleans up the checkpoint it replaces
+    # the next save succeeds and removes the checkpoint it replaces and the copy the crash left behind
     F.save_pieces(ckdir, split_pieces(new, 2), comm=SELF)
     assert_same(load_full(ckdir, new)[0], new)
-    assert len(glob.glob(ckdir + ".ckpt-*")) == (1 if stage == "write" or stage == "metadata" else 2)
+    assert glob.glob(ckdir + ".ckpt-*") == [os.path.realpath(ckdir)]
 
 
 def test_rank_error_during_write_fails_cleanly(ckdir, monkeypatch):
@@ -326,6 +326,65 @@ def test_missing_shard_file_is_reported(ckdir):
     os.remove(os.path.join(ckdir, "rank_00000.safetensors"))
     with pytest.raises(ValueError, match="rank_00000.safetensors is missing"):
         F.load_pieces(ckdir, {"a": ((4,), a.dtype, (0,), np.zeros(4))})
+
+
+def test_shard_file_replaced_by_a_directory_is_called_a_directory(ckdir):
+    a = np.ones(4)
+    F.save_pieces(ckdir, {"a": ((4,), a.dtype, (0,), a)}, comm=SELF)
+    shard = os.path.join(ckdir, "rank_00000.safetensors")
+    os.remove(shard)
+    os.mkdir(shard)
+    for fn in (lambda: F.load_pieces(ckdir, {"a": ((4,), a.dtype, (0,), np.zeros(4))}),
+               lambda: F.verify_checkpoint(ckdir),
+               lambda: F.consolidate(ckdir, os.path.join(os.path.dirname(ckdir), "out.safetensors"))):
+        with pytest.raises(ValueError, match="rank_00000.safetensors is a directory, not a shard file") as info:
+            fn()
+        assert "truncated" not in str(info.value)
+
+
+def test_copies_left_by_racing_saves_are_removed_at_the_next_commit(ckdir):
+    """A racing save's committed copy that no link points to (and a link half made) are removed by the next
+    successful commit; a temporary directory, possibly a save still writing, is left alone."""
+    ref = reference(9)
+    F.save_pieces(ckdir, split_pieces(ref, 2), comm=SELF)
+    orphan = ckdir + ".ckpt-" + "ab" * 16
+    shutil.copytree(os.path.realpath(ckdir), orphan)
+    os.symlink(os.path.basename(orphan), ckdir + ".link-" + "cd" * 16)
+    writing = ckdir + ".tmp-" + "ef" * 16
+    os.mkdir(writing)
+    other = ckdir + "2.ckpt-" + "01" * 16  # another checkpoint's name: not ours to remove
+    os.mkdir(other)
+    F.save_pieces(ckdir, split_pieces(ref, 3), comm=SELF)
+    assert glob.glob(ckdir + ".ckpt-*") == [os.path.realpath(ckdir)]
+    assert glob.glob(ckdir + ".link-*") == []
+    assert os.path.isdir(writing) and os.path.isdir(other)
+    assert_same(load_full(ckdir, ref)[0], ref)
+
+
+RACER = """
+import sys
+import numpy as np
+from mpi4py import MPI
+from hpcfsdp.distributed.checkpoint import _format as F
+path, seed = sys.argv[1], int(sys.argv[2])
+for i in range(15):
+    a = np.full(1000, seed * 100 + i, np.float64)
+    F.save_pieces(path, {"a": ((1000,), a.dtype, (0,), a)}, comm=MPI.COMM_SELF, fsync=False)
+"""
+
+
+def test_two_jobs_racing_on_one_path_leave_one_loadable_copy(ckdir):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, ckdir, str(k)], env=env) for k in (1, 2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert glob.glob(ckdir + ".ckpt-*") == [os.path.realpath(ckdir)]
+    assert glob.glob(ckdir + ".tmp-*") == [] and glob.glob(ckdir + ".link-*") == []
+    out = np.zeros(1000)
+    F.load_pieces(ckdir, {"a": ((1000,), out.dtype, (0,), out)})
+    assert out[0] in (114, 214) and (out == out[0]).all()
 
 
 def test_plain_directory_checkpoint_is_replaced(tmp_path):

@@ -159,7 +159,24 @@ def test_resume_refuses_another_model(runs, tmp_path):
                    "--n-layer", "3"]
     res = job(tmp_path, 2, args)
     assert res.returncode == 2
-    assert res.stderr.count("n_layer=3, but the checkpoint") == 2, res.stderr
+    assert res.stderr.count("n_layer=3, but the checkpoint") == 1, res.stderr  # once per job, by rank 0
+
+
+def test_failed_resume_names_the_rank_that_failed_and_its_own_error(runs, tmp_path):
+    """Rank 1's shard file is damaged: the one error line is rank 1's own, not rank 0's echo of it."""
+    src, _ = runs("fsdp2", 2, [])
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(os.path.realpath(src / "ckpt" / "latest"), ckpt / "latest")  # a plain directory loads too
+    shard = ckpt / "latest" / "rank_00001.safetensors"
+    shard.unlink()
+    shard.mkdir()
+    res = job(tmp_path, 2, TINY + ["--out-dir", str(tmp_path / "o"), "--checkpoint-dir", str(ckpt), "--resume"])
+    assert res.returncode == 2, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if "hpcfsdp train: error: " in ln]
+    assert len(errors) == 1, res.stderr
+    assert errors[0].startswith("hpcfsdp train: error: rank 1: resume from ") and \
+        "rank_00001.safetensors is a directory, not a shard file" in errors[0], errors
+    assert "another rank" not in res.stderr and "Abort" not in res.stderr
 
 
 # ------------------------------------------------------------------------------------------- soak
@@ -200,7 +217,8 @@ def test_soak_comparison_names_the_first_differing_step():
 def test_bad_flag_fails_on_every_rank_with_exit_2(tmp_path, flags, message):
     res = job(tmp_path, 4, ["--steps", "2", "--out-dir", str(tmp_path / "o"), *flags], timeout=60)
     assert res.returncode == 2, res.stderr
-    assert res.stderr.count("hpcfsdp train: error: ") == 4 and res.stderr.count(message) == 4, res.stderr
+    # every rank reaches the verdict and exits 2; rank 0 alone prints it: once per job
+    assert res.stderr.count("hpcfsdp train: error: ") == 1 and res.stderr.count(message) == 1, res.stderr
     assert "Abort" not in res.stderr and res.stderr.count("usage: hpcfsdp train") <= 1
 
 

@@ -56,9 +56,9 @@ DATA_DTYPES = ("auto", "uint8", "uint16", "uint32")
 
 # Keys of one record of the JSONL metrics log the trainer writes on rank 0 (`hpcfsdp plot` reads
 # `step`, `loss`, `tokens_per_s`; `val_loss` where an eval ran). `peak_mem_bytes` is a list, one
-# entry per rank.
+# entry per rank; `time` is when the record was written (Unix seconds), as in every record of the log.
 METRICS_FIELDS = (
-    "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "comm_time_s", "peak_mem_bytes",
+    "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "comm_time_s", "peak_mem_bytes", "time",
 )
 
 
@@ -503,7 +503,23 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--eval-interval", type=int, default=S, help=_help("eval_interval", "evaluate every N steps; 0 = never"))
     g.add_argument("--eval-iters", type=int, default=S, help=_help("eval_iters", "batches per evaluation"))
     g.add_argument("--soak", action=argparse.BooleanOptionalAction, default=S, help=_help("soak", "soak-test mode"))
+    g.add_argument("--log-level", choices=_LOG_LEVELS, action=_LogLevel, default=S,
+                   help="level of the hpcfsdp logger (rank-prefixed lines on stderr); overrides HPCFSDP_LOG_LEVEL "
+                        "(default: warning)")
     return parser
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _LogLevel(argparse.Action):
+    """--log-level: set the hpcfsdp logger's level as soon as the flag is parsed (not a TrainConfig field)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from hpcfsdp import _logging
+
+        _logging.set_level(values)
+        setattr(namespace, self.dest, values)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -32,8 +32,19 @@ def launch_rank() -> int:
     return 0
 
 
+def _job_rank() -> int:
+    """This rank: MPI's when MPI is running, else the launcher's environment."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        return MPI.COMM_WORLD.Get_rank()
+    return launch_rank()
+
+
 def say_error(message, prog="hpcfsdp train"):
-    """``PROG: error: MESSAGE`` on stderr, as argparse writes it."""
+    """``PROG: error: MESSAGE`` on stderr, as argparse writes it, once per job: every rank reaches the same
+    verdict (see [Note: Failing together] in train.py), so rank 0 alone prints it."""
+    if _job_rank() != 0:
+        return
     sys.stderr.write(f"{prog}: error: {message}\n")  # one write: ranks' lines do not interleave
     sys.stderr.flush()
 
@@ -55,20 +66,25 @@ def exit_together(message) -> int:
 
 
 def agree(comm, problem):
-    """Collective: raise Agreed with the first rank's problem if any rank has one."""
-    problems = comm.allgather(problem)
-    for r, p in enumerate(problems):
-        if p:
-            raise Agreed(p if comm.Get_size() == 1 or p.startswith("rank") else f"rank {r}: {p}")
+    """Collective: raise Agreed with the first rank's problem if any rank has one.
+
+    ``problem`` is None, a message, or (message, secondary): a secondary problem only echoes another
+    rank's failure (e.g. "checkpoint load failed on another rank"), so the first rank's own failure is
+    reported in its place, naming that rank."""
+    problems = [p if isinstance(p, tuple) else (p, False) for p in comm.allgather(problem)]
+    ranked = [(secondary, r, p) for r, (p, secondary) in enumerate(problems) if p]
+    if ranked:
+        _, r, p = min(ranked, key=lambda t: (t[0], t[1]))
+        raise Agreed(p if comm.Get_size() == 1 or p.startswith("rank") else f"rank {r}: {p}")
 
 
 def guarded(comm, what, fn):
-    """Run fn() on every rank; if it fails on any, every rank raises Agreed naming `what`."""
+    """Run fn() on every rank; if it fails on any, every rank raises Agreed naming `what` and the rank."""
     result, problem = None, None
     try:
         result = fn()
     except (OSError, ValueError, TypeError, RuntimeError, KeyError) as e:
-        problem = f"{what}: {e}"
+        problem = (f"{what}: {e}", bool(getattr(e, "on_other_rank", False)))
     agree(comm, problem)
     return result
 
@@ -315,8 +331,8 @@ class Output:
             print(line, flush=True)
 
     def record(self, rec):
-        if self.metrics is not None:
-            self.metrics.write(json.dumps(rec) + "\n")
+        if self.metrics is not None:  # every record carries its wall-clock time (Unix seconds)
+            self.metrics.write(json.dumps({**rec, "time": round(time.time(), 3)}) + "\n")
             self.metrics.flush()
 
     def log_step(self, rec, peaks):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import io
 import os
 import sys
 import threading
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from hpcfsdp import _settings
+from hpcfsdp._logging import write_line
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed._mpi import get_mpi, thread_level
 
@@ -130,7 +133,8 @@ def debug_checked(pg: ProcessGroup, fn: Callable[[], Any], meta: CollectiveRecor
 #   printed (and the job aborted when it has several ranks).
 # * In a job of more than one rank, an uncaught exception in any thread (main thread: user code,
 #   forward/backward hooks; any other thread) prints "hpcfsdp: rank R of N: ..." and the
-#   traceback, then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
+#   traceback (one os.write ending in a newline, so that the reports of several ranks never run
+#   together on one line), then calls MPI_Abort: the other ranks, blocked in a collective the failed rank
 #   will never join, are killed at once instead of waiting for the watchdog. This is
 #   `python -m mpi4py`'s behaviour made independent of the launcher (plain `mpiexec python x.py`,
 #   `srun python x.py`) and extended to threads, and it does not wait for the communication
@@ -181,11 +185,21 @@ def abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1
     MPI = get_mpi()
     r, n = _world()
     try:
-        print(f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}", file=sys.stderr, flush=True)
-        if printer is not None:
-            printer()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        text = f"hpcfsdp: rank {r} of {n} is aborting the job (MPI_Abort): {what}"
+        if printer is not None:  # the traceback joins the message: one write, never split by another rank's
+            buf = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(buf):
+                    printer()
+            except Exception as e:
+                buf.write(f"(no traceback: {type(e).__name__}: {e})\n")
+            text += "\n" + buf.getvalue()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        write_line(text.rstrip("\n"))
         time.sleep(linger)
     finally:
         if MPI.Is_initialized() and not MPI.Is_finalized():
@@ -232,9 +246,8 @@ def _report_unreported_at_exit() -> None:
     if not works or _ABORTING:
         return
     r, n = _world()
-    for w in works:
-        print(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no wait()): "
-              f"{w.desc}\n{w._tb}", file=sys.stderr, end="", flush=True)
+    write_line("".join(f"hpcfsdp: rank {r} of {n}: a collective failed and its error was never retrieved (no "
+                       f"wait()): {w.desc}\n{w._tb}" for w in works).rstrip("\n"))
     if n > 1:
         abort_job(f"{len(works)} failed collective(s) were never waited on")
 
@@ -247,9 +260,12 @@ def _report_unreported_at_exit() -> None:
 # ([Note: Collective history]), then calls MPI.COMM_WORLD.Abort(1) so that no other rank hangs.
 # Before aborting, the ranks that timed out tell group ranks 0 and 1 (point-to-point, tag
 # WATCHDOG_TAG on the group's communicator: never matched by a collective) which collective
-# (sequence number, kind) they are stuck in; for a grace period (min(2 s, timeout / 4)) those
-# two collect the reports and print the group ranks that did not report, i.e. the rank that
-# skipped the collective or is stuck elsewhere, and the ranks stuck in a different collective.
+# (sequence number, kind, element count, dtype, op, root) they are stuck in; for a grace period
+# (min(2 s, timeout / 4)) those two collect the reports and print the group ranks that did not
+# report (the rank that skipped the collective or is stuck elsewhere), the ranks stuck at another
+# sequence number, and the ranks waiting at the same number in a different call ("rank 1 waits in
+# all_gather of 4096 float32 while rank 0 waits in reduce_scatter of ..."). Only when every rank
+# reports the same call is it called an MPI-level hang.
 # The other timed-out ranks print their own message at once and wait three grace periods
 # before aborting, so that collectors that timed out a little later still get to print.
 # Work.wait(timeout=t) with an explicit timeout raises TimeoutError instead (the caller asked).
@@ -282,8 +298,23 @@ def watchdog_abort(work: Work, limit: float, busy: Work | None) -> None:
     abort_job(msg, linger=linger)
 
 
+# A watchdog report: the stuck collective of one rank, compared field by field by the collectors.
+_REPORT = np.dtype([("seq", "<i8"), ("kind", "<i8"), ("count", "<i8"), ("rank", "<i8"), ("root", "<i8"),
+                    ("dtype", "S16"), ("op", "S16")])
+
+
+def _call_text(kind: str, count: int, dtype: str, op: str, root: int) -> str:
+    """``all_gather of 4096 float32``, ``all_reduce of 1 float64 (op=SUM)``: one rank's pending call."""
+    what = kind
+    if count >= 0:
+        what += f" of {count}" + (f" {dtype}" if dtype else " elements")
+    extra = ([f"op={op}"] if op else []) + ([f"src={root}"] if root >= 0 else [])
+    return what + (f" ({', '.join(extra)})" if extra else "")
+
+
 def peer_report(meta: CollectiveRecord | None, grace: float, linger: float) -> tuple[str, float]:
-    """Exchange (sequence number, kind) of the stuck collective with group ranks 0 and 1; see [Note: Watchdog].
+    """Exchange the stuck collective (sequence number, kind, size, dtype, op) with group ranks 0 and 1;
+    see [Note: Watchdog].
 
     Returns (report, seconds to linger before aborting): collectors report and linger 0."""
     MPI = get_mpi()
@@ -293,23 +324,31 @@ def peer_report(meta: CollectiveRecord | None, grace: float, linger: float) -> t
     comm, me, n = pg.comm, pg.rank(), pg.size()
     if comm is None or n == 1:
         return "", 0.0
-    mine = np.array([seq, B.KINDS.index(kind), me], np.int64)
-    reqs = [comm.Isend([mine, MPI.INT64_T], dest, WATCHDOG_TAG) for dest in (0, 1) if dest != me and dest < n]
+    dtype = "" if meta.dtype is None else B.dtype_name(meta.dtype)
+    mine = np.zeros(1, _REPORT)
+    mine[0] = (seq, B.KINDS.index(kind), meta.count, me, meta.root, dtype.encode()[:16], str(meta.op).encode()[:16])
+    reqs = [comm.Isend([mine.view(np.uint8), MPI.BYTE], dest, WATCHDOG_TAG) for dest in (0, 1)
+            if dest != me and dest < n]
     end = time.monotonic() + grace
     if me > 1:
         return "", linger
-    got: dict[int, tuple[int, int]] = {me: (seq, B.KINDS.index(kind))}
-    st, buf = MPI.Status(), np.empty(3, np.int64)
+    got: dict[int, tuple] = {me: (seq, kind, meta.count, dtype, meta.op, meta.root)}
+    st, buf = MPI.Status(), np.zeros(1, _REPORT)
     while time.monotonic() < end and len(got) < n:
         if comm.Iprobe(MPI.ANY_SOURCE, WATCHDOG_TAG, st):
-            comm.Recv([buf, MPI.INT64_T], st.Get_source(), WATCHDOG_TAG)
-            got[int(buf[2])] = (int(buf[0]), int(buf[1]))
+            comm.Recv([buf.view(np.uint8), MPI.BYTE], st.Get_source(), WATCHDOG_TAG)
+            b = buf[0]
+            k = int(b["kind"])
+            got[int(b["rank"])] = (int(b["seq"]), B.KINDS[k] if 0 <= k < len(B.KINDS) else f"kind {k}",
+                                   int(b["count"]), b["dtype"].decode(errors="replace"),
+                                   b["op"].decode(errors="replace"), int(b["root"]))
         else:
             time.sleep(0.005)
-    del reqs  # eager sends of 24 bytes; the job is about to be aborted anyway
+    del reqs  # eager sends of 72 bytes; the job is about to be aborted anyway
     wr = pg.world_ranks
     missing = [q for q in range(n) if q not in got]
-    elsewhere = [q for q, (s_, _) in got.items() if s_ != seq]
+    elsewhere = [q for q, g in got.items() if g[0] != seq]
+    different = [q for q, g in got.items() if g[0] == seq and g[1:] != got[me][1:]]
 
     def fmt(qs):
         shown = ", ".join(f"{q} (world rank {wr[q]})" for q in qs[:16])
@@ -320,8 +359,16 @@ def peer_report(meta: CollectiveRecord | None, grace: float, linger: float) -> t
         out += (f"\n  group ranks not waiting on #{seq} {kind} of this group (they skipped it, or are stuck or "
                 f"computing elsewhere): {fmt(missing)}")
     for q in elsewhere:
-        s_, k_ = got[q]
-        out += f"\n  group rank {q} (world rank {wr[q]}) is stuck in #{s_} {B.KINDS[k_]} of this group instead"
-    if not missing and not elsewhere:
-        out += f"\n  every rank of the group reports waiting on #{seq} {kind} (an MPI-level hang)"
+        s_, k_ = got[q][:2]
+        out += (f"\n  group rank {q} (world rank {wr[q]}) is stuck in #{s_} {k_} of this group instead "
+                f"({_call_text(*got[q][1:])})")
+    for q in different[:16]:
+        out += (f"\n  group rank {q} (world rank {wr[q]}) waits in {_call_text(*got[q][1:])} while group rank "
+                f"{me} (world rank {wr[me]}) waits in {_call_text(*got[me][1:])}, both #{seq} of this group: "
+                f"the ranks issued different collectives (HPCFSDP_DEBUG=1 stops at the first such call)")
+    if len(different) > 16:
+        out += f"\n  ... {len(different)} ranks in all wait in a call different from group rank {me}'s"
+    if not missing and not elsewhere and not different:
+        out += (f"\n  every rank of the group reports waiting on #{seq} {_call_text(*got[me][1:])} "
+                f"(the same call everywhere: an MPI-level hang)")
     return out, 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from hpcfsdp._logging import get_logger
 from hpcfsdp._tensor import Tensor
 from hpcfsdp._backend import is_meta_array
 from hpcfsdp.distributed import _mpi
@@ -122,6 +123,10 @@ def init_process_group(
         _pg.set_default_timeout(secs)
     _DEFAULT = ProcessGroup(comm, name=group_name or "default")
     _DEFAULT.bound_device_id = device
+    log = get_logger("distributed")
+    log.info("process group %r: %d ranks, MPI %s", _DEFAULT.name,
+             comm.Get_size(), MPI.Get_library_version().splitlines()[0].strip(), extra={"job": True})
+    log.debug("rank %d of %d on %s, device %s", comm.Get_rank(), comm.Get_size(), MPI.Get_processor_name(), device)
 
 
 def _bind_device(device_id):

@@ -41,7 +41,8 @@ all of them finished (and carries their piece index), rank 0 writes metadata.jso
 directory, renames the directory to ``PATH.ckpt-<id>`` and atomically swaps the symlink ``PATH`` onto it
 (symlink to a temporary name + rename(2), which replaces the old link in one step), then deletes the previous
 ``PATH.ckpt-*`` target. A crash at any point leaves PATH pointing to a complete checkpoint (the previous one
-until the swap, the new one after): at worst an orphan ``.tmp-`` or ``.ckpt-`` sibling stays behind. Loading
+until the swap, the new one after): at worst an orphan ``.tmp-`` or ``.ckpt-`` sibling stays behind, and the
+next successful commit removes orphan ``.ckpt-`` siblings (see [Note: Racing saves]). Loading
 a ``.tmp-`` directory, or a directory without metadata.json that holds shard files, raises
 IncompleteCheckpointError ("incomplete checkpoint ..."). If PATH is a plain directory holding a checkpoint
 (copied by hand), it is first renamed aside to ``PATH.ckpt-<id>``: only in that case there is a short window
@@ -75,7 +76,8 @@ from ._metadata import (
 )
 from ._storage import Reader as _Reader
 from ._storage import (
-    READ_CHUNK, check_disjoint_cover, fsync_dir, intersect, pread_exact, verify_blocks, write_shard_file,
+    READ_CHUNK, check_disjoint_cover, commit_lock, fsync_dir, intersect, pread_exact, remove_stale_copies,
+    verify_blocks, write_shard_file,
 )
 
 __all__ = [
@@ -387,26 +389,29 @@ def _commit(tmp: str, target: str, fsync: bool) -> None:
     parent, base = os.path.split(target)
     uid = tmp.rsplit("-", 1)[1]
     final = os.path.join(parent, f"{base}.ckpt-{uid}")
-    os.rename(tmp, final)
-    if fsync:
-        fsync_dir(parent)
-    _hook("rename")
-    old = None
-    if os.path.islink(target):
-        dest = os.readlink(target)
-        if os.path.dirname(dest) in ("", parent) and os.path.basename(dest).startswith(f"{base}.ckpt-"):
-            old = os.path.join(parent, os.path.basename(dest))
-    elif os.path.isdir(target):  # a plain checkpoint directory: move it aside first (see the Note)
-        old = os.path.join(parent, f"{base}.ckpt-{uuid.uuid4().hex}")
-        os.rename(target, old)
-    link = os.path.join(parent, f"{base}.link-{uid}")
-    os.symlink(os.path.basename(final), link)
-    os.replace(link, target)
-    if fsync:
-        fsync_dir(parent)
-    _hook("swap")
-    if old is not None and old != final:
-        shutil.rmtree(old, ignore_errors=True)
+    with commit_lock(parent) as locked:
+        os.rename(tmp, final)
+        if fsync:
+            fsync_dir(parent)
+        _hook("rename")
+        old = None
+        if os.path.islink(target):
+            dest = os.readlink(target)
+            if os.path.dirname(dest) in ("", parent) and os.path.basename(dest).startswith(f"{base}.ckpt-"):
+                old = os.path.join(parent, os.path.basename(dest))
+        elif os.path.isdir(target):  # a plain checkpoint directory: move it aside first (see the Note)
+            old = os.path.join(parent, f"{base}.ckpt-{uuid.uuid4().hex}")
+            os.rename(target, old)
+        link = os.path.join(parent, f"{base}.link-{uid}")
+        os.symlink(os.path.basename(final), link)
+        os.replace(link, target)
+        if fsync:
+            fsync_dir(parent)
+        _hook("swap")
+        if old is not None and old != final:
+            shutil.rmtree(old, ignore_errors=True)
+        if locked:
+            remove_stale_copies(parent, base, os.path.basename(final))
 
 
 # ------------------------------------------------------------------------------------------------------ load
@@ -508,7 +513,9 @@ def load_pieces(path, requests: Mapping[str, Any], *, comm=None, strict: bool = 
         raise err
     bad = [m for m in errs if m is not None]
     if bad:
-        raise ValueError("checkpoint load failed on another rank: " + "; ".join(bad))
+        err = ValueError("checkpoint load failed on another rank: " + "; ".join(bad))
+        err.on_other_rank = True  # an echo: the failing rank raises its own error (cli.runtime.agree)
+        raise err
     return result
 
 
@@ -550,6 +557,8 @@ def consolidate(path, out_file, optim_file=None) -> list:
     md = read_metadata(path)
     for f in md.files.values():  # allocate only what the files really hold
         fpath = os.path.join(md.path, f.name)
+        if os.path.isdir(fpath):
+            raise ValueError(f"{fpath} is a directory, not a shard file: the checkpoint is damaged")
         size = os.path.getsize(fpath) if os.path.exists(fpath) else None
         if size != f.size:
             raise ValueError(f"{fpath} has {size} bytes, the metadata says {f.size}: truncated, damaged or missing")

@@ -1,14 +1,21 @@
-"""Checkpoint storage primitives: N-D boxes, safetensors shard files (write, header parse), exact preads, CRCs."""
+"""Checkpoint storage primitives: boxes, safetensors shard files, exact preads, CRCs, the commit lock."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
+import re
+import shutil
+import stat
 import struct
 import zlib
 from typing import Any, Sequence
 
 import numpy as np
+
+from hpcfsdp._logging import get_logger
 
 __all__ = [
     "SAFETENSORS_CODES",
@@ -21,6 +28,8 @@ __all__ = [
     "block_crcs",
     "verify_blocks",
     "fsync_dir",
+    "commit_lock",
+    "remove_stale_copies",
     "IncompleteCheckpointError",
     "Reader",
 ]
@@ -268,7 +277,11 @@ class Reader:
             except FileNotFoundError:
                 raise IncompleteCheckpointError(f"incomplete checkpoint {self.md.path!r}: {fname} is missing") from None
             try:
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                    raise ValueError(f"{fpath} is {what}, not a shard file: the checkpoint is damaged")
+                size = st.st_size
                 want = self.md.files[fname].size
                 if size != want:
                     raise ValueError(f"{fpath} has {size} bytes, the metadata says {want}: truncated or damaged")
@@ -315,3 +328,54 @@ class Reader:
             verify_blocks(buf, bs // B, p.crc32, B, where)
             slab = buf[cs - bs:ce - bs].view(dtype).reshape((r1 - r0,) + L[1:])
             dest[r0:r1] = slab[(slice(None),) + inner]
+
+
+# ------------------------------------------------------------------------------------------- racing saves
+
+
+# [Note: Racing saves]
+# Two jobs (or a job and a resubmitted copy of it) may save to one PATH at once. Their commits (rename
+# the temporary directory, swap the link, delete the previous target) run under an exclusive flock(2)
+# on PATH's parent directory, so no commit sees another half done. Holding it, the committer also
+# removes every other ``PATH.ckpt-<id>`` and ``PATH.link-<id>`` sibling: no commit is between its
+# rename and its swap (they hold the lock for that), so such a sibling is a copy that nothing links
+# to (left by a race before this lock existed, or by a commit killed between its steps). Temporaries
+# (``PATH.tmp-<id>``) may belong to a save still writing and are left alone. Where the file system
+# refuses the lock, the commit goes on without it and removes only the target it replaced.
+
+_COPY_RE = r"\.(?:ckpt|link)-[0-9a-f]{32}\Z"
+
+
+@contextlib.contextmanager
+def commit_lock(parent: str):
+    """Hold an exclusive flock on ``parent``; yields whether it is held. See [Note: Racing saves]."""
+    try:
+        fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True
+        except OSError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_stale_copies(parent: str, base: str, keep: str) -> None:
+    """Remove ``base.ckpt-*`` / ``base.link-*`` siblings other than ``keep`` (under the commit lock)."""
+    pattern = re.compile(re.escape(base) + _COPY_RE)
+    for name in os.listdir(parent):
+        if name == keep or not pattern.match(name):
+            continue
+        p = os.path.join(parent, name)
+        if os.path.islink(p) or not os.path.isdir(p):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+        get_logger("checkpoint").info("removed %s: a copy no checkpoint link points to (a racing or "
+                                      "interrupted save)", p)

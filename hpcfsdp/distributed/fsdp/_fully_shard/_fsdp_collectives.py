@@ -46,6 +46,7 @@ __all__ = [
     "foreach_all_gather_copy_out",
     "foreach_reduce",
     "finish_reduce",
+    "raise_finite_errors",
     "get_gradient_divide_factors",
 ]
 
@@ -214,6 +215,8 @@ class ReduceResult:
     had_grad: list  # per parameter: whether this rank had a gradient for it
     post_divide: Optional[float] = None
     hook: Any = None  # the all-reduce hook to run on ``output`` before the post-divide
+    check_group: Optional[ProcessGroup] = None  # the ranks that share these gradients (HPCFSDP_CHECK_FINITE)
+    step: int = 0  # the gradient synchronisation this reduction belongs to, the first being 1
 
 
 def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_group: ProcessGroup,
@@ -228,6 +231,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
         reduce_scatter_group.size(), all_reduce_group.size() if all_reduce_group is not None else None,
         reduce_dtype, divide_factor, force_sum_reduction_for_comms)
     world = reduce_scatter_group.size()
+    group.reduce_steps += 1
     had_grad = [g is not None for g in grads]
     inp = _array(comm.allocate((world * total,), dtype=reduce_dtype, device=device), "reduce-scatter input")
     for p, g in zip(params, grads):
@@ -249,18 +253,23 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             works = []
             out += partial
         works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
-    return ReduceResult(group, works, out, list(params), had_grad, post), None
+    return ReduceResult(group, works, out, list(params), had_grad, post, None, reduce_scatter_group,
+                        group.reduce_steps), None
 
 
 def finish_reduce(result: ReduceResult) -> None:
-    """Wait for ``result``, post-divide, and write or accumulate the sharded gradients of its parameters."""
+    """Wait for ``result``, post-divide, and write or accumulate the sharded gradients of its parameters.
+
+    With HPCFSDP_CHECK_FINITE=1 a non-finite gradient writes none of them and is recorded, agreed by every
+    rank, in ``result.group.finite_error``; see [Note: Agreed finite check]."""
     _wait(result.works)
     out = result.output
     group = result.group
     if result.hook is not None:
         result.hook(Tensor._wrap(out))
     _divide_if_needed(out, result.post_divide)
-    for p, had in zip(result.params, result.had_grad):
+    grads = []  # (parameter index, FSDPParam, this rank's gradient shard)
+    for i, (p, had) in enumerate(zip(result.params, result.had_grad)):
         if not (had or group.reduce_scatter_unused_params):
             continue
         g = p.local_grad_from(out)
@@ -269,8 +278,14 @@ def finish_reduce(result: ReduceResult) -> None:
         dtype = p.param_dtype if group.keep_low_precision_grads else p.dtype
         if g.dtype != dtype:
             g = g.astype(dtype)
-        if _settings.get("HPCFSDP_CHECK_FINITE"):
-            _check_finite(g, p, group.backward_steps)
+        grads.append((i, p, g))
+    if _settings.get("HPCFSDP_CHECK_FINITE"):
+        err = _agreed_finite_check(grads, result)
+        if err is not None:
+            if group.finite_error is None:
+                group.finite_error = err
+            return
+    for _, p, g in grads:
         sp = p.sharded_param
         if sp.grad is None and group.keep_low_precision_grads:
             sp._grad = p.sharded_grad(g)  # a low-precision grad of a full-precision parameter, on purpose
@@ -280,11 +295,56 @@ def finish_reduce(result: ReduceResult) -> None:
             sp.grad._data += g
 
 
-def _check_finite(g, p, step: int) -> None:
-    """HPCFSDP_CHECK_FINITE=1: fail on the first NaN/Inf in a reduced gradient, naming parameter and step."""
-    xp = _backend.array_module(g)
-    if g.size and not bool(xp.isfinite(g).all()):
-        bad = int((~xp.isfinite(g)).sum())
-        raise FloatingPointError(
-            f"HPCFSDP_CHECK_FINITE: gradient of {p.fqn or p.name} has {bad} non-finite value(s) at backward "
-            f"step {step} (this rank's shard of shape {tuple(g.shape)})")
+# [Note: Agreed finite check]
+# A NaN in one rank's input reaches, after the reduce-scatter, only the shards whose sum it entered:
+# a rank whose shard stayed finite (or is empty) cannot see it. So the per-rank verdict is combined
+# before anyone acts: every rank counts the non-finite values of each parameter's shard and the
+# counts are all-gathered over the reduce-scatter group (one small collective per reduction, on the
+# communication thread in issue order, only when the check is on; HSDP replicas hold identical
+# shards after their all-reduce, so the shard group decides for them too). Every rank then reaches
+# the same verdict: a bad reduction writes no gradient, the error is kept on its param group, and
+# the root raises it at the end of backward, after every reduction and every group's bookkeeping
+# finished, so every rank raises the same FloatingPointError at the same point and a caller that
+# catches it can zero the gradients and train on (no rank is left in a collective alone). Steps
+# count gradient synchronisations from 1, as the trainer counts optimizer steps.
+
+
+def _agreed_finite_check(grads: list, result: ReduceResult) -> Optional[FloatingPointError]:
+    """The FloatingPointError every rank of ``result.check_group`` agrees on, or None when all is finite."""
+    n = len(result.params)  # the same on every rank, whichever parameters got a gradient here
+    counts = np.zeros(n, np.int64)
+    for i, _, g in grads:
+        if g.size:
+            xp = _backend.array_module(g)
+            counts[i] = int((~xp.isfinite(g)).sum())
+    pg = result.check_group
+    if pg is not None and pg.size() > 1 and n:
+        table = np.empty(pg.size() * n, np.int64)
+        pg.all_gather_into(table, counts)
+        table = table.reshape(pg.size(), n)
+        ranks = pg.world_ranks
+    else:
+        table, ranks = counts.reshape(1, -1), (None,)
+    bad_params = np.flatnonzero(table.sum(axis=0))
+    if not len(bad_params):
+        return None
+    i = int(bad_params[0])
+    p = result.params[i]
+    where = [(r, int(c)) for r, c in zip(ranks, table[:, i]) if c]
+    total = sum(c for _, c in where)
+    on = "" if ranks == (None,) else " in the shard(s) of rank(s) " + ", ".join(str(r) for r, _ in where)
+    more = f" (and {len(bad_params) - 1} more parameter(s) of this group)" if len(bad_params) > 1 else ""
+    return FloatingPointError(
+        f"HPCFSDP_CHECK_FINITE: gradient of {p.fqn or p.name} has {total} non-finite value(s){on} at step "
+        f"{result.step}{more}")
+
+
+def raise_finite_errors(groups) -> None:
+    """Raise (and clear) the first agreed non-finite gradient error recorded on ``groups``."""
+    first = None
+    for g in groups:
+        if g is not None and g.finite_error is not None:
+            first = first or g.finite_error
+            g.finite_error = None
+    if first is not None:
+        raise first

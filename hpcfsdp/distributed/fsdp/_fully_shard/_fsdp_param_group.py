@@ -82,6 +82,8 @@ class FSDPParamGroup:
         self._partial_reduce = None  # HSDP without all-reduce: locally accumulated reduce-scatter output
         self.uses_left = 0  # forward calls whose post-backward has not run yet
         self.backward_steps = 0  # completed backward passes (for error messages)
+        self.reduce_steps = 0  # gradient reductions issued (HPCFSDP_CHECK_FINITE's step, from 1)
+        self.finite_error = None  # agreed HPCFSDP_CHECK_FINITE failure, raised at the end of backward
         self.needs_post_backward = False
         self._init_sharded_storage()
 

@@ -21,7 +21,7 @@ from ...._tensor import Tensor
 from ....autograd import engine as _engine
 from ....autograd.function import Function
 from ....autograd.grad_mode import is_grad_enabled
-from ._fsdp_collectives import finish_reduce
+from ._fsdp_collectives import finish_reduce, raise_finite_errors
 from ._fsdp_common import get_module_fsdp_state
 
 __all__ = ["FSDPState", "FSDPStateContext"]
@@ -182,6 +182,7 @@ class FSDPState:
         # A new iteration: whatever the last backward left (e.g. no backward ran) is finished first.
         while ctx.reductions:  # reductions a backward left in flight (set_is_last_backward(False))
             finish_reduce(ctx.reductions.popleft())
+        raise_finite_errors(st._param_group for st in ctx.all_states)
         if ctx.forward_order:
             ctx.forward_order_frozen = True
         ctx.post_forward_order = []
@@ -269,6 +270,7 @@ class FSDPState:
             st._pre_backward_hook_ran = False
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
+        raise_finite_errors(st._param_group for st in ctx.all_states)
 
     def _reset_iter_state(self):
         ctx = self._ctx
