@@ -167,7 +167,7 @@ class FullyShardedDataParallel(Module):
         """Load a state dict of the current state-dict type (see ``state_dict_type``).
 
         Args:
-            state_dict: FULL: full tensors or NumPy arrays; SHARDED: DTensors; LOCAL: this rank's flat pieces.
+            state_dict: FULL: full tensors; SHARDED: DTensors; LOCAL: this rank's flat pieces.
             strict: raise on missing or unexpected keys.
             assign: accepted for signature compatibility; values are always copied into the sharded parameters.
 

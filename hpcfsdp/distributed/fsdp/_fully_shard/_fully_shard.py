@@ -203,9 +203,11 @@ class FSDPModule:
         return None
 
     def reset_iter_state(self) -> None:
-        """Forget per-iteration state (the recorded forward order, pending prefetches, the backward bookkeeping).
+        """Forget the current iteration's backward bookkeeping.
 
-        Call it after an iteration that raised part-way through, so that the next forward starts clean.
+        Clears which units have run their pre-backward hook, the order in which units finished forward
+        (the basis of backward prefetch) and the queued end-of-backward callback. Call it after an
+        iteration that stopped part-way (an exception in forward or backward), so the next one starts clean.
         """
         self._get_fsdp_state()._reset_iter_state()
 
