@@ -39,6 +39,10 @@ def linear(input, weight, bias=None):  # noqa: A002
 
 
 def relu(input, inplace=False):  # noqa: A002
+    """max(input, 0) elementwise.
+
+    ``inplace`` is accepted for signature compatibility; the result is always a new tensor.
+    """
     return ops.Relu.apply(_check(input, "relu"))
 
 
@@ -53,10 +57,12 @@ def gelu(input, approximate="none"):  # noqa: A002
 
 
 def tanh(input):  # noqa: A002
+    """Hyperbolic tangent, elementwise."""
     return _check(input, "tanh").tanh()
 
 
 def sigmoid(input):  # noqa: A002
+    """1 / (1 + exp(-input)), elementwise."""
     return _check(input, "sigmoid").sigmoid()
 
 
@@ -67,6 +73,17 @@ def silu(input, inplace=False):  # noqa: A002
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    """exp(x) / sum(exp(x)) along ``dim``.
+
+    Args:
+        input: the tensor.
+        dim: the dimension to normalize over; None picks PyTorch's legacy implicit dimension
+            (0 for 0-, 1- and 3-dimensional input, else 1).
+        dtype: if given, ``input`` is cast to it first.
+
+    Returns:
+        A tensor of ``input``'s shape whose slices along ``dim`` sum to 1.
+    """
     _check(input, "softmax")
     if dim is None:
         dim = 0 if input.ndim in (0, 1, 3) else 1  # PyTorch's legacy implicit choice
@@ -74,6 +91,13 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    """log(softmax(input, dim)), computed stably.
+
+    Args:
+        input: the tensor.
+        dim: the dimension to normalize over; None picks PyTorch's legacy implicit dimension.
+        dtype: if given, ``input`` is cast to it first.
+    """
     _check(input, "log_softmax")
     if dim is None:
         dim = 0 if input.ndim in (0, 1, 3) else 1
@@ -175,6 +199,19 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
+    """Squared error (input - target)^2, reduced.
+
+    Args:
+        input: predictions.
+        target: targets, broadcastable to ``input`` (cast to ``input``'s dtype).
+        size_average: deprecated, ignored.
+        reduce: deprecated, ignored.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Raises:
+        RuntimeError: the shapes do not broadcast.
+        ValueError: ``reduction`` is not one of the three.
+    """
     _check(input, "mse_loss")
     _check(target, "mse_loss", "target")
     _check_reduction(reduction, "mse_loss")
@@ -190,6 +227,20 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Normalize over the trailing ``normalized_shape`` dimensions to zero mean and unit variance.
+
+    Computes (x - mean) / sqrt(var + eps) * weight + bias, with the biased variance.
+
+    Args:
+        input: floating tensor whose last dimensions equal ``normalized_shape``.
+        normalized_shape: an int or a shape.
+        weight: optional scale of shape ``normalized_shape``.
+        bias: optional shift of shape ``normalized_shape``.
+        eps: added to the variance.
+
+    Raises:
+        RuntimeError: a shape does not match ``normalized_shape``, or ``input`` is not floating.
+    """
     _float(input, "layer_norm")
     ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
     nd = len(ns)
@@ -227,6 +278,17 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
 
 
 def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zero each element with probability ``p`` and scale the others by 1 / (1 - p), in training only.
+
+    Args:
+        input: the tensor.
+        p: the drop probability, in [0, 1].
+        training: when False (or ``p`` is 0) ``input`` is returned unchanged.
+        inplace: accepted for signature compatibility; the result is a new tensor.
+
+    Raises:
+        ValueError: ``p`` is outside [0, 1].
+    """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     _check(input, "dropout")

@@ -153,10 +153,12 @@ def constant_(tensor, val):
 
 
 def ones_(tensor):
+    """Fill ``tensor`` with 1 in place (no gradient recorded); returns it."""
     return constant_(tensor, 1.0)
 
 
 def zeros_(tensor):
+    """Fill ``tensor`` with 0 in place (no gradient recorded); returns it."""
     return constant_(tensor, 0.0)
 
 

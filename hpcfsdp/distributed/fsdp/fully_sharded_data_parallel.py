@@ -142,12 +142,15 @@ class FullyShardedDataParallel(Module):
         return self.module.__getitem__(key)
 
     def forward(self, *args, **kwargs):
+        """Run the wrapped module (FSDP's hooks gather and free the parameters around it)."""
         return self.module(*args, **kwargs)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """The wrapped module's named parameters, under their original names (no wrapper prefix)."""
         return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """The wrapped module's named buffers, under their original names (no wrapper prefix)."""
         return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def state_dict(self, *args, **kwargs):
@@ -162,6 +165,16 @@ class FullyShardedDataParallel(Module):
         return sd
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a state dict of the current state-dict type (see ``state_dict_type``).
+
+        Args:
+            state_dict: FULL: full tensors; SHARDED: DTensors; LOCAL: this rank's flat pieces.
+            strict: raise on missing or unexpected keys.
+            assign: accepted for signature compatibility; values are always copied into the sharded parameters.
+
+        Returns:
+            A named tuple of ``missing_keys`` and ``unexpected_keys``.
+        """
         s = self._state_dict_settings
         result = sdu.load_model_state_dict(self.module, state_dict, s.state_dict_type, strict=strict)
         _cast_buffers(self.module, self.mixed_precision)  # loaded buffers take the compute buffer dtype again
@@ -230,6 +243,11 @@ class FullyShardedDataParallel(Module):
 
     @staticmethod
     def get_state_dict_type(module) -> StateDictSettings:
+        """The state-dict settings shared by every FSDP instance under ``module``.
+
+        Raises:
+            ValueError: the instances under ``module`` have different settings.
+        """
         wrappers = _wrappers(module)
         first = wrappers[0]._state_dict_settings
         for w in wrappers[1:]:
@@ -241,6 +259,14 @@ class FullyShardedDataParallel(Module):
     @contextlib.contextmanager
     def state_dict_type(module, state_dict_type: StateDictType, state_dict_config: StateDictConfig | None = None,
                         optim_state_dict_config: OptimStateDictConfig | None = None):
+        """Context manager: ``set_state_dict_type`` on entry, the previous settings restored on exit.
+
+        Args:
+            module: the root FSDP module (every FSDP instance under it is set).
+            state_dict_type: FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT.
+            state_dict_config: options of the model state dict (default: the type's default config).
+            optim_state_dict_config: options of the optimizer state dict.
+        """
         prev = FullyShardedDataParallel.set_state_dict_type(module, state_dict_type, state_dict_config,
                                                             optim_state_dict_config)
         try:

@@ -6,6 +6,17 @@ __all__ = ["Dropout"]
 
 
 class Dropout(Module):
+    """Dropout layer: in training mode, zero each element with probability ``p`` and scale the rest by 1 / (1 - p).
+
+    In eval mode the input passes through unchanged.
+
+    Args:
+        p: the drop probability, in [0, 1].
+        inplace: accepted for signature compatibility; the output is a new tensor.
+
+    Raises:
+        ValueError: ``p`` is outside [0, 1].
+    """
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if p < 0 or p > 1:

@@ -72,12 +72,14 @@ class DataParallelMeshDims:
 
     @property
     def shard_names(self) -> tuple[str, ...]:
+        """The mesh dimension names FSDP shards over, as a tuple."""
         if self.shard is None:
             return ()
         return (self.shard,) if isinstance(self.shard, str) else tuple(self.shard)
 
     @property
     def replicate_names(self) -> tuple[str, ...]:
+        """The mesh dimension names FSDP replicates over (HSDP), as a tuple."""
         if self.replicate is None:
             return ()
         return (self.replicate,) if isinstance(self.replicate, str) else tuple(self.replicate)

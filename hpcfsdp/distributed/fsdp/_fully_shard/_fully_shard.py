@@ -39,6 +39,7 @@ _enable_fsdp_module_new_init = True
 
 
 def get_cls_to_fsdp_cls() -> dict[type, type]:
+    """The cache mapping each original module class to its dynamically created ``FSDP<Class>`` subclass."""
     return _cls_to_fsdp_cls
 
 
@@ -173,6 +174,7 @@ class FSDPModule:
 
     @property
     def module(self) -> Any:
+        """The module itself: ``fully_shard`` changes the class in place rather than wrapping, so there is no inner module."""
         return self
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -201,6 +203,12 @@ class FSDPModule:
         return None
 
     def reset_iter_state(self) -> None:
+        """Forget the current iteration's backward bookkeeping.
+
+        Clears which units have run their pre-backward hook, the order in which units finished forward
+        (the basis of backward prefetch) and the queued end-of-backward callback. Call it after an
+        iteration that stopped part-way (an exception in forward or backward), so the next one starts clean.
+        """
         self._get_fsdp_state()._reset_iter_state()
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
@@ -222,6 +230,16 @@ class FSDPModule:
                 group.all_reduce_grads = bool(requires_all_reduce)
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        """Choose whether the parameters are freed after forward and re-gathered in backward.
+
+        Args:
+            reshard_after_forward: True frees the unsharded parameters after forward (less memory, one more
+                all-gather in backward); False keeps them until backward.
+            recurse: also apply the setting to every ``FSDPModule`` under this one.
+
+        Raises:
+            ValueError: ``reshard_after_forward`` is not a bool.
+        """
         if not isinstance(reshard_after_forward, bool):
             raise ValueError(f"reshard_after_forward should be a bool, got {type(reshard_after_forward)}")
         for module in _selected_modules(self, recurse):
@@ -233,11 +251,29 @@ class FSDPModule:
                 group.post_forward_mesh_info = get_post_forward_mesh_info(reshard_after_forward, group.mesh_info)
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """Choose whether the parameters are freed after backward.
+
+        False keeps them unsharded into the next forward, which saves an all-gather when gradients are
+        accumulated over several micro-batches, at the cost of the unsharded parameters' memory.
+
+        Args:
+            reshard_after_backward: whether to reshard at the end of this module's backward.
+            recurse: also apply the setting to every ``FSDPModule`` under this one.
+        """
         for module in _selected_modules(self, recurse):
             for group in module._get_fsdp_state()._all_param_groups():
                 group.reshard_after_backward = bool(reshard_after_backward)
 
     def set_modules_to_forward_prefetch(self, modules: Iterable[Any]) -> None:
+        """Explicit forward prefetch: when this module's forward starts, also start gathering ``modules``.
+
+        Args:
+            modules: modules managed by ``fully_shard`` to all-gather early, in order (replaces any
+                previous list).
+
+        Raises:
+            TypeError: an element is not a module managed by ``fully_shard``.
+        """
         states = []
         for module in modules:
             if not isinstance(module, FSDPModule):
@@ -246,6 +282,15 @@ class FSDPModule:
         self._get_fsdp_state()._states_to_forward_prefetch = states
 
     def set_modules_to_backward_prefetch(self, modules: Iterable[Any]) -> None:
+        """Explicit backward prefetch: when this module's backward starts, also start gathering ``modules``.
+
+        Args:
+            modules: modules managed by ``fully_shard`` to all-gather early in backward, in order (replaces
+                the default, which prefetches the module that ran before this one in forward).
+
+        Raises:
+            TypeError: an element is not a module managed by ``fully_shard``.
+        """
         states = []
         for module in modules:
             if not isinstance(module, FSDPModule):
@@ -254,6 +299,12 @@ class FSDPModule:
         self._get_fsdp_state()._states_to_backward_prefetch = states
 
     def set_custom_all_gather(self, comm: AllGather) -> None:
+        """Use ``comm`` instead of the built-in all-gather for this module's parameter group.
+
+        Raises:
+            TypeError: ``comm`` is not an ``AllGather``.
+            ValueError: the module has more than one parameter group.
+        """
         if not isinstance(comm, AllGather):
             raise TypeError(f"custom all-gather must be an AllGather, got {type(comm).__name__}")
         state = self._get_fsdp_state()
@@ -263,6 +314,12 @@ class FSDPModule:
             group.all_gather_comm = comm
 
     def set_custom_reduce_scatter(self, comm: ReduceScatter) -> None:
+        """Use ``comm`` instead of the built-in reduce-scatter for this module's gradients.
+
+        Raises:
+            TypeError: ``comm`` is not a ``ReduceScatter``.
+            ValueError: the module has more than one parameter group.
+        """
         if not isinstance(comm, ReduceScatter):
             raise TypeError(f"custom reduce-scatter must be a ReduceScatter, got {type(comm).__name__}")
         state = self._get_fsdp_state()
@@ -288,6 +345,7 @@ class FSDPModule:
             group.post_optim_event = event
 
     def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        """Older name of [set_gradient_divide_factor][hpcfsdp.distributed.fsdp.FSDPModule.set_gradient_divide_factor]."""
         self.set_gradient_divide_factor(factor)
 
     def set_gradient_divide_factor(self, factor: float) -> None:
@@ -334,6 +392,11 @@ class FSDPModule:
                 group.reduce_scatter_group = new_groups[key]
 
     def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
+        """Whether backward all-gathers this module's parameters.
+
+        False is for modules whose parameters take no part in the gradient computation of backward
+        (their gradients are still reduced); it saves the all-gather.
+        """
         for group in self._get_fsdp_state()._all_param_groups():
             group.unshard_in_backward = bool(unshard_in_backward)
 
@@ -385,6 +448,7 @@ class UnshardHandle:
     """Returned by ``unshard(async_op=True)``; ``wait()`` blocks until the parameters are unsharded."""
 
     def wait(self) -> None:
+        """Block until the all-gather the handle stands for has finished and the parameters are unsharded."""
         return None
 
 
@@ -434,6 +498,10 @@ def _selected_modules(module: Any, recurse: bool) -> list[Any]:
 
 @contextlib.contextmanager
 def disable_fsdp_module_new_init():
+    """Context manager: while active, constructing an ``FSDP<Class>`` does not call ``__init__``.
+
+    Used when code builds a new instance of a converted class (``type(m)(...)``) and initializes it itself.
+    """
     global _enable_fsdp_module_new_init
     previous = _enable_fsdp_module_new_init
     _enable_fsdp_module_new_init = False
