@@ -17,7 +17,6 @@ threads per rank (1 by default, so ranks do not oversubscribe the cores).
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import time
@@ -56,7 +55,7 @@ class GPT(nn.Module):
             self.head.weight = self.tok.weight
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln_f(x))
@@ -93,6 +92,8 @@ def parse_args(argv=None):
     ap.add_argument("--tie", action="store_true", help="tie the head to the token embedding (hpcfsdp's default)")
     ap.add_argument("--replicate", type=int, default=2, help="hsdp: size of the replicate mesh dimension")
     ap.add_argument("--no-reshard-after-forward", action="store_true")
+    ap.add_argument("--meta-init", action="store_true",
+                    help="fsdp/hsdp: build on the meta device, shard, then fill each rank's shard (no full copy)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
@@ -111,9 +112,13 @@ def main(argv=None):
 
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
+    if a.meta_init and a.mode not in ("fsdp", "hsdp"):
+        raise ValueError(f"--meta-init needs --mode fsdp or hsdp, got {a.mode}")
     torch.manual_seed(1234)
-    model = GPT(a.vocab, a.d_model, a.layers, a.heads, a.seq, a.tie)
-    init_weights_(model, 1234)
+    with torch.device("meta" if a.meta_init else "cpu"):
+        model = GPT(a.vocab, a.d_model, a.layers, a.heads, a.seq, a.tie)
+    if not a.meta_init:
+        init_weights_(model, 1234)  # the same full model on every rank (FSDP2 does not broadcast)
     n_params = sum(p.numel() for p in model.parameters())
     mesh = None
     if a.mode in ("fsdp", "hsdp"):
@@ -130,6 +135,9 @@ def main(argv=None):
         for blk in model.blocks:
             fully_shard(blk, mesh=mesh, reshard_after_forward=not a.no_reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=not a.no_reshard_after_forward)
+        if a.meta_init:
+            model.to_empty(device="cpu")
+            init_weights_(model, 1234 + rank)  # shards differ per rank: only the timing and memory matter
     elif a.mode == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, foreach=True)
