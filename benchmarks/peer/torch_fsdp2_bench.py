@@ -157,17 +157,25 @@ def main(argv=None):
         if i >= a.warmup:
             times.append(dt)
     t = torch.tensor(times, dtype=torch.float64)
-    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+    # per rank: peak RSS (MiB), bytes of its parameter shards and of its optimizer state
+    mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                         sum(_local(p).numel() * _local(p).element_size() for p in model.parameters()),
+                         sum(_local(v).numel() * _local(v).element_size() for st in opt.state.values()
+                             for v in st.values() if torch.is_tensor(v))], dtype=torch.float64)
+    every = [mine]
     if dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
     med = statistics.median(t.tolist())
     res = {"peer": "torch", "torch": torch.__version__, "mode": a.mode, "world_size": world,
            "mesh": None if mesh is None else list(mesh.shape), "params": n_params,
            "model": {"vocab": a.vocab, "d_model": a.d_model, "layers": a.layers, "heads": a.heads, "seq": a.seq,
                      "batch": a.batch, "tie": a.tie},
            "median_step_s": med, "step_times_s": t.tolist(), "tokens_per_s": world * a.batch * a.seq / med,
-           "loss_first": losses[0], "loss_last": losses[-1], "peak_rss_mib_max": peak.item()}
+           "loss_first": losses[0], "loss_last": losses[-1],
+           "per_rank": [{"rank": i, "peak_rss_mib": v[0].item(), "local_param_bytes": int(v[1].item()),
+                         "local_optim_state_bytes": int(v[2].item())} for i, v in enumerate(every)]}
     if rank == 0:
         print(f"[{a.mode} x{world}] median step {med:.4f} s, {res['tokens_per_s']:.0f} tokens/s, "
               f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
