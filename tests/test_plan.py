@@ -100,6 +100,11 @@ def test_predict_step_splits_compute_by_flops_and_adds_tcp_cpu():
     # 1 ns per byte the host sends, host bytes = the wire minimum (node-aware): 1/2 (10 + 20) * 4 + 1/2 * 80
     cpu = dataclasses.replace(free, cpu_per_byte=1e-3)
     assert sm.predict_step(shape, "FULL_SHARD", 2, 2, cpu, 2.0) == pytest.approx(2.0 + 1e-3 * (60 + 40))
+    # one machine's cores serve every simulated host: the bytes of all 2 hosts
+    shared = dataclasses.replace(cpu, cpu_scope="machine")
+    assert sm.predict_step(shape, "FULL_SHARD", 2, 2, shared, 2.0) == pytest.approx(2.0 + 2 * 1e-3 * (60 + 40))
+    with pytest.raises(ValueError, match="cpu_scope must be 'host' or 'machine', got 'node'"):
+        dataclasses.replace(cpu, cpu_scope="node")
 
 
 def _synthetic_runs(shape, truth):

@@ -28,7 +28,8 @@ between ``max(0, comm - compute)`` roughly and the serial sum (``overlap=False``
 Compute per unit: the run's compute-only step split over units by their matmul FLOPs, 1/3 forward and 2/3
 backward; or, for planning, FLOPs / (peak * efficiency). ``cpu_per_byte`` adds compute time per byte the host
 sends: on the 2-core test machine the kernel's TCP work competes with the ranks for the cores (0 on a real
-cluster with a NIC that offloads it).
+cluster with a NIC that offloads it). With ``cpu_scope="machine"`` the charge is for the bytes of all H hosts,
+since the simulated hosts share one machine's cores; "host" charges one host's bytes (a host's own cores).
 """
 
 import dataclasses
@@ -63,11 +64,14 @@ class Links:
     alpha_intra: float = 10e-6
     flat_excess: float | None = None  # host-link bytes of a flat collective over the node-aware minimum
     cpu_per_byte: float = 0.0  # compute-stream seconds per byte a host sends (kernel TCP work on shared cores)
+    cpu_scope: str = "host"  # "machine": every simulated host's TCP work lands on the same cores (one machine)
 
     def __post_init__(self):
         for name in ("inter_rate", "bw_intra", "eff_inter"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Links.{name} must be > 0, got {getattr(self, name)}")
+        if self.cpu_scope not in ("host", "machine"):
+            raise ValueError(f"Links.cpu_scope must be 'host' or 'machine', got {self.cpu_scope!r}")
         for name in ("alpha_inter", "alpha_intra", "cpu_per_byte"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Links.{name} must be >= 0, got {getattr(self, name)}")
@@ -204,8 +208,8 @@ def predict_step(shape, strategy, hosts, per_host, links, compute_s, hierarchica
     """Predicted step seconds of ``shape`` given the step's compute seconds (e.g. a compute-only run)."""
     total_flops = sum(shape.flops)
     if links.cpu_per_byte:
-        compute_s = compute_s + links.cpu_per_byte * host_link_bytes(shape, strategy, hosts, per_host, links,
-                                                                      hierarchical)
+        sent = host_link_bytes(shape, strategy, hosts, per_host, links, hierarchical)
+        compute_s = compute_s + links.cpu_per_byte * sent * (hosts if links.cpu_scope == "machine" else 1)
     work = compute_s * (1 - opt_frac)
     fwd = [work / 3 * f / total_flops for f in shape.flops]
     bwd = [2 * x for x in fwd]

@@ -54,6 +54,9 @@ def add_parser(subparsers):
     p.add_argument("--fit-rate", default=None, help="fit only on the runs at this link rate (e.g. 200mbit)")
     p.add_argument("--fit-params", default="alpha_inter,eff_inter",
                    help="Links fields to fit (also cpu_per_byte: seconds of compute per byte sent, TCP on shared cores)")
+    p.add_argument("--cpu-scope", choices=["host", "machine"], default="host",
+                   help="cpu_per_byte counts one host's bytes (host) or every host's (machine: simulated hosts "
+                   "sharing one machine's cores)")
     p.add_argument("--check", action="append", default=[], metavar="FILE",
                    help="JSON lines of runs to predict with the fitted parameters (predicted vs measured)")
     p.add_argument("--json", action="store_true", help="print JSON instead of Markdown tables")
@@ -102,10 +105,12 @@ def _group(runs):
     out = []
     for key, rs in groups.items():
         ex = [r["excess"] for r in rs if r["excess"] is not None]
-        out.append(dict(strategy=key[0], hosts=key[1], per_host=key[2], rate=key[3], shape=key[4], n=len(rs),
-                        compute_s=statistics.median(r["compute_s"] for r in rs),
-                        step_s=statistics.median(r["step_s"] for r in rs),
-                        excess=statistics.median(ex) if ex else None))
+        row = dict(strategy=key[0], hosts=key[1], per_host=key[2], rate=key[3], shape=key[4], n=len(rs),
+                   compute_s=statistics.median(r["compute_s"] for r in rs),
+                   step_s=statistics.median(r["step_s"] for r in rs), excess=statistics.median(ex) if ex else None)
+        if all("predicted_s" in r for r in rs):
+            row["predicted_s"] = statistics.median(r["predicted_s"] for r in rs)
+        out.append(row)
     return out
 
 
@@ -114,7 +119,7 @@ def _shape(key):
     return sm.gpt_shape(vocab, block, layers, width, batch, tie=tie)
 
 
-def fit_runs(fit, hierarchical=False, params=("alpha_inter", "eff_inter")):
+def fit_runs(fit, hierarchical=False, params=("alpha_inter", "eff_inter"), cpu_scope="host"):
     """Fit Links (``params``; flat_excess from the measured bytes) to grouped runs of one model."""
     shapes = {r["shape"] for r in fit}
     if len(shapes) != 1:
@@ -122,9 +127,21 @@ def fit_runs(fit, hierarchical=False, params=("alpha_inter", "eff_inter")):
     shape = _shape(shapes.pop())
     ex = [r["excess"] for r in fit if r["excess"] is not None and r["strategy"] == "FULL_SHARD" and r["per_host"] > 1]
     base = sm.Links(inter_rate=fit[0]["rate"], alpha_inter=100e-6, eff_inter=0.9,
-                    flat_excess=statistics.median(ex) if ex else None)
+                    flat_excess=statistics.median(ex) if ex else None, cpu_scope=cpu_scope)
     links, errors = sm.fit(fit, shape, base, params=params, hierarchical=hierarchical)
     return links, errors, shape
+
+
+def _predict_grouped(runs, links, hierarchical):
+    """Each run predicted from its own compute-only time; medians per configuration, with the relative error."""
+    for r in runs:
+        lk = dataclasses.replace(links, inter_rate=r["rate"])
+        r["predicted_s"] = sm.predict_step(_shape(r["shape"]), r["strategy"], r["hosts"], r["per_host"], lk,
+                                           r["compute_s"], hierarchical)
+    rows = _group(runs)
+    for r in rows:
+        r["error"] = r["predicted_s"] / r["step_s"] - 1
+    return rows
 
 
 def _pct(x):
@@ -157,24 +174,17 @@ def run(a) -> int:
     try:
         out = {}
         if a.fit:
-            fit = _group(load_runs(a.fit, a.fit_rate))
+            fit = load_runs(a.fit, a.fit_rate)
             if not fit:
                 raise ValueError(f"no runs to fit in {', '.join(a.fit)}" + (f" at {a.fit_rate}" if a.fit_rate else ""))
-            links, errors, shape = fit_runs(fit, hierarchical=a.collectives == "hier",
-                                            params=tuple(a.fit_params.split(",")))
+            hier = a.collectives == "hier"
+            links, _, _ = fit_runs(fit, hierarchical=hier, params=tuple(a.fit_params.split(",")),
+                                   cpu_scope=a.cpu_scope)
             out["fit"] = {"alpha_inter_s": links.alpha_inter, "eff_inter": links.eff_inter,
-                          "cpu_per_byte": links.cpu_per_byte,
-                          "flat_excess": links.flat_excess, "runs": [
-                              dict(r, predicted_s=r["step_s"] * (1 + e), error=e) for r, e in zip(fit, errors)]}
+                          "cpu_per_byte": links.cpu_per_byte, "flat_excess": links.flat_excess,
+                          "runs": _predict_grouped(fit, links, hier)}
             if a.check:
-                check = _group(load_runs(a.check))
-                rows = []
-                for r in check:
-                    lk = dataclasses.replace(links, inter_rate=r["rate"])
-                    pred = sm.predict_step(_shape(r["shape"]), r["strategy"], r["hosts"], r["per_host"], lk,
-                                           r["compute_s"], hierarchical=a.collectives == "hier")
-                    rows.append(dict(r, predicted_s=pred, error=pred / r["step_s"] - 1))
-                out["check"] = rows
+                out["check"] = _predict_grouped(load_runs(a.check), links, hier)
         elif a.check:
             raise ValueError("--check needs --fit (the parameters come from the fitted runs)")
         else:
@@ -201,12 +211,12 @@ def run(a) -> int:
         return 0
     f = out["fit"]
     print(f"fit: alpha_inter {f['alpha_inter_s'] * 1e6:.0f} us per ring step, link efficiency {f['eff_inter']:.3f}, "
-          f"TCP CPU {f['cpu_per_byte'] * 1e9:.2f} ns per byte sent, "
+          f"TCP CPU {f['cpu_per_byte'] * 1e9:.2f} ns per byte sent ({a.cpu_scope}), "
           f"flat collective bytes {f['flat_excess'] or 0:.2f}x the node-aware minimum\n")
-    print("| set | hosts x ranks | link | strategy | compute-only (s) | measured step (s) | predicted (s) | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| set | hosts x ranks | link | strategy | runs | compute-only (s) | measured step (s) | predicted (s) | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rows in (("fit", f["runs"]), ("check", out.get("check", []))):
         for r in rows:
-            print(f"| {name} | {r['hosts']} x {r['per_host']} | {8 * r['rate'] / 1e6:g} Mbit/s | {r['strategy']} "
+            print(f"| {name} | {r['hosts']} x {r['per_host']} | {8 * r['rate'] / 1e6:g} Mbit/s | {r['strategy']} | {r['n']} "
                   f"| {r['compute_s']:.3f} | {r['step_s']:.3f} | {r['predicted_s']:.3f} | {_pct(r['error'])} |")
     return 0
