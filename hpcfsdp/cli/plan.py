@@ -178,6 +178,12 @@ def run(a) -> int:
             if not fit:
                 raise ValueError(f"no runs to fit in {', '.join(a.fit)}" + (f" at {a.fit_rate}" if a.fit_rate else ""))
             hier = a.collectives == "hier"
+            ex = [r["excess"] for r in fit if r["excess"] and r["strategy"] == "FULL_SHARD" and r["per_host"] > 1]
+            if hier and ex and statistics.median(ex) > 1.1:
+                print(f"hpcfsdp plan: note: the FULL_SHARD runs sent {statistics.median(ex):.2f}x the node-aware "
+                      "minimum per host, so their collectives were flat; fitting them as node-aware (--collectives "
+                      "hier) blames those bytes on the link rate. Use --collectives flat for such runs.",
+                      file=sys.stderr)
             links, _, _ = fit_runs(fit, hierarchical=hier, params=tuple(a.fit_params.split(",")),
                                    cpu_scope=a.cpu_scope)
             out["fit"] = {"alpha_inter_s": links.alpha_inter, "eff_inter": links.eff_inter,
