@@ -8,7 +8,7 @@ R=benchmarks/results
 mkdir -p "$R"
 PY=${PY:-.venv/bin/python}
 TORCH_PY=${TORCH_PY:-../peer-venv/bin/python}
-PEER=${PEER:-../shared/peer/torch_fsdp2_bench.py}
+PEER=${PEER:-benchmarks/peer/torch_fsdp2_bench.py}
 HP="$PY -m hpcfsdp.cli.main"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HPCFSDP_PROGRESS=0
 sections=${*:-single compare prefetch comm table memory ckpt debug soak}

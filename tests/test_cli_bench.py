@@ -45,3 +45,25 @@ def test_bench_compare_quick_fsdp_overhead_regression(tmp_path):
     _run(HP + ["bench", "compare", "--quick", "--json", str(js)], timeout=400)
     summary = json.loads(js.read_text())
     assert 0 < summary["hp_ratio"] <= 1.5, summary
+
+
+def test_compare_uses_the_peer_script_in_the_repository(tmp_path):
+    import argparse
+
+    from hpcfsdp.cli import bench_train
+
+    script = bench_train.peer_script()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert script == os.path.join(root, "benchmarks", "peer", "torch_fsdp2_bench.py")
+    assert os.path.isfile(script) and os.path.isfile(os.path.join(root, "benchmarks", "peer", "requirements.txt"))
+    args = argparse.Namespace(peer_script=None, tie_weights=True, vocab_size=256, block_size=32, n_layer=2, n_head=2,
+                              n_embd=64, batch_size=2, warmup=1, steps=2, torch_python="/venv/bin/python", nprocs=2)
+    cmd = bench_train._torch_cmd(args, "fsdp", "out.jsonl")
+    assert cmd[:6] == ["/venv/bin/torchrun", "--standalone", "--nproc-per-node", "2", script, "--mode"]
+    assert "--tie" in cmd  # the same (tied) model as hpcfsdp's default
+    args.tie_weights = False
+    assert "--tie" not in bench_train._torch_cmd(args, "single", "out.jsonl")
+    # a peer script that is not there is refused before any run
+    out = subprocess.run(HP + ["bench", "compare", "--torch-python", sys.executable, "--peer-script",
+                               str(tmp_path / "none.py")], capture_output=True, text=True, timeout=60, env=ENV)
+    assert out.returncode != 0 and "no PyTorch peer script at" in out.stderr

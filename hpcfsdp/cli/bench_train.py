@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["add_parser", "add_compare_parser", "add_checkpoint_parser", "bench_train", "run_compare"]
+__all__ = ["add_parser", "add_compare_parser", "add_checkpoint_parser", "bench_train", "run_compare", "peer_script"]
 
 # Dense peak FLOP/s for MFU, by (device kind, precision). Only what we know; otherwise MFU is omitted.
 _PEAK_FLOPS = {("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "none"): 67e12,
@@ -452,8 +452,9 @@ def add_compare_parser(subparsers):
         help="A/B: FSDP at N ranks vs the unsharded step (and PyTorch FSDP2 when available)",
         description="In one invocation, alternating A B A B, measure (a) hpcfsdp FULL_SHARD at N ranks, (b) hpcfsdp "
         "unsharded in one process with the same per-rank batch, and (c)/(d) PyTorch FSDP2 with gloo at N ranks and "
-        "PyTorch single-process (when --torch-python names a Python with torch, using shared/peer/"
-        "torch_fsdp2_bench.py). Prints the ratios FSDP/unsharded for both.",
+        "PyTorch single-process (when --torch-python names a Python with torch, using the repository's "
+        "benchmarks/peer/torch_fsdp2_bench.py, requirements in benchmarks/peer/requirements.txt). Prints the ratios "
+        "FSDP/unsharded for both.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _model_args(p)
@@ -462,7 +463,8 @@ def add_compare_parser(subparsers):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--torch-python", default=None, help="a python with torch installed (never a dependency)")
-    p.add_argument("--peer-script", default=None, help="path of torch_fsdp2_bench.py")
+    p.add_argument("--peer-script", default=None,
+                   help="path of torch_fsdp2_bench.py (default: benchmarks/peer/ of the source tree)")
     p.add_argument("--quick", action="store_true",
                    help="small model, one round (CI regression check: fails if the FSDP overhead exceeds --max-ratio)")
     p.add_argument("--max-ratio", type=float, default=1.5)
@@ -493,11 +495,18 @@ def _run(cmd, env):
     return _last_json(out.stdout)
 
 
+def peer_script() -> str:
+    """The PyTorch peer in the source tree: <repository>/benchmarks/peer/torch_fsdp2_bench.py."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(root, "benchmarks", "peer", "torch_fsdp2_bench.py")
+
+
 def _torch_cmd(args, mode, out_json):
-    script = args.peer_script
-    flags = ["--vocab", str(args.vocab_size), "--seq", str(args.block_size), "--layers", str(args.n_layer),
-             "--heads", str(args.n_head), "--d-model", str(args.n_embd), "--batch", str(args.batch_size),
-             "--warmup", str(args.warmup), "--steps", str(args.steps), "--json", out_json]
+    script = args.peer_script or peer_script()
+    flags = ["--tie"] if args.tie_weights else []
+    flags += ["--vocab", str(args.vocab_size), "--seq", str(args.block_size), "--layers", str(args.n_layer),
+              "--heads", str(args.n_head), "--d-model", str(args.n_embd), "--batch", str(args.batch_size),
+              "--warmup", str(args.warmup), "--steps", str(args.steps), "--json", out_json]
     if mode == "single":
         return [args.torch_python, script, "--mode", "single", "--threads", "1", *flags]
     torchrun = os.path.join(os.path.dirname(args.torch_python), "torchrun")
@@ -512,8 +521,11 @@ def run_compare(args) -> int:
                HPCFSDP_PROGRESS="0")
     launch = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", str(args.nprocs), "--"]
     have_torch = bool(args.torch_python)
-    if have_torch and not args.peer_script:
-        raise SystemExit("hpcfsdp bench compare: --torch-python needs --peer-script (shared/peer/torch_fsdp2_bench.py)")
+    if have_torch:
+        script = args.peer_script or peer_script()
+        if not os.path.isfile(script):
+            raise SystemExit(f"hpcfsdp bench compare: no PyTorch peer script at {script}: pass --peer-script, or run "
+                             "from a source checkout (benchmarks/peer/torch_fsdp2_bench.py)")
     runs = {"hp_fsdp": [], "hp_single": [], "torch_fsdp": [], "torch_single": []}
     tmp = tempfile.mkdtemp(prefix="hpcfsdp-compare-")
     try:

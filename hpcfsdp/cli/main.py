@@ -17,6 +17,7 @@ COMMANDS = (
     "hpcfsdp.cli.train",
     "hpcfsdp.cli.data",
     "hpcfsdp.cli.bench",
+    "hpcfsdp.cli.plan",
     "hpcfsdp.cli.slurm",
     "hpcfsdp.cli.checkpoint",
     "hpcfsdp.cli.generate",

@@ -1,0 +1,228 @@
+"""`hpcfsdp plan`: predicted step time and memory per rank from 8 to 1024 ranks, and the model's fit to measured runs.
+
+The model is `hpcfsdp.cli._stepmodel` ([Note: Step-time model]). Without measurements it tabulates a stated
+interconnect and model; with ``--fit FILE`` it fits the inter-host alpha and bandwidth efficiency to runs of
+`hpcfsdp bench train --link ... --compute-only` (JSON lines, e.g. from scripts/cluster_bench.py --json), and
+with ``--check FILE`` it predicts other runs with the fitted parameters and prints predicted against measured.
+"""
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+from . import _stepmodel as sm
+
+__all__ = ["add_parser", "run", "load_runs", "fit_runs", "plan_table"]
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "plan",
+        help="predict step time and memory per rank at scale (alpha-beta + overlap model)",
+        description="Tabulate predicted step time and memory per rank of a GPT for a range of rank counts on a "
+        "stated interconnect (G ranks per node, a per-node link rate, an intra-node bandwidth, alpha per ring "
+        "step) and compute (peak TFLOP/s x efficiency). --fit/--check fit the model to measured multi-host runs "
+        "and check it on others.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    m = p.add_argument_group("model (default: a 6.7B-parameter GPT, GPT-3 6.7B shape)")
+    m.add_argument("--vocab-size", type=int, default=50304)
+    m.add_argument("--block-size", type=int, default=2048)
+    m.add_argument("--n-layer", type=int, default=32)
+    m.add_argument("--n-embd", type=int, default=4096)
+    m.add_argument("--batch-size", type=int, default=2, help="sequences per rank")
+    m.add_argument("--no-tie", dest="tie", action="store_false", help="untied output head")
+    m.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                   help="bytes of gathered parameters and reduced gradients on the wire (bf16: 2, fp32: 4)")
+    n = p.add_argument_group("machine (default: H100-class nodes of 4 GPUs, 200 Gbit/s per node)")
+    n.add_argument("--ranks", default="8,16,32,64,128,256,512,1024", help="comma-separated rank counts")
+    n.add_argument("--gpus-per-node", type=int, default=4)
+    n.add_argument("--link-rate", default="200gbit", help="network rate per node (e.g. 200gbit, 1gbit, 200mbit)")
+    n.add_argument("--eff-inter", type=float, default=0.8, help="fraction of the link rate collectives reach")
+    n.add_argument("--alpha-inter", type=float, default=20e-6, help="seconds per ring step between nodes")
+    n.add_argument("--intra-bw", type=float, default=150e9, help="bytes/s per rank inside a node")
+    n.add_argument("--alpha-intra", type=float, default=5e-6, help="seconds per ring step inside a node")
+    n.add_argument("--tflops", type=float, default=989.0, help="peak dense TFLOP/s per rank")
+    n.add_argument("--efficiency", type=float, default=0.4, help="fraction of the peak the compute reaches")
+    p.add_argument("--strategies", default="FULL_SHARD,HYBRID_SHARD")
+    p.add_argument("--collectives", choices=["hier", "flat"], default="hier",
+                   help="FULL_SHARD across nodes: node-aware (hier) or one flat ring over all ranks")
+    p.add_argument("--fit", action="append", default=[], metavar="FILE",
+                   help="JSON lines of `bench train --link --compute-only` runs to fit alpha-inter and eff-inter on")
+    p.add_argument("--fit-rate", default=None, help="fit only on the runs at this link rate (e.g. 200mbit)")
+    p.add_argument("--fit-params", default="alpha_inter,eff_inter",
+                   help="Links fields to fit (also cpu_per_byte: seconds of compute per byte sent, TCP on shared cores)")
+    p.add_argument("--cpu-scope", choices=["host", "machine"], default="host",
+                   help="cpu_per_byte counts one host's bytes (host) or every host's (machine: simulated hosts "
+                   "sharing one machine's cores)")
+    p.add_argument("--check", action="append", default=[], metavar="FILE",
+                   help="JSON lines of runs to predict with the fitted parameters (predicted vs measured)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of Markdown tables")
+    p.set_defaults(func=run)
+
+
+def load_runs(paths, rate=None):
+    """hpcfsdp `bench train` results with hosts, link rate and compute-only (PyTorch peer lines are skipped)."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            for no, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                r = json.loads(line)
+                if "step_time_s" not in r:
+                    continue
+                missing = [k for k in ("compute_only_s", "hosts", "link_rate_bps", "world_size", "model") if k not in r]
+                if missing:
+                    raise ValueError(f"{path}:{no}: a run without {', '.join(missing)}: run `bench train` with "
+                                     "--link, --link-rate and --compute-only across hosts")
+                if rate is not None and abs(r["link_rate_bps"] - 8 * sm.parse_rate(rate)) > 1:
+                    continue
+                m = r["model"]
+                runs.append({
+                    "strategy": r["strategy"], "hosts": r["hosts"], "per_host": r["world_size"] // r["hosts"],
+                    "rate": r["link_rate_bps"] / 8, "compute_s": r["compute_only_s"], "step_s": r["step_time_s"],
+                    "shape": (m["vocab_size"], m["block_size"], m["n_layer"], m["n_embd"], m["batch_size"],
+                              m["params"] != _untied_params(m)),  # tied head: fewer parameters
+                    "excess": (max(r["bytes_sent_per_host_per_step"]) / r["wire_min_bytes_per_host"]
+                               if r.get("wire_min_bytes_per_host") and r.get("bytes_sent_per_host_per_step") else None),
+                })
+    return runs
+
+
+def _untied_params(m):
+    return sm.gpt_shape(m["vocab_size"], m["block_size"], m["n_layer"], m["n_embd"], 1, tie=False).params
+
+
+def _group(runs):
+    """Median step and compute over repeats of the same configuration."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["strategy"], r["hosts"], r["per_host"], r["rate"], r["shape"]), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        ex = [r["excess"] for r in rs if r["excess"] is not None]
+        row = dict(strategy=key[0], hosts=key[1], per_host=key[2], rate=key[3], shape=key[4], n=len(rs),
+                   compute_s=statistics.median(r["compute_s"] for r in rs),
+                   step_s=statistics.median(r["step_s"] for r in rs), excess=statistics.median(ex) if ex else None)
+        if all("predicted_s" in r for r in rs):
+            row["predicted_s"] = statistics.median(r["predicted_s"] for r in rs)
+        out.append(row)
+    return out
+
+
+def _shape(key):
+    vocab, block, layers, width, batch, tie = key
+    return sm.gpt_shape(vocab, block, layers, width, batch, tie=tie)
+
+
+def fit_runs(fit, hierarchical=False, params=("alpha_inter", "eff_inter"), cpu_scope="host"):
+    """Fit Links (``params``; flat_excess from the measured bytes) to grouped runs of one model."""
+    shapes = {r["shape"] for r in fit}
+    if len(shapes) != 1:
+        raise ValueError(f"--fit runs must be of one model, got {len(shapes)}")
+    shape = _shape(shapes.pop())
+    ex = [r["excess"] for r in fit if r["excess"] is not None and r["strategy"] == "FULL_SHARD" and r["per_host"] > 1]
+    base = sm.Links(inter_rate=fit[0]["rate"], alpha_inter=100e-6, eff_inter=0.9,
+                    flat_excess=statistics.median(ex) if ex else None, cpu_scope=cpu_scope)
+    links, errors = sm.fit(fit, shape, base, params=params, hierarchical=hierarchical)
+    return links, errors, shape
+
+
+def _predict_grouped(runs, links, hierarchical):
+    """Each run predicted from its own compute-only time; medians per configuration, with the relative error."""
+    for r in runs:
+        lk = dataclasses.replace(links, inter_rate=r["rate"])
+        r["predicted_s"] = sm.predict_step(_shape(r["shape"]), r["strategy"], r["hosts"], r["per_host"], lk,
+                                           r["compute_s"], hierarchical)
+    rows = _group(runs)
+    for r in rows:
+        r["error"] = r["predicted_s"] / r["step_s"] - 1
+    return rows
+
+
+def _pct(x):
+    return f"{100 * x:+.1f}%"
+
+
+def plan_table(a):
+    shape = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
+                         param_bytes=2 if a.precision == "bf16" else 4, grad_bytes=2 if a.precision == "bf16" else 4)
+    links = sm.Links(inter_rate=sm.parse_rate(a.link_rate), alpha_inter=a.alpha_inter, eff_inter=a.eff_inter,
+                     bw_intra=a.intra_bw, alpha_intra=a.alpha_intra)
+    compute = 3 * sum(shape.flops) / (a.tflops * 1e12 * a.efficiency)
+    rows = []
+    for ranks in [int(x) for x in a.ranks.split(",")]:
+        g = min(a.gpus_per_node, ranks)
+        if ranks % g:
+            raise ValueError(f"--ranks {ranks} is not a multiple of --gpus-per-node {a.gpus_per_node}")
+        hosts = ranks // g
+        for strategy in a.strategies.split(","):
+            step = sm.predict_step(shape, strategy, hosts, g, links, compute, hierarchical=a.collectives == "hier")
+            mem = sm.memory_per_rank(shape, strategy, ranks, g, a.batch_size * a.block_size, a.n_embd, a.n_layer)
+            rows.append({"ranks": ranks, "nodes": hosts, "strategy": strategy, "compute_s": compute,
+                         "wire_bound_s": sm.wire_bound(shape, strategy, hosts, links), "step_s": step,
+                         "exposed_frac": (step - compute) / step, "tokens_per_s": ranks * a.batch_size * a.block_size
+                         / step, "mem_state_gib": mem["state"] / 2**30, "mem_total_gib": mem["total"] / 2**30})
+    return shape, compute, rows
+
+
+def run(a) -> int:
+    try:
+        out = {}
+        if a.fit:
+            fit = load_runs(a.fit, a.fit_rate)
+            if not fit:
+                raise ValueError(f"no runs to fit in {', '.join(a.fit)}" + (f" at {a.fit_rate}" if a.fit_rate else ""))
+            hier = a.collectives == "hier"
+            ex = [r["excess"] for r in fit if r["excess"] and r["strategy"] == "FULL_SHARD" and r["per_host"] > 1]
+            if hier and ex and statistics.median(ex) > 1.1:
+                print(f"hpcfsdp plan: note: the FULL_SHARD runs sent {statistics.median(ex):.2f}x the node-aware "
+                      "minimum per host, so their collectives were flat; fitting them as node-aware (--collectives "
+                      "hier) blames those bytes on the link rate. Use --collectives flat for such runs.",
+                      file=sys.stderr)
+            links, _, _ = fit_runs(fit, hierarchical=hier, params=tuple(a.fit_params.split(",")),
+                                   cpu_scope=a.cpu_scope)
+            out["fit"] = {"alpha_inter_s": links.alpha_inter, "eff_inter": links.eff_inter,
+                          "cpu_per_byte": links.cpu_per_byte, "flat_excess": links.flat_excess,
+                          "runs": _predict_grouped(fit, links, hier)}
+            if a.check:
+                out["check"] = _predict_grouped(load_runs(a.check), links, hier)
+        elif a.check:
+            raise ValueError("--check needs --fit (the parameters come from the fitted runs)")
+        else:
+            shape, compute, rows = plan_table(a)
+            out["plan"] = {"params": shape.params, "compute_s": compute, "rows": rows}
+    except (ValueError, OSError) as err:
+        print(f"hpcfsdp plan: {err}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(out, default=list))
+        return 0
+    if "plan" in out:
+        pl = out["plan"]
+        print(f"GPT {pl['params'] / 1e9:.2f}B params, {a.batch_size} x {a.block_size} tokens per rank, {a.precision}; "
+              f"{a.gpus_per_node} ranks per node, {a.link_rate} per node (x{a.eff_inter}), {a.collectives} "
+              f"collectives; compute {pl['compute_s']:.3f} s per step ({a.tflops:g} TFLOP/s x {a.efficiency:g})\n")
+        print("| ranks | nodes | strategy | wire bound (s) | step (s) | exposed comm | tokens/s | state per rank (GiB) "
+              "| memory per rank (GiB) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in pl["rows"]:
+            print(f"| {r['ranks']} | {r['nodes']} | {r['strategy']} | {r['wire_bound_s']:.3f} | {r['step_s']:.3f} "
+                  f"| {100 * r['exposed_frac']:.0f}% | {r['tokens_per_s']:,.0f} | {r['mem_state_gib']:.1f} "
+                  f"| {r['mem_total_gib']:.1f} |")
+        return 0
+    f = out["fit"]
+    print(f"fit: alpha_inter {f['alpha_inter_s'] * 1e6:.0f} us per ring step, link efficiency {f['eff_inter']:.3f}, "
+          f"TCP CPU {f['cpu_per_byte'] * 1e9:.2f} ns per byte sent ({a.cpu_scope}), "
+          f"flat collective bytes {f['flat_excess'] or 0:.2f}x the node-aware minimum\n")
+    print("| set | hosts x ranks | link | strategy | runs | compute-only (s) | measured step (s) | predicted (s) | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, rows in (("fit", f["runs"]), ("check", out.get("check", []))):
+        for r in rows:
+            print(f"| {name} | {r['hosts']} x {r['per_host']} | {8 * r['rate'] / 1e6:g} Mbit/s | {r['strategy']} | {r['n']} "
+                  f"| {r['compute_s']:.3f} | {r['step_s']:.3f} | {r['predicted_s']:.3f} | {_pct(r['error'])} |")
+    return 0
