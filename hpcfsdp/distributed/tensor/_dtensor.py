@@ -332,8 +332,10 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
                       src_data_rank: int | None = 0) -> DTensor:
     """Shard/replicate ``tensor`` over ``device_mesh`` by local slicing (collective).
 
-    With ``src_data_rank`` (default-group rank, default 0) the data of that rank is broadcast first,
-    so ranks may pass different values; with None every rank must pass the same tensor.
+    With ``src_data_rank`` (a group rank on EVERY mesh dimension, default 0: the data of the rank at mesh
+    coordinate (s, s, ...), as PyTorch's "group rank 0 on each mesh dimension") that rank's data is
+    broadcast first, so ranks may pass different values; with None every rank must pass the same tensor.
+    A mesh dimension of size 1 has only group rank 0, which is used there.
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"distribute_tensor: expected a Tensor, got {type(tensor).__name__}")
@@ -346,16 +348,22 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
     coord = device_mesh.get_coordinate()
     if coord is None:
         raise RuntimeError(f"distribute_tensor: rank {device_mesh.get_rank()} is not part of {device_mesh!r}")
+    if src_data_rank is not None:
+        if isinstance(src_data_rank, bool) or not isinstance(src_data_rank, int):
+            raise TypeError(f"distribute_tensor: src_data_rank must be an int or None, got {src_data_rank!r}")
+        bad = [i for i in range(device_mesh.ndim) if device_mesh.size(i) > 1
+               and not 0 <= src_data_rank < device_mesh.size(i)]
+        if bad:
+            raise ValueError(
+                f"distribute_tensor: src_data_rank={src_data_rank} is a group rank on each mesh dimension, "
+                f"but mesh dimension {bad[0]} of {device_mesh!r} has size {device_mesh.size(bad[0])}")
     if src_data_rank is not None and device_mesh.size() > 1 and not is_meta_array(full):
-        src = np.argwhere(device_mesh.mesh == src_data_rank)
-        if not len(src):
-            raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank} is not in {device_mesh!r}")
         from hpcfsdp.distributed._buffers import array_module
 
         full = array_module(full).ascontiguousarray(full).copy()
-        for i, c in enumerate(src[0]):  # See [Note: Broadcast over a mesh]
+        for i in range(device_mesh.ndim):  # See [Note: Broadcast over a mesh]
             if device_mesh.size(i) > 1:
-                device_mesh.get_group(i).broadcast_(full, int(c))
+                device_mesh.get_group(i).broadcast_(full, int(src_data_rank))
     bounds = _local_bounds(full.shape, device_mesh, pl, coord)
     local = full[tuple(slice(lo, hi) for lo, hi in bounds)]
     if not is_meta_array(local):
