@@ -12,7 +12,7 @@ from hpcfsdp._backend import array_module, is_meta_array
 from hpcfsdp._tensor import Size, Tensor
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
-from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard
+from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard, _StridedShard
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds"]
 
@@ -23,7 +23,8 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 # tensor, as in PyTorch; everything else a Tensor does on ``_data`` (in-place updates, ``.grad``)
 # acts on the local piece. Sharding follows torch.chunk (FSDP2): Shard(d) over n ranks gives rank
 # r the indices [r*c, min((r+1)*c, size)) with c = ceil(size/n), so the last ranks may hold fewer
-# rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order.
+# rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order (plain
+# Shard placements first, then _StridedShard ones; see [Note: Strided shard]).
 
 
 def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -78,22 +79,35 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
             d = p.dim + ndim if p.dim < 0 else p.dim
             if not 0 <= d < ndim:
                 raise ValueError(f"{p!r} is out of range for a {ndim}-d tensor")
-            out.append(Shard(d))
+            out.append(_StridedShard(d, p.split_factor) if isinstance(p, _StridedShard) else Shard(d))
         elif isinstance(p, Replicate):
             out.append(p)
         else:
             raise TypeError(f"placement {p!r}: expected Shard(dim) or Replicate()")
+    for p in out:
+        if isinstance(p, _StridedShard):
+            want = math.prod(mesh.size(i) for i, q in enumerate(out) if type(q) is Shard and q.dim == p.dim)
+            if p.split_factor != want:
+                raise ValueError(f"{p!r} on mesh {mesh!r}: split_factor must be the number of pieces the plain "
+                                 f"Shard({p.dim}) placements cut the dim into ({want})")
     return tuple(out)
 
 
+def _shard_order(placements) -> list[int]:
+    """Mesh dims with a Shard placement in the order their chunking applies: plain shards in mesh order,
+    then strided shards in mesh order (see [Note: Strided shard])."""
+    plain = [i for i, p in enumerate(placements) if type(p) is Shard]
+    return plain + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]
+
+
 def _local_bounds(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[tuple[int, int]]:
-    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in mesh-dim order)."""
+    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in ``_shard_order``)."""
     bounds = [(0, int(s)) for s in shape]
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard):
-            lo, hi = bounds[p.dim]
-            a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
-            bounds[p.dim] = (lo + a, lo + b)
+    for i in _shard_order(placements):
+        d = placements[i].dim
+        lo, hi = bounds[d]
+        a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
+        bounds[d] = (lo + a, lo + b)
     return bounds
 
 
@@ -153,7 +167,7 @@ class DTensor(Tensor):
             raise RuntimeError("full_tensor: a meta DTensor has no data")
         # sizes of the nested pieces, outermost first: extent[i] = piece size along dim before level i
         cur = self._data
-        shards = [i for i, p in enumerate(pl) if isinstance(p, Shard)]
+        shards = _shard_order(pl)
         extents = {}
         bounds = [(0, s) for s in spec.shape]
         for i in shards:

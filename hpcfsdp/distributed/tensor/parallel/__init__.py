@@ -1,0 +1,6 @@
+"""Tensor parallelism: parallelize_module with ColwiseParallel / RowwiseParallel (communication in autograd)."""
+
+from hpcfsdp.distributed.tensor.parallel.api import parallelize_module
+from hpcfsdp.distributed.tensor.parallel.style import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+__all__ = ["ColwiseParallel", "ParallelStyle", "RowwiseParallel", "parallelize_module"]

@@ -1,0 +1,130 @@
+"""Tensor parallelism (ColwiseParallel / RowwiseParallel) and fully_shard over it on a (dp, tp) mesh."""
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+import hpcfsdp.distributed as dist
+from hpcfsdp import nn
+from hpcfsdp.distributed.device_mesh import init_device_mesh
+from hpcfsdp.distributed.fsdp import DataParallelMeshDims, fully_shard
+from hpcfsdp.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from hpcfsdp.distributed.tensor._dtensor import _chunk_bounds
+from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from hpcfsdp.distributed.tensor.placement_types import _StridedShard
+
+pytestmark = pytest.mark.mpi(min_size=4)
+
+
+class MLP(nn.Module):
+    def __init__(self, seed=0, C=6, H=12):
+        super().__init__()
+        hp.manual_seed(seed)
+        self.norm = nn.LayerNorm(C)
+        self.up = nn.Linear(C, H)
+        self.act = nn.GELU()
+        self.down = nn.Linear(H, C)
+        self.out = nn.Linear(C, 4)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.out(x + self.down(self.act(self.up(h)))).pow(2).mean()
+
+
+def _mesh():
+    n = dist.get_world_size()
+    return init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("dp", "tp"))
+
+
+def _full(p):
+    return p.full_tensor()._data if isinstance(p, DTensor) else p._data
+
+
+def _batches(steps, B, C=6):
+    rng = np.random.default_rng(7)
+    return [rng.standard_normal((B, 4, C)).astype(np.float32) for _ in range(steps)]
+
+
+def _train(use_fsdp, steps=10):
+    mesh = _mesh()
+    dp = mesh.size(0)
+    ref, model = MLP(), MLP()
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if use_fsdp:
+        fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    i = mesh.get_local_rank(0)
+    for x in _batches(steps, 2 * dp):
+        loss = model(hp.tensor(x[2 * i:2 * i + 2]))
+        loss.backward()
+        if not use_fsdp:  # data-parallel gradient mean by hand
+            g = mesh["dp"].get_group(0)
+            for p in model.parameters():
+                g.all_reduce_(p.grad._data, dist.ReduceOp.SUM)
+                p.grad._data[...] /= dp
+        opt.step()
+        opt.zero_grad()
+        rl = ref(hp.tensor(x))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        t = hp.tensor([loss.item()], dtype=hp.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(t.item(), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
+    return model, ref, mesh
+
+
+@pytest.mark.timeout(120)
+def test_tp_mlp_parity_without_fsdp():
+    model, _, mesh = _train(False)
+    assert model.up.weight.placements == (Shard(0),) and model.down.weight.placements == (Shard(1),)
+    assert model.down.bias.placements == (Replicate(),)
+    assert model.up.weight._data.shape == (6, 6) and model.down.weight._data.shape == (6, 6)
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_over_tp_mlp_parity_and_layout():
+    model, ref, mesh = _train(True)
+    dp, tp = mesh.size(0), mesh.size(1)
+    i, j = mesh.get_coordinate()
+    w = model.up.weight  # (12, 6): tp rows first, then each tp piece's rows over dp
+    assert w.placements == (_StridedShard(0, 2), Shard(0)) and w.shape == (12, 6)
+    a, b = _chunk_bounds(12, tp, j)
+    c, d = _chunk_bounds(b - a, dp, i)
+    np.testing.assert_allclose(w._data, ref.up.weight._data[a + c:a + d], atol=1e-4)
+    v = model.down.weight  # (6, 12): dp rows, tp columns
+    assert v.placements == (Shard(0), Shard(1))
+    # per-rank parameter bytes: TP params / (dp*tp), replicated-over-tp params / dp (these divide evenly)
+    for name, p in model.named_parameters():
+        split = dp * tp if name in ("up.weight", "up.bias", "down.weight") else dp
+        assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
+    # full_tensor and the clipped norm over both dims agree with the reference
+    x = _batches(1, 2 * dp)[0]
+    i0 = mesh.get_local_rank(0)
+    model(hp.tensor(x[2 * i0:2 * i0 + 2])).backward()
+    ref(hp.tensor(x)).backward()
+    total = nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    rtotal = nn.utils.clip_grad_norm_(ref.parameters(), 1e9)
+    tv = total.full_tensor().item() if isinstance(total, DTensor) else total.item()
+    np.testing.assert_allclose(tv, rtotal.item(), rtol=1e-4)
+
+
+def test_fsdp_rejects_param_sharded_on_a_dp_dim():
+    mesh = _mesh()
+    m = nn.Linear(4, 4)
+    m.weight = nn.Parameter(distribute_tensor(m.weight.detach(), mesh["dp"], [Shard(0)]))
+    with pytest.raises(ValueError, match="already sharded .* over mesh dim 'dp'"):
+        fully_shard(m, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+
+
+def test_parallelize_module_bad_input():
+    mesh = _mesh()
+    with pytest.raises(ValueError, match="'nope' matches no submodule"):
+        parallelize_module(MLP(), mesh["tp"], {"nope": ColwiseParallel()})
+    with pytest.raises(ValueError, match="does not divide evenly over 2"):
+        parallelize_module(nn.Linear(4, 3), mesh["tp"], ColwiseParallel())
+    with pytest.raises(ValueError, match="1-D tensor-parallel mesh"):
+        parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel())
