@@ -271,25 +271,50 @@ class DTensor(Tensor):
             return float(local_value)
         first = grads[0]._spec
         key = _shard_key(first)
-        for g in grads[1:]:
-            if _shard_key(g._spec) != key:
-                raise RuntimeError(
-                    f"clip_grad_norm_: DTensor gradients on different meshes or shardings ({first.mesh!r} "
-                    f"{first.placements} vs {g._spec.mesh!r} {g._spec.placements}) cannot share one reduction"
-                )
         inf = math.isinf(float(norm_type))
         op = ReduceOp.MAX if inf else ReduceOp.SUM
+        if any(_shard_key(g._spec) != key for g in grads[1:]):
+            return _reduce_mixed_norm(grads, norm_type, inf, op)
         buf = np.array([local_value], np.float64)
         for i in sorted({i for i, p in enumerate(first.placements) if isinstance(p, Shard)}):
             first.mesh.get_group(i).all_reduce_(buf, op)
         return float(buf[0])
-
 
     @classmethod
     def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
         """The total norm of DTensor gradients: a DTensor replicated over their mesh (PyTorch's result type)."""
         mesh = grads[0]._spec.mesh
         return DTensor.from_local(total, mesh, [Replicate()] * mesh.ndim)
+
+
+def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
+    """Gradients with different shardings on one mesh (FSDP over TP: some sharded over dp and tp, some over
+    dp only): each rank adds every gradient's local partial divided by the number of ranks holding that
+    same piece (its Replicate mesh dims), and the sum (or max) runs over the whole mesh (collective)."""
+    from hpcfsdp.nn.utils.clip_grad import _local_partial
+
+    mesh = grads[0]._spec.mesh
+    groups: dict = {}
+    for g in grads:
+        spec = g._spec
+        if spec.mesh._root is not mesh._root or spec.mesh.mesh.shape != mesh.mesh.shape or \
+                not np.array_equal(spec.mesh.mesh, mesh.mesh):
+            raise RuntimeError(
+                f"clip_grad_norm_: DTensor gradients on different meshes ({mesh!r} vs {spec.mesh!r}) cannot share "
+                "one reduction")
+        groups.setdefault(spec.placements, []).append(g)
+    total = 0.0
+    for placements, gs in groups.items():
+        part = _local_partial(gs, norm_type)
+        if inf:
+            total = max(total, part)
+        else:
+            repl = math.prod(mesh.size(i) for i, p in enumerate(placements) if not isinstance(p, Shard))
+            total += part / repl
+    buf = np.array([total], np.float64)
+    flat = mesh._flatten().get_group() if mesh.ndim > 1 else mesh.get_group()
+    flat.all_reduce_(buf, op)
+    return float(buf[0])
 
 
 def _shard_key(spec: DTensorSpec):
