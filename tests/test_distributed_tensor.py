@@ -167,8 +167,14 @@ def test_hp_reduce_norm_sums_over_shard_groups_only():
     linf = float(np.abs(d._data).max()) if d._data.size else 0.0
     assert np.isclose(DTensor.__hp_reduce_norm__([d], linf, math.inf), np.abs(x).max())
     other = distribute_tensor(Tensor._wrap(x), m, [Shard(0), Replicate()])  # sharded over the other mesh dim
+    # different shardings on one mesh (FSDP over TP): every piece counted once over the whole mesh
+    both = DTensor.__hp_reduce_norm__([d, other], float("nan"), 2.0)
+    assert np.isclose(both, 2 * (x.astype(np.float64) ** 2).sum())
+    assert np.isclose(DTensor.__hp_reduce_norm__([d, other], float("nan"), math.inf), np.abs(x).max())
+    m2 = init_device_mesh("cpu", (n,), mesh_dim_names=("dp",))
+    elsewhere = distribute_tensor(Tensor._wrap(x), m2, [Shard(0)])
     with pytest.raises(RuntimeError, match="cannot share one reduction"):
-        DTensor.__hp_reduce_norm__([d, other], local2, 2.0)
+        DTensor.__hp_reduce_norm__([d, elsewhere], local2, 2.0)
 
 
 def test_fsdp_layout_uses_the_dtensor_chunking_and_round_trips():
