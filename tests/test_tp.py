@@ -128,3 +128,55 @@ def test_parallelize_module_bad_input():
         parallelize_module(nn.Linear(4, 3), mesh["tp"], ColwiseParallel())
     with pytest.raises(ValueError, match="1-D tensor-parallel mesh"):
         parallelize_module(nn.Linear(4, 4), mesh, ColwiseParallel())
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_saved_at_dp2_tp2_loads_unsharded_and_at_dp4():
+    import tempfile
+
+    import hpcfsdp.distributed.checkpoint as dcp
+
+    mesh = _mesh()
+    dp = mesh.size(0)
+    model = MLP()
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2)
+    data = _batches(4, 4 * dp)
+    i = mesh.get_local_rank(0)
+    for x in data[:3]:
+        model(hp.tensor(x[4 * i:4 * i + 4])).backward()
+        opt.step()
+        opt.zero_grad()
+    box = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ckpt = box[0] + "/ckpt"
+    dcp.save({"model": dcp.get_model_state_dict(model)}, checkpoint_id=ckpt)
+    x = data[3]
+
+    def mean_loss(m, xs):
+        t = hp.tensor([m(hp.tensor(xs)).item()], dtype=hp.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        return t.item()
+
+    want = mean_loss(model, x[4 * i:4 * i + 4])
+    # unsharded: every rank reads the full tensors (what a 1-rank job does)
+    plain = MLP(seed=99)
+    sd = {"model": plain.state_dict()}
+    dcp.load(sd, checkpoint_id=ckpt)
+    plain.load_state_dict(sd["model"])
+    assert plain(hp.tensor(x)).item() == pytest.approx(want, rel=1e-5)
+    # (dp=4, tp=1): fully_shard over all ranks, no tensor parallelism
+    n = dist.get_world_size()
+    m4 = MLP(seed=99)
+    fully_shard(m4, mesh=init_device_mesh("cpu", (n,), mesh_dim_names=("dp",)))
+    sd = {"model": dcp.get_model_state_dict(m4)}
+    dcp.load(sd, checkpoint_id=ckpt)
+    dcp.set_model_state_dict(m4, sd["model"])
+    r = dist.get_rank()
+    assert mean_loss(m4, x[r * (4 * dp // n):(r + 1) * (4 * dp // n)]) == pytest.approx(want, rel=1e-5)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        import shutil
+
+        shutil.rmtree(box[0], ignore_errors=True)
