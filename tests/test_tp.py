@@ -180,3 +180,52 @@ def test_checkpoint_saved_at_dp2_tp2_loads_unsharded_and_at_dp4():
         import shutil
 
         shutil.rmtree(box[0], ignore_errors=True)
+
+
+def _tiny_gpt(seed=0):
+    from hpcfsdp.models import GPT, GPTConfig
+
+    hp.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=False))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("use_fsdp", [False, True])
+def test_gpt_dp2_tp2_parity(use_fsdp):
+    mesh = _mesh()
+    dp, tp = mesh.size(0), mesh.size(1)
+    ref, model = _tiny_gpt(), _tiny_gpt()
+    parallelize_module(model, mesh["tp"], model.tp_plan())
+    if use_fsdp:
+        dims = DataParallelMeshDims(shard="dp")
+        for b in model.transformer.h:
+            fully_shard(b, mesh=mesh, dp_mesh_dims=dims)
+        fully_shard(model, mesh=mesh, dp_mesh_dims=dims)
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    rng = np.random.default_rng(3)
+    i = mesh.get_local_rank(0)
+    for _ in range(10):
+        x, y = rng.integers(0, 16, (2 * dp, 8)), rng.integers(0, 16, (2 * dp, 8))
+        _, loss = model(hp.tensor(x[2 * i:2 * i + 2]), hp.tensor(y[2 * i:2 * i + 2]))
+        loss.backward()
+        if not use_fsdp:
+            g = mesh["dp"].get_group(0)
+            for p in model.parameters():
+                g.all_reduce_(p.grad._data, dist.ReduceOp.SUM)
+                p.grad._data[...] /= dp
+        opt.step()
+        opt.zero_grad()
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        t = hp.tensor([loss.item()], dtype=hp.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(t.item(), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
+        if use_fsdp:  # bytes: MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
+            split = dp * tp if ".mlp." in name else dp
+            assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
