@@ -7,6 +7,7 @@ import hpcfsdp.distributed as dist
 from hpcfsdp import nn
 from hpcfsdp.distributed.device_mesh import init_device_mesh
 from hpcfsdp.distributed.fsdp import DataParallelMeshDims, fully_shard
+from hpcfsdp.distributed.sharding_plan import ChunkShardingSpec, FullyShardSpec, ShardingPlan, apply_sharding_plan
 from hpcfsdp.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from hpcfsdp.distributed.tensor._dtensor import _chunk_bounds
 from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -44,12 +45,15 @@ def _batches(steps, B, C=6):
     return [rng.standard_normal((B, 4, C)).astype(np.float32) for _ in range(steps)]
 
 
-def _train(use_fsdp, steps=10):
+def _train(use_fsdp, steps=10, plan=None):
     mesh = _mesh()
     dp = mesh.size(0)
     ref, model = MLP(), MLP()
-    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    if use_fsdp:
+    if plan is not None:
+        apply_sharding_plan(model, plan, mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+    else:
+        parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if use_fsdp and plan is None:
         fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
     opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
@@ -229,3 +233,59 @@ def test_gpt_dp2_tp2_parity(use_fsdp):
         if use_fsdp:  # bytes: MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
             split = dp * tp if ".mlp." in name else dp
             assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("with_units", [False, True])
+def test_sharding_plan_param_specs_parity(with_units):
+    plan = {"up.weight": ChunkShardingSpec(0, mesh_dim="tp"), "down.weight": ChunkShardingSpec(1, mesh_dim="tp")}
+    if with_units:
+        plan[""] = FullyShardSpec()
+    model, _, mesh = _train(with_units, plan=ShardingPlan(plan, return_local_tensor=[""]))
+    assert model.up.weight.placements[-1] == Shard(0) and model.down.weight.placements[-1] == Shard(1)
+    assert (len(model.up.weight.placements) == 2) == with_units
+
+
+def test_sharding_plan_output_plan_and_1d_placements():
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    hp.manual_seed(1)
+    ref = nn.Sequential(nn.Linear(4, 2 * n), nn.Linear(2 * n, 3))
+    hp.manual_seed(1)
+    m = nn.Sequential(nn.Linear(4, 2 * n), nn.Linear(2 * n, 3))
+    ranks = [f"rank:{r}/cpu" for r in range(n)]
+    plan = ShardingPlan({"0.weight": ChunkShardingSpec(0, ranks), "1.weight": ChunkShardingSpec(1, ranks)},
+                        output_plan={"1": ChunkShardingSpec(0, ranks)}, return_local_tensor=["1"])
+    apply_sharding_plan(m, plan, mesh)
+    x = np.random.default_rng(2).standard_normal((2 * n, 4)).astype(np.float32)
+    out = m(hp.tensor(x))  # rows reduce-scattered over the ranks
+    want = ref(hp.tensor(x))
+    np.testing.assert_allclose(out._data, want._data[2 * me:2 * me + 2], atol=1e-5)
+    out.sum().backward()
+    want.sum().backward()  # each rank's loss is its rows: the reference sums all rows
+    np.testing.assert_allclose(m[0].weight.grad._data, ref[0].weight.grad._data[2 * me:2 * me + 2], atol=1e-5)
+    with pytest.raises(ValueError, match="placements name ranks"):
+        ChunkShardingSpec(0, list(reversed(ranks))).resolve(mesh, "k")
+
+
+def test_sharding_plan_bad_input_names_the_key():
+    mesh = _mesh()
+    cases = [
+        ({"up.weight": ChunkShardingSpec(0, mesh_dim="pp")}, None, ValueError, r"'up.weight'.*mesh_dim 'pp'"),
+        ({"up.weight": ChunkShardingSpec(0)}, None, ValueError, r"'up.weight'.*mesh_dim is required"),
+        ({"up.nope": ChunkShardingSpec(0, mesh_dim="tp")}, None, ValueError, r"parameter 'up.nope'"),
+        ({"up.weight": ChunkShardingSpec(0, mesh_dim="tp")}, {"down": ChunkShardingSpec(0, mesh_dim="tp")},
+         ValueError, r"output_plan names module 'down'"),
+    ]
+    for plan, out, exc, pat in cases:
+        m = MLP()
+        with pytest.raises(exc, match=pat):
+            apply_sharding_plan(m, ShardingPlan(plan, output_plan=out), mesh)
+        assert not any(isinstance(p, DTensor) for p in m.parameters())
+    odd = nn.Sequential(nn.Linear(4, 3))
+    with pytest.raises(ValueError, match=r"'0.weight'.*does not divide over 2"):
+        apply_sharding_plan(odd, ShardingPlan({"0.weight": ChunkShardingSpec(0, mesh_dim="tp")}), mesh)
+    m = MLP()
+    fully_shard(m, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+    with pytest.raises(ValueError, match=r"'up.weight'.*already sharded"):
+        apply_sharding_plan(m, ShardingPlan({"up.weight": ChunkShardingSpec(0, mesh_dim="tp")}), mesh)

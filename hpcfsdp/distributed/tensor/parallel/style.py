@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
 from hpcfsdp.distributed.tensor.parallel import _functions as fc
-from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard
+from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel"]
 
