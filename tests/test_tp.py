@@ -289,3 +289,39 @@ def test_sharding_plan_bad_input_names_the_key():
     fully_shard(m, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
     with pytest.raises(ValueError, match=r"'up.weight'.*already sharded"):
         apply_sharding_plan(m, ShardingPlan({"up.weight": ChunkShardingSpec(0, mesh_dim="tp")}), mesh)
+
+
+@pytest.mark.mpi(min_size=8)
+@pytest.mark.timeout(300)
+def test_gpt_hsdp_x_tp_parity_8_ranks():
+    """(replicate=2, shard=2, tp=2): the GPT's MLP split over tp, HSDP over the other two dims."""
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("replicate", "shard", "tp"))
+    ref, model = _tiny_gpt(), _tiny_gpt()
+    parallelize_module(model, mesh["tp"], model.tp_plan())
+    dims = DataParallelMeshDims(shard="shard", replicate="replicate")
+    for b in model.transformer.h:
+        fully_shard(b, mesh=mesh, dp_mesh_dims=dims)
+    fully_shard(model, mesh=mesh, dp_mesh_dims=dims)
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    rng = np.random.default_rng(5)
+    r, s, _ = mesh.get_coordinate()
+    i = 2 * r + s  # data-parallel index
+    for _ in range(10):
+        x, y = rng.integers(0, 16, (8, 8)), rng.integers(0, 16, (8, 8))
+        _, loss = model(hp.tensor(x[2 * i:2 * i + 2]), hp.tensor(y[2 * i:2 * i + 2]))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        t = hp.tensor([loss.item()], dtype=hp.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(t.item(), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
+        split = 4 if ".mlp." in name else 2  # shard x tp, or shard only (replicated over replicate and tp)
+        assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
