@@ -325,3 +325,24 @@ def test_gpt_hsdp_x_tp_parity_8_ranks():
         np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
         split = 4 if ".mlp." in name else 2  # shard x tp, or shard only (replicated over replicate and tp)
         assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
+
+
+def test_fsdp_over_tp_uneven_pieces_round_trip():
+    """A tp piece whose rows do not divide over dp: 3 rows per tp rank over dp=2 gives 2 and 1 rows; the
+    sharded parameter's full_tensor() and a forward equal the unsharded module's."""
+    mesh = _mesh()
+    hp.manual_seed(4)
+    ref = nn.Linear(5, 6)
+    hp.manual_seed(4)
+    m = nn.Sequential(nn.Linear(5, 6))
+    parallelize_module(m, mesh["tp"], {"0": ColwiseParallel(output_layouts=Replicate())})
+    fully_shard(m, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+    i, j = mesh.get_coordinate()
+    a, b = _chunk_bounds(6, 2, j)
+    c, d = _chunk_bounds(b - a, mesh.size(0), i)
+    assert m[0].weight._data.shape == (d - c, 5)
+    np.testing.assert_array_equal(m[0].weight._data, ref.weight._data[a + c:a + d])
+    np.testing.assert_array_equal(m[0].weight.full_tensor()._data, ref.weight._data)
+    np.testing.assert_array_equal(m[0].bias.full_tensor()._data, ref.bias._data)
+    x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(m(hp.tensor(x))._data, ref(hp.tensor(x))._data, atol=1e-6)
