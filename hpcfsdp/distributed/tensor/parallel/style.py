@@ -101,9 +101,9 @@ class ColwiseParallel(_LinearStyle):
             x = args[0]
             if embedding:
                 return None
-            if isinstance(inp, Shard):
-                x = fc.all_gather_along(x, group, inp.dim)
-            x = fc.copy_to_group(x, group)
+            # sharded input: all-gather forward, reduce-scatter backward (which also sums the partial input
+            # gradients of the ranks' column pieces); replicated input: identity forward, all-reduce backward
+            x = fc.all_gather_along(x, group, inp.dim) if isinstance(inp, Shard) else fc.copy_to_group(x, group)
             return (x,) + tuple(args[1:])
 
         def post(mod, args, y):
