@@ -368,3 +368,20 @@ def test_colwise_sharded_input_gradients():
     np.testing.assert_allclose(xl.grad._data, xf.grad._data[2 * me:2 * me + 2], atol=1e-5)
     np.testing.assert_allclose(m[0].weight._data, ref.weight._data[2 * me:2 * me + 2])
     np.testing.assert_allclose(m[0].weight.grad._data, ref.weight.grad._data[2 * me:2 * me + 2], atol=1e-5)
+
+
+def test_vocab_parallel_embedding():
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    hp.manual_seed(6)
+    ref = nn.Embedding(3 * n, 5)
+    hp.manual_seed(6)
+    m = nn.Sequential(nn.Embedding(3 * n, 5))
+    parallelize_module(m, mesh, {"0": RowwiseParallel(input_layouts=Replicate())})
+    assert m[0].weight.placements == (Shard(0),) and m[0].weight._data.shape == (3, 5)
+    ids = np.random.default_rng(4).integers(0, 3 * n, (2, 7))
+    y, yr = m(hp.tensor(ids)), ref(hp.tensor(ids))
+    np.testing.assert_allclose(y._data, yr._data, atol=1e-7)
+    (y * y).sum().backward()
+    (yr * yr).sum().backward()
+    np.testing.assert_allclose(m[0].weight.grad._data, ref.weight.grad._data[3 * me:3 * me + 3], atol=1e-6)

@@ -120,7 +120,8 @@ class ColwiseParallel(_LinearStyle):
 
 class RowwiseParallel(_LinearStyle):
     """Linear: weight Shard(1), bias Replicate (added after the reduction). Input Shard(-1) (or Replicate:
-    sliced), output Replicate (all-reduce) or Shard(d) (reduce-scatter)."""
+    sliced), output Replicate (all-reduce) or Shard(d) (reduce-scatter). Embedding: the vocabulary split
+    (weight Shard(0)); ids Replicate (or Shard(d): all-gathered)."""
 
     _default_in, _default_out = Shard(-1), Replicate()
 
@@ -130,8 +131,10 @@ class RowwiseParallel(_LinearStyle):
 
         mesh = _mesh_1d(device_mesh, "RowwiseParallel")
         owner = f"RowwiseParallel on {type(module).__name__}"
+        if isinstance(module, nn.Embedding):
+            return self._apply_embedding(module, mesh, owner)
         if not isinstance(module, nn.Linear):
-            raise NotImplementedError(f"{owner}: only nn.Linear is supported")
+            raise NotImplementedError(f"{owner}: only nn.Linear and nn.Embedding are supported")
         _shard_param(module, "weight", mesh, Shard(1), owner)
         _shard_param(module, "bias", mesh, Replicate(), owner)
         group = mesh.get_group(0)
@@ -146,6 +149,38 @@ class RowwiseParallel(_LinearStyle):
             y = fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
                 fc.reduce_scatter_along(y, group, out.dim)
             return y if module.bias is None else y + module.bias
+
+        module.forward = forward
+        return module
+
+    def _apply_embedding(self, module, mesh, owner):
+        """Vocabulary-parallel Embedding: weight Shard(0) (each rank a contiguous block of the vocabulary);
+        ids outside the local block look up zeros, and the partial rows are summed (or reduce-scattered)."""
+        import numpy as np
+
+        from hpcfsdp._backend import array_module
+        from hpcfsdp._tensor import Tensor
+        from hpcfsdp.nn import functional as F
+
+        if module.padding_idx is not None or module.max_norm is not None:
+            raise NotImplementedError(f"{owner}: padding_idx and max_norm are not supported with a split vocabulary")
+        _shard_param(module, "weight", mesh, Shard(0), owner)
+        group = mesh.get_group(0)
+        rows = module.weight._data.shape[0]
+        start = group.rank() * rows
+        inp, out = self.input_layouts, self.output_layouts
+
+        def forward(idx):
+            ids = idx._data if isinstance(idx, Tensor) else np.asarray(idx)
+            if isinstance(inp, Shard):  # token ids are not differentiable: a plain all-gather
+                ids = fc._all_gather(ids, group, inp.dim % ids.ndim)
+            xp = array_module(ids)
+            local = ids - start
+            mask = (local >= 0) & (local < rows)
+            y = F.embedding(Tensor._wrap(xp.where(mask, local, 0)), module.weight)
+            y = y * Tensor._wrap(mask[..., None].astype(y._data.dtype))
+            return fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
+                fc.reduce_scatter_along(y, group, out.dim)
 
         module.forward = forward
         return module
