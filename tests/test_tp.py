@@ -385,3 +385,23 @@ def test_vocab_parallel_embedding():
     (y * y).sum().backward()
     (yr * yr).sum().backward()
     np.testing.assert_allclose(m[0].weight.grad._data, ref.weight.grad._data[3 * me:3 * me + 3], atol=1e-6)
+
+
+def test_vocab_parallel_cross_entropy_matches_cross_entropy():
+    from hpcfsdp.distributed.tensor.parallel import vocab_parallel_cross_entropy
+    from hpcfsdp.nn import functional as F
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    rng = np.random.default_rng(8)
+    z = rng.standard_normal((2, 5, 3 * n)).astype(np.float32)
+    t = rng.integers(0, 3 * n, (2, 5))
+    t[0, 1] = -100  # ignored
+    zl = hp.tensor(z[..., 3 * me:3 * me + 3].copy(), requires_grad=True)
+    zf = hp.tensor(z, requires_grad=True)
+    loss = vocab_parallel_cross_entropy(zl, hp.tensor(t), mesh)
+    ref = F.cross_entropy(zf.reshape(-1, 3 * n), hp.tensor(t.reshape(-1)), ignore_index=-100)
+    np.testing.assert_allclose(loss.item(), ref.item(), rtol=1e-6)
+    loss.backward()
+    ref.backward()
+    np.testing.assert_allclose(zl.grad._data, zf.grad._data[..., 3 * me:3 * me + 3], atol=1e-6)
