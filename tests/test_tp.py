@@ -405,3 +405,25 @@ def test_vocab_parallel_cross_entropy_matches_cross_entropy():
     loss.backward()
     ref.backward()
     np.testing.assert_allclose(zl.grad._data, zf.grad._data[..., 3 * me:3 * me + 3], atol=1e-6)
+
+
+def test_full_state_dict_round_trip_with_tp_and_fsdp():
+    from hpcfsdp.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                            set_model_state_dict)
+
+    mesh = _mesh()
+    dims = DataParallelMeshDims(shard="dp")
+    ref = MLP(seed=3)
+    a = MLP(seed=3)
+    parallelize_module(a, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(a, mesh=mesh, dp_mesh_dims=dims)
+    full = get_model_state_dict(a, options=StateDictOptions(full_state_dict=True))
+    for k, v in ref.state_dict().items():
+        np.testing.assert_array_equal(full[k]._data, v._data, err_msg=k)
+    b = MLP(seed=11)
+    parallelize_module(b, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(b, mesh=mesh, dp_mesh_dims=dims)
+    set_model_state_dict(b, full, options=StateDictOptions(full_state_dict=True))
+    for (k, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert p.placements == q.placements
+        np.testing.assert_array_equal(p._data, q._data, err_msg=k)
