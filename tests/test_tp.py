@@ -53,7 +53,9 @@ def _train(use_fsdp, steps=10, plan=None):
         apply_sharding_plan(model, plan, mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
     else:
         parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    if use_fsdp and plan is None:
+    if use_fsdp == "dp-submesh":  # PyTorch's spelling: fully_shard on mesh["dp"], params on mesh["tp"]
+        fully_shard(model, mesh=mesh["dp"])
+    elif use_fsdp and plan is None:
         fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
     opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
@@ -90,8 +92,9 @@ def test_tp_mlp_parity_without_fsdp():
 
 
 @pytest.mark.timeout(120)
-def test_fsdp_over_tp_mlp_parity_and_layout():
-    model, ref, mesh = _train(True)
+@pytest.mark.parametrize("how", [True, "dp-submesh"])
+def test_fsdp_over_tp_mlp_parity_and_layout(how):
+    model, ref, mesh = _train(how)
     dp, tp = mesh.size(0), mesh.size(1)
     i, j = mesh.get_coordinate()
     w = model.up.weight  # (12, 6): tp rows first, then each tp piece's rows over dp

@@ -288,31 +288,31 @@ class DTensor(Tensor):
 
 
 def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
-    """Gradients with different shardings on one mesh (FSDP over TP: some sharded over dp and tp, some over
-    dp only): each rank adds every gradient's local partial divided by the number of ranks holding that
-    same piece (its Replicate mesh dims), and the sum (or max) runs over the whole mesh (collective)."""
+    """Gradients with different shardings on slices of one mesh (FSDP over TP: some sharded over dp and
+    tp, some over dp only, maybe on mesh["dp"]): each rank adds every gradient's local partial divided by
+    the number of ranks of the whole mesh holding that same piece (the mesh dims it does not shard), and
+    the sum (or max) runs over the whole mesh (collective)."""
     from hpcfsdp.nn.utils.clip_grad import _local_partial
 
-    mesh = grads[0]._spec.mesh
+    root = grads[0]._spec.mesh._root
     groups: dict = {}
     for g in grads:
         spec = g._spec
-        if spec.mesh._root is not mesh._root or spec.mesh.mesh.shape != mesh.mesh.shape or \
-                not np.array_equal(spec.mesh.mesh, mesh.mesh):
+        if spec.mesh._root is not root:
             raise RuntimeError(
-                f"clip_grad_norm_: DTensor gradients on different meshes ({mesh!r} vs {spec.mesh!r}) cannot share "
-                "one reduction")
-        groups.setdefault(spec.placements, []).append(g)
+                f"clip_grad_norm_: DTensor gradients on different meshes ({grads[0]._spec.mesh!r} vs {spec.mesh!r}) "
+                "cannot share one reduction")
+        sharded = tuple(sorted(d for d, p in zip(spec.mesh._dims, spec.placements) if isinstance(p, Shard)))
+        groups.setdefault(sharded, []).append(g)
     total = 0.0
-    for placements, gs in groups.items():
+    for sharded, gs in groups.items():
         part = _local_partial(gs, norm_type)
         if inf:
             total = max(total, part)
         else:
-            repl = math.prod(mesh.size(i) for i, p in enumerate(placements) if not isinstance(p, Shard))
-            total += part / repl
+            total += part / math.prod(root.size(d) for d in range(root.ndim) if d not in sharded)
     buf = np.array([total], np.float64)
-    flat = mesh._flatten().get_group() if mesh.ndim > 1 else mesh.get_group()
+    flat = root._flatten().get_group() if root.ndim > 1 else root.get_group()
     flat.all_reduce_(buf, op)
     return float(buf[0])
 
