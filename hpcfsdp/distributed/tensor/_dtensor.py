@@ -292,8 +292,6 @@ def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
     tp, some over dp only, maybe on mesh["dp"]): each rank adds every gradient's local partial divided by
     the number of ranks of the whole mesh holding that same piece (the mesh dims it does not shard), and
     the sum (or max) runs over the whole mesh (collective)."""
-    from hpcfsdp.nn.utils.clip_grad import _local_partial
-
     root = grads[0]._spec.mesh._root
     groups: dict = {}
     for g in grads:
@@ -306,7 +304,7 @@ def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
         groups.setdefault(sharded, []).append(g)
     total = 0.0
     for sharded, gs in groups.items():
-        part = _local_partial(gs, norm_type)
+        part = _local_partial(gs, norm_type, inf)
         if inf:
             total = max(total, part)
         else:
@@ -315,6 +313,23 @@ def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
     flat = root._flatten().get_group() if root.ndim > 1 else root.get_group()
     flat.all_reduce_(buf, op)
     return float(buf[0])
+
+
+def _local_partial(tensors, norm_type, inf: bool) -> float:
+    """sum |x|^p (max |x| for inf, the nonzero count for p=0) over the local arrays of ``tensors``."""
+    out = 0.0
+    for t in tensors:
+        a = t._data
+        if a.size == 0 or is_meta_array(a):
+            continue
+        x = array_module(a).abs(a.astype(np.float64))
+        if inf:
+            out = max(out, float(x.max()))
+        elif float(norm_type) == 0.0:
+            out += float(array_module(a).count_nonzero(x))
+        else:
+            out += float((x ** float(norm_type)).sum())
+    return out
 
 
 def _shard_key(spec: DTensorSpec):
