@@ -82,9 +82,31 @@ def test_distribute_and_full_tensor_uneven_shapes_1d():
 def test_distribute_broadcasts_from_src_data_rank():
     n, me = dist.get_world_size(), dist.get_rank()
     m = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("rep", "shard"))
-    x = np.full((7, 2), float(me))  # different on every rank: rank n-1's data wins
-    d = distribute_tensor(Tensor._wrap(x), m, [Replicate(), Shard(0)], src_data_rank=n - 1)
-    assert np.all(d.full_tensor()._data == n - 1)
+    x = np.full((7, 2), float(me))  # different on every rank
+    # src_data_rank is a group rank on every mesh dim: the rank at coordinate (1, 1) (or (1, 0) when the
+    # second dim has size 1) owns the data
+    src = int(m.mesh[1, min(1, n // 2 - 1)])
+    d = distribute_tensor(Tensor._wrap(x), m, [Replicate(), Shard(0)], src_data_rank=1)
+    assert np.all(d.full_tensor()._data == src)
+    with pytest.raises(ValueError, match="src_data_rank=2 is a group rank on each mesh dimension"):
+        distribute_tensor(Tensor._wrap(x), m, [Replicate(), Shard(0)], src_data_rank=2)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_distribute_on_sub_mesh_uses_group_rank_zero():
+    """distribute_tensor(t, mesh["tp"]) on the sub-mesh of ranks [2, 3]: the source is the sub-mesh's
+    rank 0 (global rank 2), not global rank 0."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    m = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("dp", "tp"))
+    tp = m["tp"]
+    x = np.arange(10, dtype=np.float32).reshape(5, 2) + 100 * me  # different on every rank
+    d = distribute_tensor(Tensor._wrap(x), tp, [Shard(0)])
+    src = int(tp.mesh[0])
+    want = np.arange(10, dtype=np.float32).reshape(5, 2) + 100 * src
+    a, b = _chunk_bounds(5, 2, tp.get_local_rank(0))
+    assert np.array_equal(d._data, want[a:b]) and np.array_equal(d.full_tensor()._data, want)
+    r = distribute_tensor(Tensor._wrap(x), tp, [Replicate()], src_data_rank=1)
+    assert np.array_equal(r._data, np.arange(10, dtype=np.float32).reshape(5, 2) + 100 * int(tp.mesh[1]))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -145,8 +167,14 @@ def test_hp_reduce_norm_sums_over_shard_groups_only():
     linf = float(np.abs(d._data).max()) if d._data.size else 0.0
     assert np.isclose(DTensor.__hp_reduce_norm__([d], linf, math.inf), np.abs(x).max())
     other = distribute_tensor(Tensor._wrap(x), m, [Shard(0), Replicate()])  # sharded over the other mesh dim
+    # different shardings on one mesh (FSDP over TP): every piece counted once over the whole mesh
+    both = DTensor.__hp_reduce_norm__([d, other], float("nan"), 2.0)
+    assert np.isclose(both, 2 * (x.astype(np.float64) ** 2).sum())
+    assert np.isclose(DTensor.__hp_reduce_norm__([d, other], float("nan"), math.inf), np.abs(x).max())
+    m2 = init_device_mesh("cpu", (n,), mesh_dim_names=("dp",))
+    elsewhere = distribute_tensor(Tensor._wrap(x), m2, [Shard(0)])
     with pytest.raises(RuntimeError, match="cannot share one reduction"):
-        DTensor.__hp_reduce_norm__([d, other], local2, 2.0)
+        DTensor.__hp_reduce_norm__([d, elsewhere], local2, 2.0)
 
 
 def test_fsdp_layout_uses_the_dtensor_chunking_and_round_trips():

@@ -25,6 +25,7 @@ LEVELS = {
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors
+    "hpcfsdp.distributed.tensor.parallel": 4,  # tensor-parallel styles: shard nn modules' parameters
     "hpcfsdp.distributed.fsdp": 5,
     "hpcfsdp.distributed.sharding_plan": 5,
     "hpcfsdp.distributed.algorithms": 5,  # checkpoint wrappers applied next to fully_shard

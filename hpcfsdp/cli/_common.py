@@ -50,6 +50,8 @@ def build_gpt(cfg, device: str = "cpu") -> GPT:
 def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
     """fully_shard every block, then the root, as ``cfg.strategy`` says. Returns the mesh."""
     strategy = ShardingStrategy[cfg.strategy]
+    if getattr(cfg, "tp", 1) > 1:
+        return _shard_gpt_tp(model, cfg, device_type)
     user_mesh = None
     if cfg.mesh is not None and len(cfg.mesh) == 2:
         user_mesh = init_device_mesh(device_type, tuple(cfg.mesh), mesh_dim_names=("replicate", "shard"))
@@ -98,3 +100,33 @@ def current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return peak_memory_bytes()
+
+
+def _shard_gpt_tp(model: GPT, cfg, device_type: str):
+    """FSDP x TP: each block's MLP split over the last mesh dim ("tp", consecutive ranks), then fully_shard
+    over the data-parallel dims (("replicate", "shard") for HYBRID_SHARD, else "shard")."""
+    from hpcfsdp import distributed as dist
+    from hpcfsdp.distributed.fsdp import DataParallelMeshDims
+    from hpcfsdp.distributed.tensor.parallel import parallelize_module
+
+    dp = dist.get_world_size() // cfg.tp
+    if cfg.strategy == "HYBRID_SHARD":
+        mesh = init_device_mesh(device_type, tuple(cfg.mesh) + (cfg.tp,), mesh_dim_names=("replicate", "shard", "tp"))
+        dims = DataParallelMeshDims(shard="shard", replicate="replicate")
+    else:
+        mesh = init_device_mesh(device_type, (dp, cfg.tp), mesh_dim_names=("shard", "tp"))
+        dims = DataParallelMeshDims(shard="shard")
+    # the plan's modules under any wrapper (activation checkpointing adds a path segment)
+    styles = {".".join(k.split(".")[-2:]): v for k, v in model.tp_plan().items()}
+    plan = {n: v for n, _ in model.named_modules() for suffix, v in styles.items() if n.endswith("." + suffix)}
+    parallelize_module(model, mesh["tp"], plan)
+    reshard = cfg.effective_reshard_after_forward()
+    kw = dict(mesh=mesh, dp_mesh_dims=dims, mp_policy=mp_policy_for(cfg.mixed_precision),
+              offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
+    for block in model.blocks:
+        fully_shard(block, reshard_after_forward=reshard, **kw)
+    if not model.config.tie_weights:
+        fully_shard(model.lm_head, reshard_after_forward=reshard, **kw)
+    root = reshard if cfg.reshard_after_forward is not None else (None if reshard else False)
+    fully_shard(model, reshard_after_forward=root, **kw)
+    return mesh

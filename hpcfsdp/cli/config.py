@@ -98,6 +98,7 @@ class TrainConfig:
     # parallelism
     strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
     mesh: Optional[tuple] = None  # None = all ranks in one dim; "RxS" = (replicate, shard), HYBRID_SHARD
+    tp: int = 1  # tensor-parallel ranks per data-parallel rank (each block's MLP split); mesh is then per tp slice
     mixed_precision: str = "none"  # bf16 | fp16 | none (parameters for compute; reductions in fp32)
     cpu_offload: bool = False  # keep sharded parameters and optimizer state in host memory
     device: str = "cpu"  # cpu | cuda (each rank uses the GPU numbered by its node-local rank)
@@ -196,7 +197,8 @@ class TrainConfig:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("device", self.device, DEVICES)
-        self._validate_mesh(world_size)
+        self._validate_tp(world_size)
+        self._validate_mesh(world_size // self.tp if self.tp >= 1 and world_size % self.tp == 0 else world_size)
         if self.checkpoint_interval > 0 and not self.checkpoint_dir:
             raise ConfigError(
                 f"checkpoint_interval={self.checkpoint_interval}: needs checkpoint_dir (--checkpoint-dir DIR)"
@@ -205,6 +207,19 @@ class TrainConfig:
             raise ConfigError("resume=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
         if not self.out_dir:
             raise ConfigError(f"out_dir={self.out_dir!r}: expected a directory path")
+
+    def _validate_tp(self, world_size: int) -> None:
+        tp = self.tp
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"tp={tp!r}: expected a positive integer")
+        if tp == 1:
+            return
+        if world_size % tp:
+            raise ConfigError(f"tp={tp}: must divide the world size {world_size}")
+        if (4 * self.n_embd) % tp:
+            raise ConfigError(f"tp={tp}: must divide the MLP width 4*n_embd={4 * self.n_embd}")
+        if self.strategy == "NO_SHARD":
+            raise ConfigError(f"tp={tp}: strategy NO_SHARD is not supported with tensor parallelism")
 
     def _validate_mesh(self, world_size: int) -> None:
         mesh = self.mesh
@@ -482,6 +497,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--strategy", choices=STRATEGIES, default=S, help=_help("strategy", "FSDP sharding strategy"))
     g.add_argument("--mesh", metavar="RxS", default=S,
                    help=_help("mesh", "device mesh: 'N' (1-D) or 'RxS' (replicate x shard, HYBRID_SHARD); product = world size; 'none' = all ranks"))
+    g.add_argument("--tp", type=int, default=S, help=_help("tp", "tensor-parallel ranks (each block's MLP split over them); data parallelism over world/tp"))
     g.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=S, help=_help("mixed_precision", "parameter dtype for compute"))
     g.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("cpu_offload", "keep sharded parameters and optimizer state in host memory"))

@@ -155,6 +155,8 @@ class Context:
 
         dist.init_process_group()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # data parallelism: the tp ranks of one data-parallel rank (consecutive ranks) read the same batches
+        self.data_rank, self.data_world = self.rank // cfg.tp, self.world // cfg.tp
         self.comm = dist.group.WORLD.comm
         self.device = guarded(self.comm, f"device={cfg.device!r}", lambda: compute_device(cfg.device))
         self.train_set, self.val_set = guarded(self.comm, f"data={cfg.data!r}", lambda: train_val_datasets(cfg))
@@ -196,7 +198,8 @@ class Session:
 
         self.model = guarded(ctx.comm, f"strategy={cfg.strategy!r}", build)
         self.optim = make_optimizer(cfg, self.model.parameters())
-        self.sampler = DistributedSampler(len(ctx.train_set), ctx.world, ctx.rank, shuffle=True, seed=cfg.seed)
+        self.sampler = DistributedSampler(len(ctx.train_set), ctx.data_world, ctx.data_rank, shuffle=True,
+                                          seed=cfg.seed)
         self.step = 0
         self._batches = None
 
@@ -234,7 +237,7 @@ class Session:
         if self._batches is None:
             self._batches = Batches(ctx.train_set, self.sampler, cfg.batch_size)
         if cfg.dropout > 0:  # See [Note: Exact resume]
-            hp.manual_seed(step_seed(cfg.seed, self.step, ctx.rank))
+            hp.manual_seed(step_seed(cfg.seed, self.step, ctx.data_rank))
         model.train()
         t0 = time.perf_counter()
         exposed_comm_seconds(reset=True)
@@ -257,7 +260,7 @@ class Session:
         dt = time.perf_counter() - t0
         self.step += 1
         return {"step": self.step, "loss": float(loss_t.item()), "lr": lr, "grad_norm": float(norm.item()),
-                "tokens_per_s": cfg.tokens_per_step(ctx.world) / dt, "step_time_s": dt,
+                "tokens_per_s": cfg.tokens_per_step(ctx.data_world) / dt, "step_time_s": dt,
                 "comm_time_s": exposed_comm_seconds()}
 
     def evaluate(self) -> float:
@@ -273,7 +276,7 @@ class Session:
         self.model.eval()
         with hp.no_grad():
             for i in range(cfg.eval_iters):
-                start = (i * ctx.world + ctx.rank) * cfg.batch_size
+                start = (i * ctx.data_world + ctx.data_rank) * cfg.batch_size
                 idx = order[np.arange(start, start + cfg.batch_size) % len(order)]
                 x, y = ctx.val_set.get_batch(idx)
                 _, loss = self.model(hp.tensor(x, device=ctx.device), hp.tensor(y, device=ctx.device))

@@ -216,6 +216,14 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.reshape(b * t, -1), targets.reshape(b * t), ignore_index=-1)  # ()
         return logits, loss
 
+    def tp_plan(self) -> dict:
+        """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's MLP split (c_fc
+        column-wise, c_proj row-wise, one all-reduce forward and one backward per block). Attention,
+        embeddings, norms and lm_head stay replicated over the tp dim (see [Note: GPT tensor parallelism])."""
+        from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {"transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type=None):
         """AdamW with weight decay on matrices (dim >= 2) only, as nanoGPT."""
         from hpcfsdp.optim import AdamW
@@ -260,3 +268,10 @@ class GPT(nn.Module):
         from ._generate import generate
 
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k)
+
+
+# [Note: GPT tensor parallelism]
+# ``GPT.tp_plan`` splits the MLP (the larger half of a block's weights). Splitting attention by heads
+# needs c_attn's fused (3C, C) q/k/v weight split per q, k and v (rank r holds rows r of each third), a
+# layout that is not one contiguous Shard(0) chunk; until DTensor and checkpoints carry such strided
+# pieces, attention weights stay replicated over the tp dim (sharded over the data-parallel dims only).

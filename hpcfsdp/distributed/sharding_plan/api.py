@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ...nn import Module, ModuleDict, ModuleList
 from ..fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from ._tensor_parallel import ChunkShardingSpec, apply_param_specs
 
 __all__ = ["ShardingPlan", "ShardingPlanner", "FullyShardSpec", "UnitStats", "apply_sharding_plan"]
 
@@ -19,11 +20,11 @@ __all__ = ["ShardingPlan", "ShardingPlanner", "FullyShardSpec", "UnitStats", "ap
 # root is always a unit, so every parameter has exactly one owner. Planners emit units children
 # first (post-order) with the root last, the order ``fully_shard`` must be applied in.
 #
-# ``output_plan`` and ``return_local_tensor`` keep the spec's fields. FSDP's forward outputs are
-# always ordinary local tensors holding the full values (parameters are gathered, activations are
-# never sharded), so every module behaves as if listed in ``return_local_tensor``; it is accepted and
-# checked. A non-empty ``output_plan`` asks for sharded activations: that is tensor parallelism, which
-# FSDP does not do, so apply_sharding_plan refuses it with NotImplementedError.
+# A plan may also key parameters to a ChunkShardingSpec: tensor parallelism, applied before the
+# fully_shard units (see [Note: Parameter specs as tensor parallelism]); ``output_plan`` then gives the
+# output layout of those tensor-parallel Linears. Outputs are always local tensors, so every module
+# behaves as if listed in ``return_local_tensor``; it is accepted and checked. A plan of parameter specs
+# only does not fully_shard anything; with any FullyShardSpec the root is a unit as well.
 #
 # [Note: Tied parameters and units]
 # A parameter held by several modules (GPT's token embedding is also its lm_head) must belong to one
@@ -125,8 +126,9 @@ class ShardingPlan:
                     raise TypeError(f"ShardingPlan.plan[{key!r}] has unknown fully_shard kwargs {sorted(bad)}; "
                                     f"expected some of {list(_SPEC_KWARGS)}")
                 spec = FullyShardSpec(**spec)
-            if not isinstance(spec, FullyShardSpec):
-                raise TypeError(f"ShardingPlan.plan[{key!r}] must be a FullyShardSpec, got {type(spec).__name__}")
+            if not isinstance(spec, (FullyShardSpec, ChunkShardingSpec)):
+                raise TypeError(f"ShardingPlan.plan[{key!r}] must be a FullyShardSpec (module) or a "
+                                f"ChunkShardingSpec (parameter), got {type(spec).__name__}")
             plan[key] = spec
         self.plan = plan
         if self.output_plan is not None and not isinstance(self.output_plan, Mapping):
@@ -285,7 +287,7 @@ _CONTAINERS = (ModuleList, ModuleDict)
 _FULLY_SHARD_KWARGS = frozenset(inspect.signature(fully_shard).parameters) - {"module", "mesh"}
 
 
-def apply_sharding_plan(module: Module, plan: ShardingPlan, *, mesh: Any = None, **fully_shard_kwargs) -> Module:
+def apply_sharding_plan(module: Module, plan: ShardingPlan, mesh: Any = None, **fully_shard_kwargs) -> Module:
     """Apply ``fully_shard`` to every unit of ``plan``, deepest first and the root last; returns ``module``.
 
     Each unit gets ``fully_shard(unit, mesh=mesh, **{**fully_shard_kwargs, **spec.fully_shard_kwargs()})``.
@@ -299,31 +301,39 @@ def apply_sharding_plan(module: Module, plan: ShardingPlan, *, mesh: Any = None,
     if bad:
         raise TypeError(f"apply_sharding_plan got unexpected fully_shard kwargs {sorted(bad)}; "
                         f"expected some of {sorted(_FULLY_SHARD_KWARGS)}")
-    if plan.output_plan:
+    param_specs = {k: s for k, s in plan.plan.items() if isinstance(s, ChunkShardingSpec)}
+    unit_specs = {k: s for k, s in plan.plan.items() if isinstance(s, FullyShardSpec)}
+    if plan.output_plan and not param_specs:
         raise NotImplementedError(
             f"ShardingPlan.output_plan {sorted(plan.output_plan)} asks for sharded module outputs: that is tensor "
-            "parallelism; FSDP always returns local full tensors (see [Note: Sharding plans for FSDP])")
-    for key in list(plan.plan) + list(plan.return_local_tensor or ()):
+            "parallelism, which needs parameter ChunkShardingSpecs in the plan (see [Note: Sharding plans for FSDP])")
+    for key in list(unit_specs) + list(plan.return_local_tensor or ()):
         if key not in mods:
             near = [n for n in mods if n and (key in n or n in key)][:5]
             raise ValueError(f"ShardingPlan names module {key!r}, which {type(module).__name__} does not have"
                              + (f" (similar names: {near})" if near else " (use FQNs from named_modules())"))
-    for key in plan.plan:
+    for key in unit_specs:
         if key and isinstance(mods[key], _CONTAINERS):
             raise ValueError(f"ShardingPlan unit {key!r} is a {type(mods[key]).__name__}: it has no forward, so "
                              "FSDP's hooks would never gather its parameters; make its elements units instead")
-    units = list(plan.plan)
+    units = list(unit_specs)
     # tied parameters: ignored ones are never sharded, so they may cross units
     ignored = set(map(id, fully_shard_kwargs.get("ignored_params") or ()))
-    for spec in plan.plan.values():
+    for spec in unit_specs.values():
         ignored |= set(map(id, spec.ignored_params or ()))
     assign_params(module, units, frozenset(ignored))
     order = sorted(dict.fromkeys(units + [""]), key=lambda k: -(k.count(".") + (k != "")))
+    if param_specs and not unit_specs:
+        order = []  # tensor parallelism only: no fully_shard unit
     for key in order:
         if isinstance(mods[key], FSDPModule):
             raise RuntimeError(f"module {_shown(key)} is already sharded (fully_shard was applied to it)")
+    if param_specs:
+        apply_param_specs(module, param_specs, plan.output_plan, mesh)
+        if not unit_specs:
+            return module
     for key in order:
-        spec = plan.plan.get(key)
+        spec = unit_specs.get(key)
         kwargs = {**fully_shard_kwargs, **(spec.fully_shard_kwargs() if spec is not None else {})}
         fully_shard(mods[key], mesh=mesh, **kwargs)
     return module

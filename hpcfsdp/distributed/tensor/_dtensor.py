@@ -12,7 +12,7 @@ from hpcfsdp._backend import array_module, is_meta_array
 from hpcfsdp._tensor import Size, Tensor
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
-from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard
+from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard, _StridedShard
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds"]
 
@@ -23,7 +23,8 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 # tensor, as in PyTorch; everything else a Tensor does on ``_data`` (in-place updates, ``.grad``)
 # acts on the local piece. Sharding follows torch.chunk (FSDP2): Shard(d) over n ranks gives rank
 # r the indices [r*c, min((r+1)*c, size)) with c = ceil(size/n), so the last ranks may hold fewer
-# rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order.
+# rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order (plain
+# Shard placements first, then _StridedShard ones; see [Note: Strided shard]).
 
 
 def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -78,22 +79,35 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
             d = p.dim + ndim if p.dim < 0 else p.dim
             if not 0 <= d < ndim:
                 raise ValueError(f"{p!r} is out of range for a {ndim}-d tensor")
-            out.append(Shard(d))
+            out.append(_StridedShard(d, p.split_factor) if isinstance(p, _StridedShard) else Shard(d))
         elif isinstance(p, Replicate):
             out.append(p)
         else:
             raise TypeError(f"placement {p!r}: expected Shard(dim) or Replicate()")
+    for p in out:
+        if isinstance(p, _StridedShard):
+            want = math.prod(mesh.size(i) for i, q in enumerate(out) if type(q) is Shard and q.dim == p.dim)
+            if p.split_factor != want:
+                raise ValueError(f"{p!r} on mesh {mesh!r}: split_factor must be the number of pieces the plain "
+                                 f"Shard({p.dim}) placements cut the dim into ({want})")
     return tuple(out)
 
 
+def _shard_order(placements) -> list[int]:
+    """Mesh dims with a Shard placement in the order their chunking applies: plain shards in mesh order,
+    then strided shards in mesh order (see [Note: Strided shard])."""
+    plain = [i for i, p in enumerate(placements) if type(p) is Shard]
+    return plain + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]
+
+
 def _local_bounds(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[tuple[int, int]]:
-    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in mesh-dim order)."""
+    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in ``_shard_order``)."""
     bounds = [(0, int(s)) for s in shape]
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard):
-            lo, hi = bounds[p.dim]
-            a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
-            bounds[p.dim] = (lo + a, lo + b)
+    for i in _shard_order(placements):
+        d = placements[i].dim
+        lo, hi = bounds[d]
+        a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
+        bounds[d] = (lo + a, lo + b)
     return bounds
 
 
@@ -153,7 +167,7 @@ class DTensor(Tensor):
             raise RuntimeError("full_tensor: a meta DTensor has no data")
         # sizes of the nested pieces, outermost first: extent[i] = piece size along dim before level i
         cur = self._data
-        shards = [i for i, p in enumerate(pl) if isinstance(p, Shard)]
+        shards = _shard_order(pl)
         extents = {}
         bounds = [(0, s) for s in spec.shape]
         for i in shards:
@@ -257,25 +271,65 @@ class DTensor(Tensor):
             return float(local_value)
         first = grads[0]._spec
         key = _shard_key(first)
-        for g in grads[1:]:
-            if _shard_key(g._spec) != key:
-                raise RuntimeError(
-                    f"clip_grad_norm_: DTensor gradients on different meshes or shardings ({first.mesh!r} "
-                    f"{first.placements} vs {g._spec.mesh!r} {g._spec.placements}) cannot share one reduction"
-                )
         inf = math.isinf(float(norm_type))
         op = ReduceOp.MAX if inf else ReduceOp.SUM
+        if any(_shard_key(g._spec) != key for g in grads[1:]):
+            return _reduce_mixed_norm(grads, norm_type, inf, op)
         buf = np.array([local_value], np.float64)
         for i in sorted({i for i, p in enumerate(first.placements) if isinstance(p, Shard)}):
             first.mesh.get_group(i).all_reduce_(buf, op)
         return float(buf[0])
-
 
     @classmethod
     def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
         """The total norm of DTensor gradients: a DTensor replicated over their mesh (PyTorch's result type)."""
         mesh = grads[0]._spec.mesh
         return DTensor.from_local(total, mesh, [Replicate()] * mesh.ndim)
+
+
+def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
+    """Gradients with different shardings on slices of one mesh (FSDP over TP: some sharded over dp and
+    tp, some over dp only, maybe on mesh["dp"]): each rank adds every gradient's local partial divided by
+    the number of ranks of the whole mesh holding that same piece (the mesh dims it does not shard), and
+    the sum (or max) runs over the whole mesh (collective)."""
+    root = grads[0]._spec.mesh._root
+    groups: dict = {}
+    for g in grads:
+        spec = g._spec
+        if spec.mesh._root is not root:
+            raise RuntimeError(
+                f"clip_grad_norm_: DTensor gradients on different meshes ({grads[0]._spec.mesh!r} vs {spec.mesh!r}) "
+                "cannot share one reduction")
+        sharded = tuple(sorted(d for d, p in zip(spec.mesh._dims, spec.placements) if isinstance(p, Shard)))
+        groups.setdefault(sharded, []).append(g)
+    total = 0.0
+    for sharded, gs in groups.items():
+        part = _local_partial(gs, norm_type, inf)
+        if inf:
+            total = max(total, part)
+        else:
+            total += part / math.prod(root.size(d) for d in range(root.ndim) if d not in sharded)
+    buf = np.array([total], np.float64)
+    flat = root._flatten().get_group() if root.ndim > 1 else root.get_group()
+    flat.all_reduce_(buf, op)
+    return float(buf[0])
+
+
+def _local_partial(tensors, norm_type, inf: bool) -> float:
+    """sum |x|^p (max |x| for inf, the nonzero count for p=0) over the local arrays of ``tensors``."""
+    out = 0.0
+    for t in tensors:
+        a = t._data
+        if a.size == 0 or is_meta_array(a):
+            continue
+        x = array_module(a).abs(a.astype(np.float64))
+        if inf:
+            out = max(out, float(x.max()))
+        elif float(norm_type) == 0.0:
+            out += float(array_module(a).count_nonzero(x))
+        else:
+            out += float((x ** float(norm_type)).sum())
+    return out
 
 
 def _shard_key(spec: DTensorSpec):
@@ -332,8 +386,10 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
                       src_data_rank: int | None = 0) -> DTensor:
     """Shard/replicate ``tensor`` over ``device_mesh`` by local slicing (collective).
 
-    With ``src_data_rank`` (default-group rank, default 0) the data of that rank is broadcast first,
-    so ranks may pass different values; with None every rank must pass the same tensor.
+    With ``src_data_rank`` (a group rank on EVERY mesh dimension, default 0: the data of the rank at mesh
+    coordinate (s, s, ...), as PyTorch's "group rank 0 on each mesh dimension") that rank's data is
+    broadcast first, so ranks may pass different values; with None every rank must pass the same tensor.
+    A mesh dimension of size 1 has only group rank 0, which is used there.
     """
     if not isinstance(tensor, Tensor):
         raise TypeError(f"distribute_tensor: expected a Tensor, got {type(tensor).__name__}")
@@ -346,16 +402,22 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
     coord = device_mesh.get_coordinate()
     if coord is None:
         raise RuntimeError(f"distribute_tensor: rank {device_mesh.get_rank()} is not part of {device_mesh!r}")
+    if src_data_rank is not None:
+        if isinstance(src_data_rank, bool) or not isinstance(src_data_rank, int):
+            raise TypeError(f"distribute_tensor: src_data_rank must be an int or None, got {src_data_rank!r}")
+        bad = [i for i in range(device_mesh.ndim) if device_mesh.size(i) > 1
+               and not 0 <= src_data_rank < device_mesh.size(i)]
+        if bad:
+            raise ValueError(
+                f"distribute_tensor: src_data_rank={src_data_rank} is a group rank on each mesh dimension, "
+                f"but mesh dimension {bad[0]} of {device_mesh!r} has size {device_mesh.size(bad[0])}")
     if src_data_rank is not None and device_mesh.size() > 1 and not is_meta_array(full):
-        src = np.argwhere(device_mesh.mesh == src_data_rank)
-        if not len(src):
-            raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank} is not in {device_mesh!r}")
         from hpcfsdp.distributed._buffers import array_module
 
         full = array_module(full).ascontiguousarray(full).copy()
-        for i, c in enumerate(src[0]):  # See [Note: Broadcast over a mesh]
+        for i in range(device_mesh.ndim):  # See [Note: Broadcast over a mesh]
             if device_mesh.size(i) > 1:
-                device_mesh.get_group(i).broadcast_(full, int(c))
+                device_mesh.get_group(i).broadcast_(full, int(src_data_rank))
     bounds = _local_bounds(full.shape, device_mesh, pl, coord)
     local = full[tuple(slice(lo, hi) for lo, hi in bounds)]
     if not is_meta_array(local):

@@ -1,4 +1,4 @@
-"""DTensor placements: Shard(dim) and Replicate() (the subset FSDP needs)."""
+"""DTensor placements: Shard(dim), _StridedShard(dim, split_factor) and Replicate() (the subset FSDP needs)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Shard(Placement):
         return dim is None or dim == self.dim
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Shard) and other.dim == self.dim
+        return type(other) is Shard and other.dim == self.dim
 
     def __hash__(self) -> int:
         return hash(("Shard", self.dim))
@@ -46,6 +46,39 @@ class Shard(Placement):
 
     def __str__(self) -> str:
         return f"S({self.dim})"
+
+
+class _StridedShard(Shard):
+    """Shard(dim) applied AFTER the plain Shard placements of the same tensor dim on other mesh dims.
+
+    [Note: Strided shard]
+    FSDP over tensor parallelism splits a parameter over the tp mesh dim first and each tp piece over
+    the data-parallel dims, whatever the mesh order: on a (dp, tp) mesh both shard dim 0, and the dp
+    placement is ``_StridedShard(0, split_factor=tp size)``. DTensor applies every plain Shard of a tensor
+    dim in mesh order, then its strided shards in mesh order (full_tensor undoes them in reverse), which is
+    PyTorch's meaning of this placement for that case. ``split_factor`` is the number of pieces the plain
+    shards cut the dim into (checked when a DTensor is built)."""
+
+    __slots__ = ("split_factor",)
+
+    def __init__(self, dim: int, split_factor: int):
+        super().__init__(dim)
+        if isinstance(split_factor, bool) or not isinstance(split_factor, int) or split_factor < 1:
+            raise TypeError(f"_StridedShard(split_factor={split_factor!r}): expected a positive int")
+        object.__setattr__(self, "split_factor", split_factor)
+
+    def __eq__(self, other) -> bool:
+        return (type(other) is _StridedShard and other.dim == self.dim
+                and other.split_factor == self.split_factor)
+
+    def __hash__(self) -> int:
+        return hash(("_StridedShard", self.dim, self.split_factor))
+
+    def __repr__(self) -> str:
+        return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
+
+    def __str__(self) -> str:
+        return f"_S({self.dim}, {self.split_factor})"
 
 
 class Replicate(Placement):

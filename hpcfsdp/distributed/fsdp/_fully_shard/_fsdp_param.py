@@ -9,6 +9,7 @@ from ...._tensor import Tensor
 from ....nn import Parameter
 from ...tensor import DTensor, Replicate, Shard
 from ...tensor._dtensor import _chunk_bounds, _nested_chunk_bounds
+from ...tensor.placement_types import _StridedShard
 
 __all__ = ["FSDPParam", "ParamLayout"]
 
@@ -124,8 +125,10 @@ class FSDPParam:
     """Sharding of one parameter; see [Note: Flat layout]."""
 
     def __init__(self, param, module_infos, mesh_info, post_forward_mesh_info, shard_dim, mp_policy):
-        shape = tuple(param.shape)
         owner = f"{type(module_infos[0][0]).__name__}.{module_infos[0][1]}"
+        # A DTensor parameter (tensor parallelism): FSDP shards its local piece; see [Note: FSDP over TP]
+        self.tp_spec = param._spec if isinstance(param, DTensor) else None
+        shape = tuple(param._data.shape) if self.tp_spec is not None else tuple(param.shape)
         if not shape:
             raise ValueError(f"fully_shard cannot shard the 0-dim parameter {owner}; pass it in ignored_params")
         if not -len(shape) <= shard_dim < len(shape):
@@ -133,7 +136,8 @@ class FSDPParam:
         self.name = owner
         self.fqn = None  # fully qualified name under the root, set at lazy init
         self.shard_dim = shard_dim % len(shape)
-        self.global_shape = shape
+        self.local_shape = shape  # what FSDP shards and all-gathers: the parameter, or its local tp piece
+        self.global_shape = tuple(param.shape)
         self.dtype = param.dtype
         self.requires_grad = param.requires_grad
         self.module_infos = module_infos
@@ -149,10 +153,13 @@ class FSDPParam:
         reduce_dtype = mp_policy.reduce_dtype
         self.reduce_dtype = _backend.to_dtype(reduce_dtype) if reduce_dtype is not None else self.param_dtype
         self.mesh_info = mesh_info
-        placements = [Replicate()] * mesh_info.mesh.ndim
-        for mesh_dim in mesh_info.shard_mesh_dims:  # nested pieces: see [Note: Flat layout]
-            placements[mesh_dim] = Shard(self.shard_dim)
-        self.placements = tuple(placements)
+        if self.tp_spec is None:
+            placements = [Replicate()] * mesh_info.mesh.ndim
+            for mesh_dim in mesh_info.shard_mesh_dims:  # nested pieces: see [Note: Flat layout]
+                placements[mesh_dim] = Shard(self.shard_dim)
+            self.mesh, self.placements = mesh_info.mesh, tuple(placements)
+        else:
+            self.mesh, self.placements = _fsdp_tp_layout(self.tp_spec, mesh_info, self.shard_dim, owner)
         self.sharded_param = None
         self.unsharded_param = None
         self._local = None  # this rank's real rows, a view into the group's flat buffer (shard dim in place)
@@ -179,8 +186,7 @@ class FSDPParam:
         local = self.from_front(local_front)
         self._local = local
         if self.sharded_param is None:
-            dt = DTensor.from_local(Tensor._wrap(local), self.mesh_info.mesh, self.placements,
-                                    shape=self.global_shape)
+            dt = DTensor.from_local(Tensor._wrap(local), self.mesh, self.placements, shape=self.global_shape)
             self.sharded_param = Parameter(dt, requires_grad=self.requires_grad)
         else:
             self.sharded_param._data = local
@@ -201,8 +207,7 @@ class FSDPParam:
 
     def sharded_grad(self, local_grad):
         """Wrap a local gradient array as a DTensor like the sharded parameter."""
-        return DTensor.from_local(Tensor._wrap(local_grad), self.mesh_info.mesh, self.placements,
-                                  shape=self.global_shape)
+        return DTensor.from_local(Tensor._wrap(local_grad), self.mesh, self.placements, shape=self.global_shape)
 
     def local_grad_from(self, flat):
         """This rank's gradient piece (shard dim in place) inside a reduced flat buffer."""
@@ -212,8 +217,14 @@ class FSDPParam:
     # -- unsharded side ---------------------------------------------------------------------------
     def init_unsharded(self):
         if self.unsharded_param is None:
-            placeholder = _backend.meta_array(self.global_shape, self.param_dtype)
-            self.unsharded_param = Parameter(Tensor._wrap(placeholder), requires_grad=self.requires_grad)
+            placeholder = _backend.meta_array(self.local_shape, self.param_dtype)
+            if self.tp_spec is None:
+                full = Tensor._wrap(placeholder)
+            else:  # the tp piece, laid out on the tp mesh as the parameter was before fully_shard
+                spec = self.tp_spec
+                full = DTensor._from_array(placeholder, type(spec)(spec.mesh, spec.placements, spec.shape,
+                                                                   spec.stride, self.param_dtype))
+            self.unsharded_param = Parameter(full, requires_grad=self.requires_grad)
             self.unsharded_param._hp_storage_swaps = True  # ops re-read its storage in backward
 
     def set_unsharded_data(self, front):
@@ -224,10 +235,10 @@ class FSDPParam:
         """Drop the full data. Without an all-gather before backward, any use of it there raises
         (see [Note: Freed for backward])."""
         if unshard_in_backward:
-            self.unsharded_param._data = _backend.meta_array(self.global_shape, self.param_dtype)
+            self.unsharded_param._data = _backend.meta_array(self.local_shape, self.param_dtype)
             return
         module = self.module_infos[0][0]
-        self.unsharded_param._data = FreedStorage.make(self.global_shape, self.param_dtype, (
+        self.unsharded_param._data = FreedStorage.make(self.local_shape, self.param_dtype, (
             f"backward needs the parameter {self.fqn or self.name} of {type(module).__name__}, but "
             "set_unshard_in_backward(False) was called on that module, so FSDP does not all-gather its "
             "parameters for backward; call set_unshard_in_backward(True) (the default) or keep them "
@@ -240,3 +251,56 @@ class FSDPParam:
     def set_on_modules(self, param):
         for module, name in self.module_infos:
             module._parameters[name] = param
+
+
+# [Note: FSDP over TP]
+# A parameter that is already a DTensor sharded over non-data-parallel mesh dims (tensor parallelism) is
+# split over those dims first; FSDP then shards dim ``shard_dim`` of the local tp piece over its
+# data-parallel group, all-gathers and reduce-scatters that piece on the data-parallel group only, and
+# hands the module back the tp piece as a DTensor on the parameter's own mesh. The sharded parameter
+# lives on the mesh spanning both (the data-parallel mesh and the parameter's mesh, which must be slices
+# of one mesh): its placements are the parameter's on the tp dims and Shard(shard_dim) on the data-parallel
+# shard dims, as _StridedShard when a tp dim shards the same tensor dim (tp first, then dp: what
+# full_tensor() and checkpoints must undo).
+
+
+def _fsdp_tp_layout(spec, mesh_info, shard_dim: int, owner: str):
+    """(mesh, placements) of a sharded DTensor parameter; see [Note: FSDP over TP]."""
+    fmesh, pmesh = mesh_info.mesh, spec.mesh
+    if fmesh._root is not pmesh._root:
+        raise ValueError(
+            f"fully_shard: parameter {owner} is a DTensor on {pmesh!r}, which is not a slice of the mesh "
+            f"fully_shard uses ({fmesh!r}); build both from one init_device_mesh and slice it by name")
+    root = fmesh._root
+    dp_dims = {fmesh._dims[d] for d in mesh_info.shard_mesh_dims}
+    if getattr(mesh_info, "replicate_mesh_dim", None) is not None:
+        dp_dims.add(fmesh._dims[mesh_info.replicate_mesh_dim])
+    if not mesh_info.is_spmd_mesh:
+        dp_dims |= set(fmesh._dims)
+    param_pl = dict(zip(pmesh._dims, spec.placements))
+    for rd, pl in param_pl.items():
+        if isinstance(pl, Shard) and rd in dp_dims:
+            name = root.mesh_dim_names[rd] if root.mesh_dim_names else rd
+            raise ValueError(
+                f"fully_shard: parameter {owner} is already sharded ({pl!r}) over mesh dim {name!r}, which "
+                "fully_shard uses for data parallelism; tensor parallelism needs its own mesh dims "
+                "(name the data-parallel dims with dp_mesh_dims=DataParallelMeshDims(...))")
+    dims = sorted(set(fmesh._dims) | set(pmesh._dims))
+    if len(dims) == root.ndim:
+        mesh = root
+    else:
+        if not root.mesh_dim_names:
+            raise ValueError(f"fully_shard: parameter {owner}: name the mesh dims to combine {fmesh!r} and {pmesh!r}")
+        mesh = root[tuple(root.mesh_dim_names[d] for d in dims)]
+    split = 1
+    for rd, pl in param_pl.items():
+        if type(pl) is Shard and pl.dim == shard_dim:
+            split *= root.size(rd)
+    shard_root = [fmesh._dims[d] for d in mesh_info.shard_mesh_dims]
+    placements = []
+    for rd in dims:
+        if rd in shard_root:
+            placements.append(_StridedShard(shard_dim, split) if split > 1 else Shard(shard_dim))
+        else:
+            placements.append(param_pl.get(rd, Replicate()))
+    return mesh, tuple(placements)

@@ -1,0 +1,7 @@
+"""Tensor parallelism: parallelize_module with ColwiseParallel / RowwiseParallel (communication in autograd)."""
+
+from hpcfsdp.distributed.tensor.parallel.api import parallelize_module
+from hpcfsdp.distributed.tensor.parallel.loss import vocab_parallel_cross_entropy
+from hpcfsdp.distributed.tensor.parallel.style import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+__all__ = ["ColwiseParallel", "ParallelStyle", "RowwiseParallel", "parallelize_module", "vocab_parallel_cross_entropy"]

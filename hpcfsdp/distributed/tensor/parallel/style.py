@@ -1,0 +1,186 @@
+"""Tensor-parallel styles: ColwiseParallel and RowwiseParallel for Linear (and Embedding) modules."""
+
+from __future__ import annotations
+
+from hpcfsdp.distributed.device_mesh import DeviceMesh
+from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
+from hpcfsdp.distributed.tensor.parallel import _functions as fc
+from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard
+
+__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel"]
+
+# [Note: Local outputs]
+# There is no DTensor op dispatch: parallelized modules compute on the local pieces of their DTensor
+# parameters and return local Tensors (PyTorch's use_local_output=True). use_local_output=False, which in
+# PyTorch returns a DTensor that later ops dispatch on, raises NotImplementedError rather than return a
+# DTensor whose ops would silently compute on the local piece as if it were the whole tensor.
+
+
+def _placement(p, what):
+    if p is None:
+        return None
+    if isinstance(p, (tuple, list)):
+        if len(p) != 1:
+            raise ValueError(f"{what}: expected one placement for a 1-D tensor-parallel mesh, got {p!r}")
+        p = p[0]
+    if not isinstance(p, (Shard, Replicate)):
+        raise TypeError(f"{what}: expected Shard(dim) or Replicate(), got {p!r}")
+    return p
+
+
+def _mesh_1d(mesh, style):
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"{style}: device_mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise ValueError(f"{style}: needs a 1-D tensor-parallel mesh (slice it, e.g. mesh['tp']), got {mesh!r}")
+    return mesh
+
+
+def _shard_param(module, name, mesh, placement, owner):
+    p = module._parameters.get(name)
+    if p is None:
+        return
+    if isinstance(p, DTensor):
+        raise ValueError(f"{owner}: parameter {name!r} is already a DTensor ({p.placements} on {p.device_mesh!r}); "
+                         "apply tensor parallelism before fully_shard and only once")
+    n = mesh.size(0)
+    if isinstance(placement, Shard) and p.shape[placement.dim] % n:
+        raise ValueError(f"{owner}: parameter {name!r} of shape {tuple(p.shape)} does not divide evenly over "
+                         f"{n} tensor-parallel ranks along dim {placement.dim}")
+    from hpcfsdp.nn import Parameter
+
+    module._parameters[name] = Parameter(distribute_tensor(p.detach(), mesh, [placement]),
+                                         requires_grad=p.requires_grad)
+
+
+class ParallelStyle:
+    """How one module is parallelized over a 1-D tensor-parallel mesh."""
+
+    def _apply(self, module, device_mesh):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class _LinearStyle(ParallelStyle):
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True):
+        name = type(self).__name__
+        self.input_layouts = _placement(input_layouts, f"{name}(input_layouts)") or self._default_in
+        self.output_layouts = _placement(output_layouts, f"{name}(output_layouts)") or self._default_out
+        if not use_local_output:
+            raise NotImplementedError(f"{name}(use_local_output=False): see [Note: Local outputs]; outputs are "
+                                      "always local tensors here")
+        self.use_local_output = use_local_output
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(input_layouts={self.input_layouts!r}, "
+                f"output_layouts={self.output_layouts!r}, use_local_output={self.use_local_output})")
+
+
+class ColwiseParallel(_LinearStyle):
+    """Linear: weight Shard(0), bias Shard(0) (Embedding: weight Shard(1)). Input Replicate (or Shard(d):
+    all-gathered), output Shard(-1) local (or Replicate: all-gathered)."""
+
+    _default_in, _default_out = Replicate(), Shard(-1)
+
+    def _apply(self, module, device_mesh):
+        from hpcfsdp import nn
+
+        mesh = _mesh_1d(device_mesh, "ColwiseParallel")
+        owner = f"ColwiseParallel on {type(module).__name__}"
+        if isinstance(module, nn.Linear):
+            _shard_param(module, "weight", mesh, Shard(0), owner)
+            _shard_param(module, "bias", mesh, Shard(0), owner)
+        elif isinstance(module, nn.Embedding):
+            _shard_param(module, "weight", mesh, Shard(1), owner)
+        else:
+            raise NotImplementedError(f"{owner}: only nn.Linear and nn.Embedding are supported")
+        group = mesh.get_group(0)
+        inp, out = self.input_layouts, self.output_layouts
+        embedding = isinstance(module, nn.Embedding)
+
+        def pre(mod, args):
+            x = args[0]
+            if embedding:
+                return None
+            # sharded input: all-gather forward, reduce-scatter backward (which also sums the partial input
+            # gradients of the ranks' column pieces); replicated input: identity forward, all-reduce backward
+            x = fc.all_gather_along(x, group, inp.dim) if isinstance(inp, Shard) else fc.copy_to_group(x, group)
+            return (x,) + tuple(args[1:])
+
+        def post(mod, args, y):
+            if isinstance(out, Replicate):
+                return fc.gather_from_group(y, group, -1)
+            if out.dim % y.ndim != y.ndim - 1:
+                raise NotImplementedError(f"{owner}: output_layouts {out!r}: only Shard(-1) or Replicate()")
+            return y
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+        return module
+
+
+class RowwiseParallel(_LinearStyle):
+    """Linear: weight Shard(1), bias Replicate (added after the reduction). Input Shard(-1) (or Replicate:
+    sliced), output Replicate (all-reduce) or Shard(d) (reduce-scatter). Embedding: the vocabulary split
+    (weight Shard(0)); ids Replicate (or Shard(d): all-gathered)."""
+
+    _default_in, _default_out = Shard(-1), Replicate()
+
+    def _apply(self, module, device_mesh):
+        from hpcfsdp import nn
+        from hpcfsdp.nn import functional as F
+
+        mesh = _mesh_1d(device_mesh, "RowwiseParallel")
+        owner = f"RowwiseParallel on {type(module).__name__}"
+        if isinstance(module, nn.Embedding):
+            return self._apply_embedding(module, mesh, owner)
+        if not isinstance(module, nn.Linear):
+            raise NotImplementedError(f"{owner}: only nn.Linear and nn.Embedding are supported")
+        _shard_param(module, "weight", mesh, Shard(1), owner)
+        _shard_param(module, "bias", mesh, Replicate(), owner)
+        group = mesh.get_group(0)
+        inp, out = self.input_layouts, self.output_layouts
+
+        def forward(x):
+            if isinstance(inp, Replicate):
+                x = fc.scatter_to_group(x, group, -1)
+            elif inp.dim % x.ndim != x.ndim - 1:
+                raise NotImplementedError(f"{owner}: input_layouts {inp!r}: only Shard(-1) or Replicate()")
+            y = F.linear(x, module.weight)
+            y = fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
+                fc.reduce_scatter_along(y, group, out.dim)
+            return y if module.bias is None else y + module.bias
+
+        module.forward = forward
+        return module
+
+    def _apply_embedding(self, module, mesh, owner):
+        """Vocabulary-parallel Embedding: weight Shard(0) (each rank a contiguous block of the vocabulary);
+        ids outside the local block look up zeros, and the partial rows are summed (or reduce-scattered)."""
+        import numpy as np
+
+        from hpcfsdp._backend import array_module
+        from hpcfsdp._tensor import Tensor
+        from hpcfsdp.nn import functional as F
+
+        if module.padding_idx is not None or module.max_norm is not None:
+            raise NotImplementedError(f"{owner}: padding_idx and max_norm are not supported with a split vocabulary")
+        _shard_param(module, "weight", mesh, Shard(0), owner)
+        group = mesh.get_group(0)
+        rows = module.weight._data.shape[0]
+        start = group.rank() * rows
+        inp, out = self.input_layouts, self.output_layouts
+
+        def forward(idx):
+            ids = idx._data if isinstance(idx, Tensor) else np.asarray(idx)
+            if isinstance(inp, Shard):  # token ids are not differentiable: a plain all-gather
+                ids = fc._all_gather(ids, group, inp.dim % ids.ndim)
+            xp = array_module(ids)
+            local = ids - start
+            mask = (local >= 0) & (local < rows)
+            y = F.embedding(Tensor._wrap(xp.where(mask, local, 0)), module.weight)
+            y = y * Tensor._wrap(mask[..., None].astype(y._data.dtype))
+            return fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
+                fc.reduce_scatter_along(y, group, out.dim)
+
+        module.forward = forward
+        return module
