@@ -78,11 +78,11 @@ def _check_assigned(fp, group, new) -> None:
             "sharded state dict, use set_model_state_dict(..., StateDictOptions(full_state_dict=True)), or "
             "assign=False")
     if (tuple(new.shape) != tuple(fp.global_shape) or tuple(new.placements) != tuple(fp.placements)
-            or new.device_mesh != fp.mesh_info.mesh):
+            or new.device_mesh != fp.mesh):
         raise RuntimeError(
             f"load_state_dict(assign=True) gave the sharded parameter {name} a DTensor of shape "
             f"{tuple(new.shape)} with placements {tuple(new.placements)} on {new.device_mesh!r}; expected shape "
-            f"{tuple(fp.global_shape)} with placements {fp.placements} on {fp.mesh_info.mesh!r}")
+            f"{tuple(fp.global_shape)} with placements {fp.placements} on {fp.mesh!r}")
     if tuple(new._data.shape) != tuple(fp._local.shape):
         raise RuntimeError(f"load_state_dict(assign=True): the local piece of {name} has shape "
                            f"{tuple(new._data.shape)}, this rank holds {tuple(fp._local.shape)}")
