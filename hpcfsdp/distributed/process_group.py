@@ -186,7 +186,8 @@ class ProcessGroup:
                 _call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
                 split = None
             if split is not None:
-                self._hier = (split[0], split[1], np.asarray(split[2], dtype=np.intp))
+                perm = np.asarray(split[2], dtype=np.intp)
+                self._hier = (split[0], split[1], perm, _node_major(perm, split[1].Get_size(), split[0].Get_size()))
         if self._size > 1:
             F.install_abort_hooks()
 
@@ -532,7 +533,8 @@ class ProcessGroup:
 # (_mpi.node_split): "cross" joins the ranks with the same local index on every node, "local"
 # the ranks of one node. All-gather: cross all-gather of the k-element inputs (H*k, by node),
 # local all-gather of those (L*H*k, by local index, then node), then one permuting copy into the
-# rank-major output: block (j, h) is group rank perm[j*H + h]. Reduce-scatter is the mirror:
+# rank-major output: block (j, h) is group rank perm[j*H + h] (when the group's ranks are node-major
+# the local all-gather receives straight into place through a strided datatype). Reduce-scatter is the mirror:
 # permute the input into (local index, node) order, reduce-scatter locally (H*k per rank) and
 # then across nodes (k per rank). Each node's link carries (H-1)/H of the buffer once, where a
 # flat ring over node-major ranks crosses it with (n-1)/n (3/4 at 2x2 against 1/2). The layout
@@ -542,17 +544,38 @@ class ProcessGroup:
 
 
 def _hier_all_gather(hier, src, dst, k: int, mode: str) -> None:
-    local, cross, perm = hier
+    local, cross, perm, node_major = hier
     hosts, per = cross.Get_size(), local.Get_size()
     mid = np.empty(hosts * k, dst.dtype)
     B.call_mpi(mode, cross.Allgather, cross.Iallgather, B.byte_spec(src), B.byte_spec(mid))
+    if node_major:
+        # node-major ranks: local index j's H blocks land k*itemsize apart from j-1's, every per*k
+        # elements: a strided receive type puts them in place (no full-size scratch, no copy)
+        MPI = get_mpi()
+        blk = k * dst.dtype.itemsize
+        vec = MPI.BYTE.Create_vector(hosts, blk, per * blk)
+        rtype = vec.Create_resized(0, blk)
+        rtype.Commit()
+        try:
+            B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid),
+                       [dst.reshape(-1).view(np.uint8), 1, rtype])
+        finally:
+            rtype.Free()
+            vec.Free()
+        return
     tmp = np.empty(per * hosts * k, dst.dtype)
     B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid), B.byte_spec(tmp))
     dst.reshape(-1, k)[perm] = tmp.reshape(-1, k)
 
 
+def _node_major(perm, hosts: int, per: int) -> bool:
+    """Whether group rank h*per + j is local index j of node h (``perm[j*hosts + h]``)."""
+    j, h = np.divmod(np.arange(perm.size), hosts)
+    return bool(np.array_equal(perm, h * per + j))
+
+
 def _hier_reduce_scatter(hier, src, dst, k: int, mpi_type, mpi_op, mode: str) -> None:
-    local, cross, perm = hier
+    local, cross, perm, _ = hier
     hosts = cross.Get_size()
     tmp = src.reshape(-1, k)[perm].reshape(-1)  # (local index, node) order
     mid = np.empty(hosts * k, src.dtype)
