@@ -423,3 +423,23 @@ def test_small_call_fast_paths_reuse_buffers_and_keep_order():
     with pytest.raises(ValueError, match="all_gather_into"):
         pg.all_gather_into(np.empty(3, np.float32), np.empty(2, np.float32))
     pg.destroy()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_bench_comm_small_overhead_rows():
+    """`hpcfsdp bench comm --small-overhead`'s measurement: every op and size, the same rows on every rank,
+    finite timings; bad arguments are a clear error."""
+    from mpi4py import MPI
+
+    from hpcfsdp.cli.bench_comm import bench_small_overhead
+
+    rows = bench_small_overhead(min_bytes=1 << 10, max_bytes=8 << 10, iters=5, warmup=1)
+    assert [(r["op"], r["bytes"]) for r in rows] == [(o, b) for o in ("all_reduce", "all_gather")
+                                                      for b in (1024, 2048, 4096, 8192)]
+    assert MPI.COMM_WORLD.allgather(rows) == [rows] * MPI.COMM_WORLD.Get_size()
+    for r in rows:
+        assert r["ranks"] == MPI.COMM_WORLD.Get_size() and r["iters"] == 5
+        assert r["hpcfsdp_us"] > 0 and r["mpi4py_us"] > 0 and np.isfinite(r["overhead_us"])
+    with pytest.raises(ValueError, match="--iters 0"):
+        bench_small_overhead(iters=0)
