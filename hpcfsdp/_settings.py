@@ -105,6 +105,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "how the communication thread drives MPI: blocking calls, or test = MPI_Test polling with back-off"),
     Setting("HPCFSDP_COMM_INLINE", parse_bool, True,
             "blocking collectives may run on the calling thread when the communication thread is idle"),
+    Setting("HPCFSDP_COMM_HIERARCHY", _choice("auto", "flat", "hierarchical"), "auto",
+            "all-gather/reduce-scatter of a group spanning several nodes: auto = node-aware (intra-node, then "
+            "once per node across) when every node holds the same number (>1) of the group's ranks; flat; or "
+            "hierarchical also with one rank per node"),
     Setting("HPCFSDP_PROGRESS", _parse_auto_bool, None,
             "progress bar of `hpcfsdp train` on rank 0: on, off, or unset = only when stdout is a terminal"),
     Setting("HPCFSDP_CUDA_SIM", parse_bool, False,

@@ -409,3 +409,55 @@ def test_nonblocking_test_polling_mode_and_thread_only_mode(monkeypatch):
     monkeypatch.setenv("HPCFSDP_COMM_PROGRESS", "sometimes")
     with pytest.raises(ValueError, match="HPCFSDP_COMM_PROGRESS='sometimes': expected one of"):
         ProcessGroup()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_small_call_fast_paths_reuse_buffers_and_keep_order():
+    """Blocking small calls (inline when the comm thread is idle, queued when async work is pending) on the
+    same buffers with changed data, several sizes, mixed with async calls: each sees its own data, in order;
+    an async Work keeps its description after completion, a failed blocking call names itself."""
+    from mpi4py import MPI
+
+    pg = ProcessGroup(MPI.COMM_WORLD)
+    n, r = pg.size(), pg.rank()
+    bufs = {k: (np.empty(k, np.float32), np.empty(k * n, np.float32)) for k in (1, 256, 4096, 16384)}
+    pending = []
+    for it in range(40):
+        for k, (part, full) in bufs.items():
+            part[:] = it * 10 + r
+            red = np.full(k, it + r, np.float32)
+            if it % 4 == 3:  # queue async work first: the blocking calls below wait behind it
+                big_in = np.full(k, -it, np.float32)
+                big_out = np.empty(k * n, np.float32)
+                pending.append((pg.all_gather_into(big_out, big_in, async_op=True), big_out, -it))
+            pg.all_reduce_(red)
+            assert np.all(red == sum(it + q for q in range(n))), (it, k)
+            pg.all_gather_into(full, part)
+            assert np.array_equal(full.reshape(n, k), np.repeat(np.arange(n, dtype=np.float32)[:, None] + it * 10,
+                                                                k, axis=1)), (it, k)
+    for w, out, v in pending:
+        assert w.wait() and np.all(out == v)
+        assert "all_gather_into" in w.desc and "completed" in repr(w)
+    with pytest.raises(ValueError, match="all_gather_into"):
+        pg.all_gather_into(np.empty(3, np.float32), np.empty(2, np.float32))
+    pg.destroy()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_bench_comm_small_overhead_rows():
+    """`hpcfsdp bench comm --small-overhead`'s measurement: every op and size, the same rows on every rank,
+    finite timings; bad arguments are a clear error."""
+    from mpi4py import MPI
+
+    from hpcfsdp.cli.bench_comm import bench_small_overhead
+
+    rows = bench_small_overhead(min_bytes=1 << 10, max_bytes=8 << 10, iters=5, warmup=1)
+    assert [(r["op"], r["bytes"]) for r in rows] == [(o, b) for o in ("all_reduce", "all_gather")
+                                                      for b in (1024, 2048, 4096, 8192)]
+    assert MPI.COMM_WORLD.allgather(rows) == [rows] * MPI.COMM_WORLD.Get_size()
+    for r in rows:
+        assert r["ranks"] == MPI.COMM_WORLD.Get_size() and r["iters"] == 5
+        assert r["hpcfsdp_us"] > 0 and r["mpi4py_us"] > 0 and np.isfinite(r["overhead_us"])
+    with pytest.raises(ValueError, match="--iters 0"):
+        bench_small_overhead(iters=0)

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-__all__ = ["add_parser", "bench_comm", "bus_factor", "sizes"]
+__all__ = ["add_parser", "bench_comm", "bench_small_overhead", "bus_factor", "sizes"]
 
 # [Note: Bandwidth definitions]
 # As nccl-tests: ``size`` is the full buffer in bytes (the all-gather output, the reduce-scatter
@@ -77,10 +77,15 @@ def add_parser(subparsers):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--no-raw", action="store_true", help="skip the raw mpi4py comparison")
     p.add_argument("--json", default=None, help="write the rows as JSON lines to this file ('-' = stdout)")
+    p.add_argument("--small-overhead", action="store_true",
+                   help="instead of the sweep: per-call overhead over raw mpi4py of blocking all_reduce and "
+                   "all_gather from --min-bytes to 64 KiB (median of interleaved per-call differences)")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    if args.small_overhead:
+        return _run_small(args)
     rows = bench_comm(min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters, warmup=args.warmup,
                       dtype=args.dtype, ops=args.ops, device=args.device, raw=not args.no_raw)
     from hpcfsdp.distributed._mpi import get_mpi
@@ -211,3 +216,102 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['op']:<15}{r['bytes']:>12}{r['dtype']:>10} | {h['time_us_avg']:>11.1f}"
                      f"{h['time_us_max']:>10.1f}{h['busbw_GBps']:>9.3f} | {raw} | {ratio}")
     return "\n".join(lines)
+
+
+# [Note: Small-call overhead]
+# What a small blocking collective costs on top of MPI: per iteration, a barrier, one hpcfsdp
+# call, a barrier, the same raw mpi4py call on the same buffers (order alternating), and the
+# difference of the two times. The median of those differences per rank (robust against the
+# scheduler's hiccups on a shared machine), the max over ranks, is the overhead per call.
+
+
+def bench_small_overhead(*, min_bytes=1 << 10, max_bytes=64 << 10, iters=400, warmup=20, dtype="float32",
+                         ops=("all_reduce", "all_gather"), comm=None) -> list[dict]:
+    """Per-call overhead of blocking small collectives over raw mpi4py; every rank returns the same rows."""
+    from hpcfsdp.distributed import _buffers as B
+    from hpcfsdp.distributed._mpi import get_mpi
+    from hpcfsdp.distributed.process_group import ProcessGroup, ReduceOp
+
+    MPI = get_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"--iters {iters} / --warmup {warmup}: expected iters >= 1 and warmup >= 0")
+    dt = _dtype(dtype)
+    pg = ProcessGroup(comm, name="bench")
+    rawc = comm.Dup()
+    n = pg.size()
+    rows = []
+    try:
+        for op in ops:
+            mpi_type, work = B.reduce_plan(dt) if op != "all_gather" else (MPI.BYTE, None)
+            if work is not None:
+                raise ValueError(f"--dtype {dtype}: no MPI datatype for a raw {op}; pick another dtype")
+            for size in sizes(min_bytes, max_bytes):
+                count = max(n, (size // dt.itemsize) // n * n)
+                full = np.ones(count, dt)
+                part = np.ones(count // n, dt)
+                if op == "all_gather":
+                    def hp_call():
+                        pg.all_gather_into(full, part)
+
+                    def raw_call():
+                        rawc.Allgather(B.byte_spec(part), B.byte_spec(full))
+                else:
+                    def hp_call():
+                        pg.all_reduce_(full, ReduceOp.SUM)
+
+                    def raw_call():
+                        rawc.Allreduce(MPI.IN_PLACE, [full, mpi_type], MPI.SUM)
+                for _ in range(warmup):
+                    hp_call()
+                    raw_call()
+                diffs, th, tr = [], [], []
+                perf = time.perf_counter
+                for it in range(iters):
+                    if it % 2 == 0:
+                        rawc.Barrier()
+                        t0 = perf(); hp_call(); t1 = perf()  # noqa: E702
+                        rawc.Barrier()
+                        t2 = perf(); raw_call(); t3 = perf()  # noqa: E702
+                    else:
+                        rawc.Barrier()
+                        t2 = perf(); raw_call(); t3 = perf()  # noqa: E702
+                        rawc.Barrier()
+                        t0 = perf(); hp_call(); t1 = perf()  # noqa: E702
+                    th.append(t1 - t0)
+                    tr.append(t3 - t2)
+                    diffs.append((t1 - t0) - (t3 - t2))
+                mine = (float(np.median(diffs)), float(np.median(th)), float(np.median(tr)))
+                allr = rawc.allgather(mine)
+                rows.append({"op": op, "bytes": int(count * dt.itemsize), "dtype": dt.name, "ranks": n,
+                             "iters": iters, "overhead_us": max(a[0] for a in allr) * 1e6,
+                             "hpcfsdp_us": max(a[1] for a in allr) * 1e6, "mpi4py_us": max(a[2] for a in allr) * 1e6})
+    finally:
+        rawc.Free()
+        pg.destroy()
+    return rows
+
+
+def _run_small(args) -> int:
+    from hpcfsdp.distributed._mpi import get_mpi
+
+    hi = min(args.max_bytes, 64 << 10)
+    rows = bench_small_overhead(min_bytes=args.min_bytes, max_bytes=hi, iters=max(args.iters, 1),
+                                warmup=args.warmup, dtype=args.dtype)
+    if get_mpi().COMM_WORLD.Get_rank() == 0:
+        if args.json:
+            text = "".join(json.dumps(r) + "\n" for r in rows)
+            if args.json == "-":
+                sys.stdout.write(text)
+            else:
+                with open(args.json, "a") as f:
+                    f.write(text)
+        if args.json != "-":
+            print(f"# ranks={rows[0]['ranks'] if rows else '?'}; per-call medians (us), overhead = median of "
+                  "interleaved (hpcfsdp - mpi4py), max over ranks")
+            print(f"{'op':<12}{'bytes':>8}{'hpcfsdp':>10}{'mpi4py':>10}{'overhead':>10}")
+            for r in rows:
+                print(f"{r['op']:<12}{r['bytes']:>8}{r['hpcfsdp_us']:>10.1f}{r['mpi4py_us']:>10.1f}"
+                      f"{r['overhead_us']:>10.1f}")
+            print(f"max overhead: {max(r['overhead_us'] for r in rows):.1f} us")
+    return 0

@@ -61,7 +61,7 @@ __all__ = ["Work", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submi
 class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
-    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device")
+    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -73,6 +73,7 @@ class Work:
         self._issued = time.monotonic()
         self._tb = ""
         self._device = None  # the issuing thread's CUDA device; see [Note: Device arrays] in _buffers.py
+        self._kept = True  # False: a blocking call's Work, dropped on completion (see _run)
 
     @property
     def desc(self) -> str:
@@ -97,7 +98,9 @@ class Work:
             F.UNREPORTED[id(self)] = (self, time.monotonic())
         finally:
             self._fn = None
-            if callable(self._desc):  # the lazy description captures the buffers: format it, free them
+            # the lazy description captures the buffers: format it and free them where the Work outlives
+            # the call (async) or failed; a blocking call's Work is dropped, so it skips the formatting
+            if callable(self._desc) and (self._kept or self._exc is not None):
                 self._desc = self._desc()
             self._done.set()
 
@@ -253,6 +256,7 @@ def _issuer_device() -> int | None:
 def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = None) -> Work:
     """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
+    work._kept = async_op
     work._device = _issuer_device()
     if meta is not None:
         work._meta = meta

@@ -192,6 +192,36 @@ def node_comm(comm=None):
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
+def node_split(comm) -> tuple[Any, Any, list[int]] | None:
+    """Node-aware split of ``comm`` for hierarchical collectives (collective; caller frees the comms).
+
+    Returns None unless every node holds the same number L of ``comm``'s ranks and there are
+    H > 1 nodes; else ``(local, cross, perm)``: ``local`` holds this node's ranks (ordered by
+    ``comm`` rank), ``cross`` the ranks with the same local index on every node (ordered by
+    node), and ``perm[j*H + h]`` is the ``comm`` rank of local index j on node h.
+    """
+    nc = node_comm(comm)
+    try:
+        leader = nc.bcast(comm.Get_rank(), root=0)
+    finally:
+        nc.Free()
+    leaders = comm.allgather(leader)
+    order = sorted(set(leaders))
+    node_of = [order.index(x) for x in leaders]
+    hosts = len(order)
+    members = [[r for r, h in enumerate(node_of) if h == i] for i in range(hosts)]
+    per = {len(m) for m in members}
+    if hosts < 2 or len(per) != 1:
+        return None
+    size = per.pop()
+    rank = comm.Get_rank()
+    h, j = node_of[rank], members[node_of[rank]].index(rank)
+    local = comm.Split(h, rank)
+    cross = comm.Split(j, h)
+    perm = [members[hh][jj] for jj in range(size) for hh in range(hosts)]
+    return local, cross, perm
+
+
 def node_layout(comm=None) -> dict[str, Any]:
     """Node of every rank of ``comm`` (collective): ids, local rank/size, node-major numbering."""
     MPI = get_mpi()

@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hpcfsdp import _settings
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
@@ -55,6 +56,7 @@ from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
     comm_timeout,
     get_mpi,
     inline_enabled,
+    node_split,
     progress_mode,
     set_default_timeout,
     thread_level,
@@ -157,6 +159,7 @@ class ProcessGroup:
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
         self._mode = progress_mode()  # settings validated before the (collective) Dup
+        hier_mode = _settings.get("HPCFSDP_COMM_HIERARCHY")
         self._debug = debug_enabled()
         comm_timeout()
         self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
@@ -176,6 +179,15 @@ class ProcessGroup:
             wg.Free()
         self.name = name
         self.stats: collections.Counter = collections.Counter()
+        self._hier = None  # (local comm, cross comm, perm) when node-aware; see [Note: Node-aware collectives]
+        if self._size > 1 and hier_mode != "flat":
+            split = _call_sync("node_split", lambda: node_split(self.comm))
+            if split is not None and hier_mode == "auto" and split[0].Get_size() == 1:
+                _call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
+                split = None
+            if split is not None:
+                perm = np.asarray(split[2], dtype=np.intp)
+                self._hier = (split[0], split[1], perm, _node_major(perm, split[1].Get_size(), split[0].Get_size()))
         if self._size > 1:
             F.install_abort_hooks()
 
@@ -250,11 +262,22 @@ class ProcessGroup:
             if not in_place:  # MPI forbids aliased buffers: gather from a copy
                 in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
-        comm = self.comm
+        comm, hier = self.comm, self._hier
 
         def fn():
             if ev is not None:
                 ev.synchronize()
+            if hier is not None and k > 0:
+                staged = B.needs_staging(out1)
+                if staged or not B.is_cupy_array(out1):
+                    st = B.stager() if staged else None
+                    hout = st.empty_host(out1, "recv") if staged else out1
+                    src = out1[rank * k:(rank + 1) * k] if in_place else in1
+                    hin = st.to_host(src, "send") if staged else src
+                    _hier_all_gather(hier, hin, hout, k, mode)
+                    if staged:
+                        st.to_device(hout, out1)
+                    return
             if B.needs_staging(out1):
                 st = B.stager()
                 hout = st.empty_host(out1, "recv")
@@ -282,7 +305,7 @@ class ProcessGroup:
         if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
-        comm, mode = self.comm, self._mode
+        comm, mode, hier = self.comm, self._mode, self._hier
 
         def fn():
             if ev is not None:
@@ -297,7 +320,9 @@ class ProcessGroup:
                     dst_w = B.array_module(dst).empty(dst.shape, work_dtype)
                 else:
                     src_w, dst_w = src, dst
-                if k > 0:
+                if k > 0 and hier is not None and not B.is_cupy_array(dst_w):
+                    _hier_reduce_scatter(hier, src_w, dst_w, k, mpi_type, B.mpi_op_for(op.name), mode)
+                elif k > 0:
                     B.call_mpi(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
                           [src_w, mpi_type], [dst_w, mpi_type], B.mpi_op_for(op.name))
                 B.finish_reduce(dst_w, dst, op is ReduceOp.AVG, n)
@@ -456,10 +481,13 @@ class ProcessGroup:
         """Free the communicator (after everything issued on it has run)."""
         comm, self.comm = self.comm, None
         check, self._check_comm = self._check_comm, None
+        hier, self._hier = self._hier, None
         if comm is not None:
             MPI = get_mpi()
             if not MPI.Is_finalized():
                 _call_sync("Comm.Free", comm.Free)
+                if hier is not None:
+                    _call_sync("Comm.Free", lambda: (hier[0].Free(), hier[1].Free()))
                 if check is not None:
                     _call_sync("Comm.Free", check.Free)
 
@@ -486,9 +514,72 @@ class ProcessGroup:
         B.check_same_kind(out_flat, in_flat, what)
         return k
 
+    @property
+    def hierarchical(self) -> bool:
+        """Whether all-gather/reduce-scatter take the node-aware path. See [Note: Node-aware collectives]."""
+        return self._hier is not None
+
     def _check_rank(self, r: Any, what: str) -> int:
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
             raise TypeError(f"{what}={r!r}: expected an int rank")
         if not 0 <= int(r) < self._size:
             raise ValueError(f"{what}={r}: outside the {self._gdesc()}, expected 0 <= rank < {self._size}")
         return int(r)
+
+
+# [Note: Node-aware collectives]
+# A group spanning H nodes with L of its ranks on each (L > 1; HPCFSDP_COMM_HIERARCHY=auto) runs
+# all-gather and reduce-scatter in two stages over sub-communicators made once at construction
+# (_mpi.node_split): "cross" joins the ranks with the same local index on every node, "local"
+# the ranks of one node. All-gather: cross all-gather of the k-element inputs (H*k, by node),
+# local all-gather of those (L*H*k, by local index, then node), then one permuting copy into the
+# rank-major output: block (j, h) is group rank perm[j*H + h] (when the group's ranks are node-major
+# the local all-gather receives straight into place through a strided datatype). Reduce-scatter is the mirror:
+# permute the input into (local index, node) order, reduce-scatter locally (H*k per rank) and
+# then across nodes (k per rank). Each node's link carries (H-1)/H of the buffer once, where a
+# flat ring over node-major ranks crosses it with (n-1)/n (3/4 at 2x2 against 1/2). The layout
+# equals the flat collective's; a reduction's summation order differs (two stages), so float
+# results agree to rounding, and exactly where the sums are exact. The whole collective is one
+# Work on the communication thread, so ordering, debug checks and the watchdog are unchanged.
+
+
+def _hier_all_gather(hier, src, dst, k: int, mode: str) -> None:
+    local, cross, perm, node_major = hier
+    hosts, per = cross.Get_size(), local.Get_size()
+    mid = np.empty(hosts * k, dst.dtype)
+    B.call_mpi(mode, cross.Allgather, cross.Iallgather, B.byte_spec(src), B.byte_spec(mid))
+    if node_major:
+        # node-major ranks: local index j's H blocks land k*itemsize apart from j-1's, every per*k
+        # elements: a strided receive type puts them in place (no full-size scratch, no copy)
+        MPI = get_mpi()
+        blk = k * dst.dtype.itemsize
+        vec = MPI.BYTE.Create_vector(hosts, blk, per * blk)
+        rtype = vec.Create_resized(0, blk)
+        rtype.Commit()
+        try:
+            B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid),
+                       [dst.reshape(-1).view(np.uint8), 1, rtype])
+        finally:
+            rtype.Free()
+            vec.Free()
+        return
+    tmp = np.empty(per * hosts * k, dst.dtype)
+    B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid), B.byte_spec(tmp))
+    dst.reshape(-1, k)[perm] = tmp.reshape(-1, k)
+
+
+def _node_major(perm, hosts: int, per: int) -> bool:
+    """Whether group rank h*per + j is local index j of node h (``perm[j*hosts + h]``)."""
+    j, h = np.divmod(np.arange(perm.size), hosts)
+    return bool(np.array_equal(perm, h * per + j))
+
+
+def _hier_reduce_scatter(hier, src, dst, k: int, mpi_type, mpi_op, mode: str) -> None:
+    local, cross, perm, _ = hier
+    hosts = cross.Get_size()
+    tmp = src.reshape(-1, k)[perm].reshape(-1)  # (local index, node) order
+    mid = np.empty(hosts * k, src.dtype)
+    B.call_mpi(mode, local.Reduce_scatter_block, local.Ireduce_scatter_block, [tmp, mpi_type], [mid, mpi_type],
+               mpi_op)
+    B.call_mpi(mode, cross.Reduce_scatter_block, cross.Ireduce_scatter_block, [mid, mpi_type], [dst, mpi_type],
+               mpi_op)

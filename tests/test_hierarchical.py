@@ -1,0 +1,186 @@
+"""Node-aware (hierarchical) all-gather and reduce-scatter: same layout and results as the flat ones."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpcfsdp.distributed.process_group import ProcessGroup, ReduceOp
+
+DTYPES = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.int64)]
+SIZES = [0, 1, 7, 33]
+
+
+@pytest.fixture(autouse=True)
+def _mpi_started():
+    """Start hpcfsdp's MPI before a test simulates nodes (its rank variables are checked at start)."""
+    from hpcfsdp.distributed._mpi import get_mpi
+
+    get_mpi()
+
+
+def _pair(monkeypatch, key=None):
+    """(hierarchical group, flat group) over the world with nodes of 2 ranks; ``key`` reorders ranks."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
+    world = MPI.COMM_WORLD
+    comm = world.Split(0, world.Get_rank() if key is None else key(world.Get_rank(), world.Get_size()))
+    monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", "auto")
+    hier = ProcessGroup(comm, name="hier")
+    monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", "flat")
+    flat = ProcessGroup(comm, name="flat")
+    comm.Free()
+    assert hier.hierarchical and not flat.hierarchical
+    assert hier.world_ranks == flat.world_ranks
+    return hier, flat
+
+
+def _interleaved(rank, n):
+    """Group rank order that alternates nodes (world 0, 2, 1, 3 at 4 ranks): not node-major."""
+    return (rank % 2) * (n // 2) + rank // 2
+
+
+def _data(world_rank, size, dtype, salt, integral):
+    rng = np.random.default_rng(100 * world_rank + 7 * size + salt)
+    if dtype.kind == "i" or integral:  # integer values: every summation order gives the exact sum
+        return rng.integers(-8, 9, size).astype(dtype)
+    return (rng.standard_normal(size) * 2).astype(dtype)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("order", [None, _interleaved], ids=["node_major", "interleaved"])
+def test_all_gather_bitwise_equals_flat(monkeypatch, order):
+    hier, flat = _pair(monkeypatch, order)
+    n, r = hier.size(), hier.rank()
+    for async_op in (False, True):
+        for dt in DTYPES:
+            for k in SIZES:
+                ins = [_data(w, k, dt, 1, False) for w in hier.world_ranks]
+                got = np.full(k * n, 3, dt)
+                ref = np.full(k * n, 5, dt)
+                w = hier.all_gather_into(got, ins[r], async_op=async_op)
+                if async_op:
+                    w.wait()
+                flat.all_gather_into(ref, ins[r])
+                assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (dt, k, async_op)
+                assert np.array_equal(got.view(np.uint8), np.concatenate(ins).view(np.uint8))
+    # in place: the input is this rank's slot of the output
+    ins = [_data(w, 12, DTYPES[0], 2, False) for w in hier.world_ranks]
+    out = np.zeros((n, 12), np.float32)
+    out[r] = ins[r]
+    hier.all_gather_into(out, out[r])
+    assert np.array_equal(out, np.stack(ins))
+    hier.destroy()
+    flat.destroy()
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("order", [None, _interleaved], ids=["node_major", "interleaved"])
+def test_reduce_scatter_equals_flat(monkeypatch, order):
+    hier, flat = _pair(monkeypatch, order)
+    n, r = hier.size(), hier.rank()
+    for dt in DTYPES:
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
+            for k in SIZES:
+                # integral data: bit for bit against the flat collective (exact sums in any order)
+                ins = [_data(w, k * n, dt, 3, True) for w in hier.world_ranks]
+                got = np.full(k, 3, dt)
+                ref = np.full(k, 5, dt)
+                hier.reduce_scatter_into(got, ins[r], op)
+                flat.reduce_scatter_into(ref, ins[r], op)
+                assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (dt, op, k)
+                acc = np.stack([a.astype(np.float64) for a in ins])
+                exp = {ReduceOp.SUM: acc.sum(0), ReduceOp.MAX: acc.max(0),
+                       ReduceOp.AVG: (acc.sum(0) // n) if dt.kind == "i" else acc.sum(0) / n}[op]
+                assert np.array_equal(got, exp[r * k:(r + 1) * k].astype(dt)), (dt, op, k)
+                # random data: the float64 reference within the dtype's rounding
+                if dt.kind == "f" or dt.name == "bfloat16":
+                    ins = [_data(w, k * n, dt, 4, False) for w in hier.world_ranks]
+                    hier.reduce_scatter_into(got, ins[r], op)
+                    acc = np.stack([a.astype(np.float64) for a in ins])
+                    exp = {ReduceOp.SUM: acc.sum(0), ReduceOp.MAX: acc.max(0), ReduceOp.AVG: acc.sum(0) / n}[op]
+                    tol = {2: 2e-2, 4: 1e-5}[dt.itemsize]
+                    e = exp[r * k:(r + 1) * k]
+                    assert np.all(np.abs(got.astype(np.float64) - e) <= tol * n * np.maximum(np.abs(e), 1)), (dt, op)
+    hier.destroy()
+    flat.destroy()
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+def test_async_mix_keeps_issue_order(monkeypatch):
+    """Hierarchical and flat, async and blocking calls interleaved: each lands where issued."""
+    hier, flat = _pair(monkeypatch)
+    n, r = hier.size(), hier.rank()
+    k = 1000
+    works, checks = [], []
+    for i in range(12):
+        ins = [np.full(k, 10 * i + w, np.float32) for w in hier.world_ranks]
+        out = np.empty(k * n, np.float32)
+        pg = hier if i % 2 == 0 else flat
+        if i % 3 == 2:
+            red = np.empty(k, np.float32)
+            pg.reduce_scatter_into(red, np.concatenate(ins), ReduceOp.SUM)  # blocking between async ones
+            assert np.all(red == n * (10 * i + hier.world_ranks[r]))  # every rank sent the same blocks
+        works.append(pg.all_gather_into(out, ins[r], async_op=True))
+        checks.append((out, np.concatenate(ins)))
+    for w, (out, exp) in zip(works, checks):
+        w.wait()
+        assert np.array_equal(out, exp)
+    hier.destroy()
+    flat.destroy()
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(120)
+def test_automatic_choice(monkeypatch):
+    from mpi4py import MPI
+
+    w = MPI.COMM_WORLD
+    n = w.Get_size()
+
+    def make(rpn, mode):
+        if rpn is None:
+            monkeypatch.delenv("HPCFSDP_RANKS_PER_NODE", raising=False)
+        else:
+            monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", str(rpn))
+        monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", mode)
+        pg = ProcessGroup(w)
+        got = pg.hierarchical
+        pg.destroy()
+        return got
+
+    assert make(2, "auto") is True  # 2+ nodes of 2 ranks
+    assert make(2, "flat") is False
+    assert make(1, "auto") is False  # one rank per node: nothing to gain
+    assert make(1, "hierarchical") is True
+    assert make(n, "hierarchical") is False  # one node
+    if n % 3:
+        assert make(3, "hierarchical") is False  # nodes of unequal size: flat
+    monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", "nodes")
+    with pytest.raises(ValueError, match="HPCFSDP_COMM_HIERARCHY"):
+        ProcessGroup(w)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_one_rank_per_node_forced_matches_numpy(monkeypatch):
+    """At one rank per node the hierarchical path is cross-node only; still the flat layout."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "1")
+    monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", "hierarchical")
+    pg = ProcessGroup(MPI.COMM_WORLD)
+    assert pg.hierarchical
+    n, r = pg.size(), pg.rank()
+    ins = [np.arange(5, dtype=np.float32) + 100 * w for w in range(n)]
+    out = np.empty(5 * n, np.float32)
+    pg.all_gather_into(out, ins[r])
+    assert np.array_equal(out, np.concatenate(ins))
+    red = np.empty(5, np.float32)
+    full = np.arange(5 * n, dtype=np.float32) * (r + 1)
+    pg.reduce_scatter_into(red, full, ReduceOp.AVG)
+    exp = np.arange(5 * n, dtype=np.float64) * sum(range(1, n + 1)) / n
+    assert np.allclose(red, exp[r * 5:(r + 1) * 5])
+    pg.destroy()
