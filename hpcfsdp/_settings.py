@@ -109,6 +109,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("HPCFSDP_CUDA_SIM", parse_bool, False,
             "replace CuPy by the simulated CUDA device (NumPy arrays, 2 GPUs) that enforces stream, event and "
             "device rules; for tests on machines without a GPU; read at import"),
+    Setting("HPCFSDP_TRACE", str, None,
+            "directory: write a Chrome trace (JSON) of forward/backward per FSDP unit, collectives and waits "
+            "per rank (trace_rank<R>.json); read at import"),
     Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
             "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
 )}

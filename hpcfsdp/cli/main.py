@@ -21,6 +21,7 @@ COMMANDS = (
     "hpcfsdp.cli.checkpoint",
     "hpcfsdp.cli.generate",
     "hpcfsdp.cli.plot",
+    "hpcfsdp.cli.trace",
 )
 
 

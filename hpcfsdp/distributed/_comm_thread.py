@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from hpcfsdp import _backend
+from hpcfsdp import _backend, _trace
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, inline_enabled, thread_level
 
@@ -89,6 +89,8 @@ class Work:
         return w
 
     def _run(self) -> None:
+        rec = _trace.RECORDER  # see [Note: Timeline] in hpcfsdp/_trace.py
+        t0 = rec.now() if rec is not None else 0.0
         try:
             self._result = self._fn()
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
@@ -99,6 +101,8 @@ class Work:
             self._fn = None
             if callable(self._desc):  # the lazy description captures the buffers: format it, free them
                 self._desc = self._desc()
+            if rec is not None:
+                rec.comm_event(self, t0)
             self._done.set()
 
     def is_completed(self) -> bool:
@@ -121,7 +125,11 @@ class Work:
         if not self._done.is_set():
             if isinstance(timeout, datetime.timedelta):
                 timeout = timeout.total_seconds()
+            rec = _trace.RECORDER
+            t0 = rec.now() if rec is not None else 0.0
             self._wait_loop(timeout)
+            if rec is not None:
+                rec.wait_event(self, t0)
         if self._exc is not None:
             F.UNREPORTED.pop(id(self), None)
             raise self._exc
@@ -257,6 +265,8 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
     if meta is not None:
         work._meta = meta
         meta.done = work._done
+    if _trace.RECORDER is not None:
+        _trace.RECORDER.issued(work)
     t = comm_thread()
     if t is None:
         work._run()

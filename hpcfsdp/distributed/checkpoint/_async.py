@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -24,6 +25,10 @@ __all__ = ["async_save", "wait_pending"]
 # collectives can never match training's collectives or a synchronous save's. Only one async save is in
 # flight per process: a second one, and save()/load(), first wait for it.
 #
+# CPU: the writer thread runs at nice +10 (Linux applies nice per thread): copying into the page cache and
+# computing the CRCs takes CPU, and where ranks have no spare core it would otherwise slow the training
+# threads, which are on the critical path, while nobody waits for the writer until the next save.
+#
 # Thread level: the background thread calls MPI while the communication thread runs training's
 # collectives, which needs MPI_THREAD_MULTIPLE (what hpcfsdp requests and MPICH and Open MPI provide). It
 # first waits for every rank's write with a nonblocking Ibarrier polled with sleeps, so that it does not
@@ -37,6 +42,7 @@ __all__ = ["async_save", "wait_pending"]
 _COMMS: dict = {}
 _PENDING: list = []  # the Future of the async save in flight, if any
 _POLL_MAX = 0.01  # longest sleep between Ibarrier tests (seconds)
+_NICE = 10  # the writer thread's nice increment
 
 
 def wait_pending() -> None:
@@ -81,8 +87,20 @@ def _wait_all(comm) -> None:
         pause = min(pause * 2, _POLL_MAX)
 
 
-def _finish(fut, comm, path, tmp, plan, arrays, mine, entries, extras, mesh_info, fsync: bool) -> None:
+def _lower_priority() -> None:
+    """Give the calling thread a lower CPU priority (Linux: nice applies per thread). See the Note."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _NICE))
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at the same priority
+        pass
+
+
+def _finish(fut, comm, path, tmp, plan, arrays, mine, entries, extras, mesh_info, fsync: bool,
+            background: bool = True) -> None:
     """Phases 2 and 3 (write, commit); the outcome goes to ``fut``."""
+    if background:
+        _lower_priority()
     try:
         rank, world = comm.Get_rank(), comm.Get_size()
         res = F._write_own_file(tmp, rank, plan, arrays, mine, F.DEFAULT_BLOCK_SIZE, fsync)
@@ -141,7 +159,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     from .._mpi import get_mpi, thread_level
 
     if world > 1 and thread_level() < get_mpi().THREAD_MULTIPLE:
-        _finish(*args)  # no MPI from a second thread: finish here (see the Note)
+        _finish(*args, background=False)  # no MPI from a second thread: finish here (see the Note)
         return fut
     t = threading.Thread(target=_finish, args=args, name="hpcfsdp-async-save", daemon=False)
     _PENDING.append(fut)
