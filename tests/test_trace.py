@@ -142,3 +142,32 @@ def test_plot_totals_are_consistent(traced, tmp_path):
         assert 0 < t["step"] and 0 <= t["exposed_wait"] <= t["step"] + 0.01 and t["comm"] > 0
         assert t["compute"] + t["exposed_wait"] <= t["step"] + 0.01
     assert len(load_trace(str(merged))[0]["iterations"]) == 3
+
+
+def test_train_with_trace_and_async_checkpoints(tmp_path):
+    """`hpcfsdp train --trace DIR --async-checkpoint`: a trace per rank with one iteration per step, and the
+    same losses and final checkpoint as the run with synchronous checkpoints."""
+    tiny = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "4",
+            "--steps", "5", "--log-interval", "1", "--lr", "3e-3", "--warmup-steps", "2", "--checkpoint-interval", "2"]
+    losses = {}
+    for mode in ("sync", "async"):
+        d = tmp_path / mode
+        args = tiny + ["--out-dir", str(d), "--checkpoint-dir", str(d / "ckpt")]
+        if mode == "async":
+            args += ["--async-checkpoint", "--trace", str(d / "trace")]
+        cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", "2", "--timeout", "120", "--",
+               sys.executable, "-m", "hpcfsdp.cli.main", "train", *args]
+        env = {k: v for k, v in os.environ.items() if k != "HPCFSDP_TRACE"}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        recs = [json.loads(line) for line in open(d / "metrics.jsonl") if line.strip()]
+        losses[mode] = [r["loss"] for r in recs if "loss" in r]
+        assert sorted(p.name for p in d.iterdir() if p.name.startswith("ckpt")) == ["ckpt"]
+        assert [p.name for p in (d / "ckpt").iterdir() if ".tmp-" in p.name] == []
+    assert len(losses["sync"]) == 5 and losses["async"] == losses["sync"]
+    from hpcfsdp.distributed.checkpoint import read_metadata
+
+    assert read_metadata(tmp_path / "async" / "ckpt" / "latest").extras["skeleton"]["step"] == 5
+    for r in (0, 1):
+        events, _ = _events(tmp_path / "async" / "trace" / f"trace_rank{r:05d}.json")
+        assert sum(e["name"] == "iteration" for e in events) == 5
