@@ -55,6 +55,7 @@ class Recorder:
         self.units: dict = {}  # id(FSDP state or param group) -> unit name (named by FSDP)
         self._labels: dict = {}  # id(Work) -> unit, from issue to run
         self._recent: dict = {}  # id(Work) -> unit of recently run Works, for their waits (bounded)
+        self._lock = threading.Lock()  # for the bookkeeping dicts several threads update (not for events)
         self._written = False
 
     def now(self) -> float:
@@ -65,9 +66,10 @@ class Recorder:
         t = self._tids.get(ident)
         if t is None:
             cur = threading.current_thread()
-            t = 0 if cur is threading.main_thread() else len(self._tids) + 1
-            self._tids[ident] = t
-            self._names[t] = "main" if t == 0 else cur.name
+            with self._lock:
+                t = 0 if cur is threading.main_thread() else len(self._tids) + 1
+                self._tids[ident] = t
+                self._names[t] = "main" if t == 0 else cur.name
         return t
 
     def complete(self, name: str, cat: str, t0: float, t1: float, args: dict | None = None) -> None:
@@ -96,7 +98,8 @@ class Recorder:
     def issued(self, work) -> None:
         """A Work was issued: remember the FSDP unit it belongs to (``self.label``, set by FSDP)."""
         if self.label is not None:
-            self._labels[id(work)] = self.label
+            with self._lock:
+                self._labels[id(work)] = self.label
 
     @staticmethod
     def _kind(work) -> str:
@@ -109,21 +112,24 @@ class Recorder:
         """A Work's MPI call ran from ``t0`` to now (on this thread)."""
         t1 = self.now()
         kind, m = self._kind(work), work._meta
-        unit = self._labels.pop(id(work), None)
+        with self._lock:
+            unit = self._labels.pop(id(work), None)
+            if unit is not None:
+                self._recent[id(work)] = unit
+                if len(self._recent) > 256:
+                    self._recent.pop(next(iter(self._recent)))
         args = {"kind": kind}
         if m is not None:
             args.update(seq=m.seq, count=m.count)
         if unit is not None:
             args["unit"] = unit
-            self._recent[id(work)] = unit
-            if len(self._recent) > 256:
-                self._recent.pop(next(iter(self._recent)))
         self.complete(f"{kind} {unit}" if unit else kind, "comm", t0, t1, args)
 
     def wait_event(self, work, t0: float) -> None:
         """This thread was blocked in ``work.wait()`` from ``t0`` to now."""
         kind = self._kind(work)
-        unit = self._recent.pop(id(work), None)
+        with self._lock:
+            unit = self._recent.pop(id(work), None)
         args = {"kind": kind, "unit": unit} if unit else {"kind": kind}
         self.complete(f"wait {kind} {unit}" if unit else f"wait {kind}", "wait", t0, self.now(), args)
 
@@ -142,8 +148,8 @@ class Recorder:
         return self.rank
 
     def write(self) -> str | None:
-        """Write DIR/trace_rank<R>.json (once); returns its path."""
-        if self._written:
+        """Write DIR/trace_rank<R>.json (once, if anything was recorded); returns its path."""
+        if self._written or not self.events:  # a process that traced nothing (a launcher, a tool) writes nothing
             return None
         self._written = True
         rank = self._resolve_rank()

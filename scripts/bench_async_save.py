@@ -6,7 +6,8 @@ Each rank holds --mib MiB of checkpoint state: parameters (a stack of bias-free 
 fully_shard per layer) and their two AdamW moments. Three loops of --steps training steps each: none saves; one calls dcp.save at
 step 2; one calls dcp.async_save at step 2 and waits for its Future at the end of the loop (inside the
 timing). The stall of a loop is its time above --steps times its own median step time (the "none" loop's
-stall is the noise floor); medians over --repeat runs, max over ranks (fsync on; DIR should be on the disk
+stall is the noise floor), and also its time above the no-save loop of the same repeat; medians over
+--repeat runs, max over ranks (fsync on; DIR should be on the disk
 checkpoints go to, not a tmpfs). Prints one JSON line on rank 0.
 """
 import argparse
@@ -90,6 +91,10 @@ def main():
                "result_wait_s": round(med["async"][3], 3),
                "stall_s": {k: round(v[2], 3) for k, v in med.items()}}
         out["async_over_sync"] = round(out["stall_s"]["async"] / out["stall_s"]["sync"], 3)
+        # the same, against the no-save loop of the same repeat (paired), median over repeats
+        paired = {k: statistics.median(r[0] - n[0] for r, n in zip(runs[k], runs["none"])) for k in ("sync", "async")}
+        out["stall_vs_none_s"] = {k: round(v, 3) for k, v in paired.items()}
+        out["per_repeat_loop_s"] = {k: [round(r[0], 2) for r in v] for k, v in runs.items()}
         print(json.dumps(out))
         shutil.rmtree(a.dir, ignore_errors=True)
 
