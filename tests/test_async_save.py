@@ -188,3 +188,20 @@ def test_async_save_refuses_what_it_does_not_do(shared_dir):
         dcp.async_save({}, checkpoint_id=shared_dir, async_checkpointer_type="process")
     with pytest.raises(TypeError, match="dict"):
         dcp.async_save([1], checkpoint_id=shared_dir)
+
+
+def test_below_thread_multiple_the_save_finishes_before_returning(shared_dir, monkeypatch):
+    """Without MPI_THREAD_MULTIPLE no second thread may call MPI: async_save writes and commits on the caller."""
+    from hpcfsdp.distributed import _mpi
+
+    monkeypatch.setattr(_mpi, "thread_level", lambda: MPI.THREAD_SERIALIZED)
+    model, opt = _trained()
+    want = _local_arrays(_state(model, opt, 2))
+    path = os.path.join(shared_dir, "ck")
+    fut = dcp.async_save(_state(model, opt, 2), checkpoint_id=path)
+    assert fut.done() and fut.result() is None
+    sd = _state(*_trained(steps=1, seed=1), 0)
+    dcp.load(sd, checkpoint_id=path)
+    got = _local_arrays(sd)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
