@@ -5,10 +5,11 @@
 Each rank holds --mib MiB of checkpoint state: parameters (a stack of bias-free 2048x2048 Linear layers,
 fully_shard per layer) and their two AdamW moments. Three loops of --steps training steps each: none saves; one calls dcp.save at
 step 2; one calls dcp.async_save at step 2 and waits for its Future at the end of the loop (inside the
-timing). The stall of a loop is its time above --steps times its own median step time (the "none" loop's
-stall is the noise floor), and also its time above the no-save loop of the same repeat; medians over
---repeat runs, max over ranks (fsync on; DIR should be on the disk
-checkpoints go to, not a tmpfs). Prints one JSON line on rank 0.
+timing). Two measures of the stall, medians over --repeat runs, max over ranks: `stall_vs_none_s`, the
+loop's time above the no-save loop of the same repeat (the honest one; needs a quiet machine), and `stall_s`,
+the loop's time above --steps times its own median step (robust to load changing between loops, but blind to
+a slowdown spread evenly over the steps). `step_times_s`: each step of the last repeat, then the wait for the
+Future. fsync on; DIR should be on the disk checkpoints go to, not a tmpfs. Prints one JSON line on rank 0.
 """
 import argparse
 import json
@@ -74,7 +75,7 @@ def main():
         total = sum(times) + tail
         # the stall: this loop's time above steps x its own median step (robust to load changing between loops)
         stall = total - a.steps * statistics.median(times)
-        return [comm.allreduce(v, op=MPI.MAX) for v in (total, call, stall, tail)]
+        return [comm.allreduce(v, op=MPI.MAX) for v in (total, call, stall, tail)] + [times + [tail]]
 
     if rank == 0:
         os.makedirs(a.dir, exist_ok=True)
@@ -95,6 +96,7 @@ def main():
         paired = {k: statistics.median(r[0] - n[0] for r, n in zip(runs[k], runs["none"])) for k in ("sync", "async")}
         out["stall_vs_none_s"] = {k: round(v, 3) for k, v in paired.items()}
         out["per_repeat_loop_s"] = {k: [round(r[0], 2) for r in v] for k, v in runs.items()}
+        out["step_times_s"] = {k: [round(t, 3) for t in v[-1][4]] for k, v in runs.items()}
         print(json.dumps(out))
         shutil.rmtree(a.dir, ignore_errors=True)
 
