@@ -117,6 +117,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("HPCFSDP_LOG_LEVEL", _choice("debug", "info", "warning", "error", "critical", aliases={"warn": "warning"}),
             "warning", "level of the `hpcfsdp` logger (rank-prefixed lines on stderr): debug, info, warning, error or "
             "critical; `hpcfsdp train --log-level` overrides it"),
+    Setting("HPCFSDP_TRACE", str, None,
+            "directory: write a Chrome trace (JSON) of forward/backward per FSDP unit, collectives and waits "
+            "per rank (trace_rank<R>.json); read at import"),
     Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
             "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
 )}

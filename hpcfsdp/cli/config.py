@@ -108,6 +108,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
     resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    async_checkpoint: bool = False  # periodic checkpoints written in the background (dcp.async_save)
     # logging and evaluation
     seed: int = 1337  # same on every rank; data order and init derive from it
     log_interval: int = 10  # print and log metrics every N steps
@@ -116,6 +117,7 @@ class TrainConfig:
     eval_interval: int = 0  # evaluate held-out loss every N steps; 0 = never
     eval_iters: int = 10  # batches per evaluation
     soak: bool = False  # soak mode: run long, check memory and loss stay bounded
+    trace: Optional[str] = None  # directory for per-rank Chrome traces (as HPCFSDP_TRACE); None = off
 
     def __post_init__(self):
         # Accept the file / flag spellings of the composite fields.
@@ -303,7 +305,7 @@ class TrainConfig:
 # -------------------------------------------------------------------- field kinds and checks
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path"}
+_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path", "trace"}
 
 
 def _field_kind(name: str) -> str:
@@ -511,6 +513,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
+    g.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("async_checkpoint", "write periodic checkpoints in the background while training"))
     g = parser.add_argument_group("logging and evaluation")
     g.add_argument("--seed", type=int, default=S, help=_help("seed", "random seed (same on every rank)"))
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))
@@ -522,6 +526,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--log-level", choices=_LOG_LEVELS, action=_LogLevel, default=S,
                    help="level of the hpcfsdp logger (rank-prefixed lines on stderr); overrides HPCFSDP_LOG_LEVEL "
                         "(default: warning)")
+    g.add_argument("--trace", metavar="DIR", default=S,
+                   help=_help("trace", "write a Chrome trace per rank to DIR (see `hpcfsdp trace`)"))
     return parser
 
 

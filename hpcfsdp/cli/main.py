@@ -22,6 +22,7 @@ COMMANDS = (
     "hpcfsdp.cli.checkpoint",
     "hpcfsdp.cli.generate",
     "hpcfsdp.cli.plot",
+    "hpcfsdp.cli.trace",
 )
 
 

@@ -157,6 +157,10 @@ class Context:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # data parallelism: the tp ranks of one data-parallel rank (consecutive ranks) read the same batches
         self.data_rank, self.data_world = self.rank // cfg.tp, self.world // cfg.tp
+        if cfg.trace:  # see [Note: Timeline] in hpcfsdp/_trace.py
+            from hpcfsdp import _trace
+
+            _trace.start(cfg.trace, self.rank)
         self.comm = dist.group.WORLD.comm
         self.device = guarded(self.comm, f"device={cfg.device!r}", lambda: compute_device(cfg.device))
         self.train_set, self.val_set = guarded(self.comm, f"data={cfg.data!r}", lambda: train_val_datasets(cfg))
@@ -210,10 +214,18 @@ class Session:
                 "optim": dcp.get_optimizer_state_dict(self.model, self.optim),
                 "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict()}
 
-    def save(self, path):
+    def save(self, path, asynchronous: bool = False):
+        """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save).
+        The previous async save's error, if any, is raised here, at the next save."""
         from hpcfsdp.distributed import checkpoint as dcp
 
-        dcp.save(self.state_dict(), checkpoint_id=path)
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is not None:
+            pending.result()
+        if asynchronous:
+            self._pending = dcp.async_save(self.state_dict(), checkpoint_id=path)
+        else:
+            dcp.save(self.state_dict(), checkpoint_id=path)
 
     def load(self, path):
         from hpcfsdp.distributed import checkpoint as dcp

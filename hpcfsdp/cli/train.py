@@ -190,7 +190,7 @@ def train(cfg, *, crash_after=None) -> int:
             first = rec["loss"] if first is None else first
             last = rec["loss"]
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                session.save(ckpt)
+                session.save(ckpt, asynchronous=cfg.async_checkpoint)
             if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                 peaks = gather_peaks(ctx)
                 out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)

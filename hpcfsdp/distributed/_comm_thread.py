@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from hpcfsdp import _backend
+from hpcfsdp import _backend, _trace
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, inline_enabled, thread_level
 
@@ -90,6 +90,8 @@ class Work:
         return w
 
     def _run(self) -> None:
+        rec = _trace.RECORDER  # see [Note: Timeline] in hpcfsdp/_trace.py
+        t0 = rec.now() if rec is not None else 0.0
         try:
             self._result = self._fn()
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
@@ -102,6 +104,8 @@ class Work:
             # the call (async) or failed; a blocking call's Work is dropped, so it skips the formatting
             if callable(self._desc) and (self._kept or self._exc is not None):
                 self._desc = self._desc()
+            if rec is not None:
+                rec.comm_event(self, t0)
             self._done.set()
 
     def is_completed(self) -> bool:
@@ -124,7 +128,11 @@ class Work:
         if not self._done.is_set():
             if isinstance(timeout, datetime.timedelta):
                 timeout = timeout.total_seconds()
+            rec = _trace.RECORDER
+            t0 = rec.now() if rec is not None else 0.0
             self._wait_loop(timeout)
+            if rec is not None:
+                rec.wait_event(self, t0)
         if self._exc is not None:
             F.UNREPORTED.pop(id(self), None)
             raise self._exc
@@ -261,6 +269,8 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
     if meta is not None:
         work._meta = meta
         meta.done = work._done
+    if _trace.RECORDER is not None:
+        _trace.RECORDER.issued(work)
     t = comm_thread()
     if t is None:
         work._run()

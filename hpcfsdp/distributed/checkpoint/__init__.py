@@ -5,12 +5,15 @@ step counters, RNG state ...) as a checkpoint directory: every rank writes only 
 DTensors, replicated tensors are written once, and Python scalars/strings/lists go into
 ``metadata.json``. ``load(state_dict, checkpoint_id=DIR)`` fills a state dict of the same structure in
 place, at any world size and mesh, reading only the bytes each rank needs. No pickle anywhere.
+``async_save(state_dict, checkpoint_id=DIR)`` returns a Future once the shards are copied to host memory
+and writes them in the background (see [Note: Asynchronous save] in ``_async.py``).
 """
 
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
 from ..tensor._dtensor import _local_bounds
+from . import _async
 from ._format import (
     IncompleteCheckpointError,
     Piece,
@@ -33,6 +36,7 @@ from .state_dict import (
 
 __all__ = [
     "save",
+    "async_save",
     "load",
     "StateDictOptions",
     "get_model_state_dict",
@@ -111,9 +115,20 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
     for name, t in tensors.items():
         shape, offsets, arr = _box(t)
         pieces[name] = Piece(shape, arr.dtype, offsets, arr)
+    _async.wait_pending()  # an async save in flight finishes first
     comm = _comm(process_group)
     save_pieces(str(checkpoint_id), pieces, comm=comm, extras={"skeleton": skeleton},
                 mesh_info={"world_size": comm.Get_size()})
+
+
+def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None, process_group=None,
+               async_checkpointer_type=None, async_stager=None, no_dist: bool = False, use_collectives: bool = True):
+    """``save`` in the background: returns a ``concurrent.futures.Future`` once this rank's pieces are copied
+    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective."""
+    return _async.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=storage_writer,
+                             planner=planner, process_group=process_group,
+                             async_checkpointer_type=async_checkpointer_type, async_stager=async_stager,
+                             no_dist=no_dist, use_collectives=use_collectives, _walk=_walk, _box=_box)
 
 
 def _fill(skel, dest, path):
@@ -161,6 +176,7 @@ def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, 
     for name, t in tensors.items():
         shape, offsets, _ = _box(t)
         requests[name] = (shape, t._data.dtype, offsets, t._data)  # filled in place (NumPy or CuPy)
+    _async.wait_pending()
     res = load_pieces(str(checkpoint_id), requests, comm=_comm(process_group), strict=strict)
     skel = (res.metadata.extras or {}).get("skeleton")
     if skel is not None:

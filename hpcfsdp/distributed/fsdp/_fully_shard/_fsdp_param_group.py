@@ -20,7 +20,7 @@ This bounds memory to a few unsharded groups while reductions overlap compute.
 
 import contextlib
 
-from .... import _backend
+from .... import _backend, _trace
 from ...._tensor import Tensor
 from ._fsdp_api import CPUOffloadPolicy
 from ._fsdp_collectives import (
@@ -176,6 +176,8 @@ class FSDPParamGroup:
             return
         self._check_not_meta("unshard")
         self.lazy_init()
+        if _trace.RECORDER is not None:  # the unit these collectives belong to; see [Note: Timeline]
+            _trace.RECORDER.label = _trace.RECORDER.units.get(id(self))
         if self.sharded_state == ShardedState.SHARDED_POST_FORWARD:
             result = foreach_all_gather(self._post_forward_buffer, self.post_forward_mesh_info.shard_process_group,
                                         self.all_gather_comm, [p.post_forward_layout for p in self.fsdp_params],
@@ -186,6 +188,8 @@ class FSDPParamGroup:
                                         self.device)
         self._all_gather_result = result
         self.sharded_state = ShardedState.UNSHARDING
+        if _trace.RECORDER is not None:
+            _trace.RECORDER.label = None
         if not async_op:
             self.wait_for_unshard()
 
@@ -299,11 +303,15 @@ class FSDPParamGroup:
         for p in self.reduce_scatter_params:
             p.unsharded_param.grad = None
         info = self.mesh_info
+        if _trace.RECORDER is not None:
+            _trace.RECORDER.label = _trace.RECORDER.units.get(id(self))
         result, self._partial_reduce = foreach_reduce(
             self, self.reduce_scatter_params, grads, self.reduce_scatter_total,
             self.reduce_scatter_group or info.shard_process_group, self.reduce_scatter_comm, self.reduce_dtype,
             self.device, self.gradient_divide_factor, self.force_sum_reduction_for_comms,
             info.replicate_process_group if info.is_hsdp else None, self.all_reduce_grads, self._partial_reduce)
+        if _trace.RECORDER is not None:
+            _trace.RECORDER.label = None
         if result is not None:
             result.hook = self.all_reduce_hook
             reductions.append(result)

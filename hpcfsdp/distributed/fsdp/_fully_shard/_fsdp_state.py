@@ -16,7 +16,7 @@ order on its communication thread; prefetch only changes when they are issued, n
 import collections
 import functools
 
-from .... import _backend
+from .... import _backend, _trace
 from ...._tensor import Tensor
 from ....autograd import engine as _engine
 from ....autograd.function import Function
@@ -155,6 +155,8 @@ class FSDPState:
     def _pre_forward(self, module, args, kwargs):
         self._lazy_init()
         ctx = self._ctx
+        if _trace.RECORDER is not None:  # see [Note: Timeline] in hpcfsdp/_trace.py
+            _trace_begin(self, "forward")
         if self._is_root:
             self._root_pre_forward()
         args, kwargs = self._cast_inputs(args, kwargs)
@@ -216,6 +218,8 @@ class FSDPState:
         g = self._param_group
         if g is not None:
             g.post_forward()
+        if _trace.RECORDER is not None:
+            _trace_end(self, "forward")
         self._ctx.post_forward_order.append(self)
         if is_grad_enabled():
             for t in _tensors_in(output, []):
@@ -236,6 +240,8 @@ class FSDPState:
         if self._pre_backward_hook_ran:
             return None
         self._pre_backward_hook_ran = True
+        if _trace.RECORDER is not None:
+            _trace_begin(self, "backward")
         g = self._param_group
         if g is not None:
             g.pre_backward()
@@ -259,6 +265,8 @@ class FSDPState:
         g = self._param_group
         if g is not None:
             g.post_backward(self._ctx.reductions)
+        if _trace.RECORDER is not None:
+            _trace_end(self, "backward")
         if self._backward_prefetch_post:
             self._prefetch_backward()
 
@@ -267,6 +275,8 @@ class FSDPState:
         for st in ctx.all_states:
             if st._param_group is not None:
                 st._param_group.finalize(ctx.reductions, wait=ctx.is_last_backward)
+            if _trace.RECORDER is not None:  # units whose backward ended here (inputs without grad)
+                _trace_end(st, "backward")
             st._pre_backward_hook_ran = False
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
@@ -281,3 +291,34 @@ class FSDPState:
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
 
+
+def _trace_unit(st) -> str:
+    """The unit's module path under its root ("root" for the root), named once per recorder."""
+    rec = _trace.RECORDER
+    name = rec.units.get(id(st))
+    if name is None:
+        states = st._ctx.all_states or [st]
+        where = {}
+        for r in states[0]._modules:
+            for n, m in r.named_modules():
+                where.setdefault(id(m), n or "root")
+        for s in states:
+            rec.units[id(s)] = "+".join(where.get(id(m), type(m).__name__) for m in s._modules)
+            if s._param_group is not None:
+                rec.units[id(s._param_group)] = rec.units[id(s)]
+        name = rec.units[id(st)]
+    return name
+
+
+def _trace_begin(st, phase: str) -> None:
+    rec = _trace.RECORDER
+    if phase == "forward" and st._is_root:
+        rec.instant("iteration", "iteration", {"n": rec.iterations})
+        rec.iterations += 1
+    _trace_unit(st)  # names every unit of the root before its collectives are issued
+    rec.begin((phase, id(st)))
+
+
+def _trace_end(st, phase: str) -> None:
+    unit = _trace_unit(st)
+    _trace.RECORDER.end((phase, id(st)), f"{phase} {unit}", "compute", {"unit": unit})
