@@ -107,6 +107,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
     resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    requeue: bool = False  # after a stop signal under Slurm: `scontrol requeue $SLURM_JOB_ID` once checkpointed
     # logging and evaluation
     seed: int = 1337  # same on every rank; data order and init derive from it
     log_interval: int = 10  # print and log metrics every N steps
@@ -495,6 +496,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
+    g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("requeue", "after SIGTERM/SIGUSR1 and the final checkpoint, requeue this Slurm job "
+                              "(scontrol requeue $SLURM_JOB_ID)"))
     g = parser.add_argument_group("logging and evaluation")
     g.add_argument("--seed", type=int, default=S, help=_help("seed", "random seed (same on every rank)"))
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))

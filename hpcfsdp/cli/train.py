@@ -27,10 +27,10 @@ import types
 
 from hpcfsdp import _settings
 
-from .runtime import (PROGRESS_ENV, VAL_FRACTION, Agreed, Context, Output, Session, exit_together, gather_peaks,
-                      guarded, launch_rank, say_error)
+from .runtime import (PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session, StopRequest,
+                      exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error)
 
-__all__ = ["add_parser", "run", "train", "CRASH_ENV", "PROGRESS_ENV", "VAL_FRACTION"]
+__all__ = ["add_parser", "run", "train", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT", "VAL_FRACTION"]
 
 CRASH_ENV = "HPCFSDP_TRAIN_CRASH_AFTER_STEP"  # testing aid: die hard (os._exit) right after this step
 _CRASH_EXIT = 137  # the status of a SIGKILLed process
@@ -53,7 +53,13 @@ data:
   token windows are held out for evaluation (--eval-interval); the sampler gives each rank a
   disjoint share of the rest, reshuffled every epoch from --seed.
 
-exit status: 0 done, 1 soak failed, 2 bad configuration (every rank prints the same message).
+signals:
+  SIGTERM or SIGUSR1 on any rank (a scheduler's warning, `hpcfsdp launch` forwarding one): every rank
+  stops at the next step boundary, writes CHECKPOINT_DIR/latest and exits {STOPPED_EXIT}; --resume continues
+  with no step lost or repeated. With --requeue under Slurm, rank 0 then runs `scontrol requeue $SLURM_JOB_ID`.
+
+exit status: 0 done, 1 soak failed, 2 bad configuration (every rank prints the same message),
+  {STOPPED_EXIT} stopped by a signal after a final checkpoint (resume to continue).
 
 environment:
   {PROGRESS_ENV}=1|0              force the progress bar on (or off)
@@ -183,6 +189,7 @@ def train(cfg, *, crash_after=None) -> int:
         return 0
     out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, start))
     first = last = None
+    stop = StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
     try:
         while session.step < cfg.steps:
             rec = session.train_step()
@@ -201,14 +208,37 @@ def train(cfg, *, crash_after=None) -> int:
             out.tick(rec)
             if crash_after is not None and done == crash_after:
                 _crash(ctx, out, done)
+            got = stop.agreed(ctx.comm)
+            if got and done < cfg.steps:
+                return _stop(cfg, ctx, session, out, ckpt, got)
         if ckpt:
             session.save(ckpt)
     finally:
+        stop.restore()
         out.close()
     if ctx.rank == 0:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {cfg.metrics_file()}"
               + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
     return 0
+
+
+def _stop(cfg, ctx, session, out, ckpt, sig) -> int:
+    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT."""
+    import signal
+
+    name = signal.Signals(sig).name
+    if ckpt:
+        session.save(ckpt)
+    out.close()
+    if ctx.rank == 0:
+        where = f"checkpoint {ckpt} at step {session.step}" if ckpt else "no checkpoint (no --checkpoint-dir)"
+        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {where}; exit {STOPPED_EXIT}", flush=True)
+        if cfg.requeue:
+            print(requeue_slurm_job(), flush=True)
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    return STOPPED_EXIT
 
 
 def _crash(ctx, out, step):
