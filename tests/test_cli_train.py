@@ -260,3 +260,16 @@ def test_metrics_of_the_lost_run_are_dropped_on_resume(tmp_path):
     runtime.trim_metrics(str(p), 4)
     kept = records(p)
     assert [r["step"] for r in kept] == [1, 2, 3, 4, 4] and kept[-1] == {"step": 4, "val_loss": 2}
+
+
+def test_world_smaller_than_the_srun_step_refuses_to_train(tmp_path):
+    # Two srun tasks that each started a one-rank MPI (srun --mpi plugin not matching the MPI): refuse.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")}
+    env.update(SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="2", SLURM_LOCALID="0")
+    res = subprocess.run([sys.executable, "-m", "mpi4py", "-m", "hpcfsdp.cli.main", "train", "--steps", "1",
+                          "--out-dir", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "srun started 2 tasks" in res.stderr and "srun --mpi=pmi2" in res.stderr
+    assert not (tmp_path / "o").exists()
+    assert train_cli.check_slurm_world(2, {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}) is None
+    assert train_cli.check_slurm_world(4, {"SLURM_STEP_NUM_TASKS": "8"}) is None  # not in an srun task

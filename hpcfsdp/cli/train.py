@@ -30,7 +30,7 @@ from hpcfsdp import _settings
 from .runtime import (PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session, StopRequest,
                       exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error)
 
-__all__ = ["add_parser", "run", "train", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT", "VAL_FRACTION"]
+__all__ = ["add_parser", "run", "train", "check_slurm_world", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT", "VAL_FRACTION"]
 
 CRASH_ENV = "HPCFSDP_TRAIN_CRASH_AFTER_STEP"  # testing aid: die hard (os._exit) right after this step
 _CRASH_EXIT = 137  # the status of a SIGKILLed process
@@ -122,7 +122,15 @@ def run(args) -> int:
     try:  # See [Note: Failing together]: no communication before every rank has validated
         cfg = config_from_args(args)
         crash_after = _crash_step()
-        cfg.validate(_mpi.get_mpi().COMM_WORLD.Get_size())
+        try:
+            world = _mpi.get_mpi().COMM_WORLD.Get_size()
+        except RuntimeError as e:  # the launcher's rank variables disagree with MPI
+            started = sys.modules.get("mpi4py.MPI")
+            if started is not None and started.Is_initialized():
+                check_slurm_world(started.COMM_WORLD.Get_size())  # the likely cause, with its fix
+            raise ConfigError(str(e)) from None
+        check_slurm_world(world)
+        cfg.validate(world)
         if cfg.soak and cfg.resume:
             raise ConfigError("soak=True: a soak run starts from scratch; drop --resume")
     except ConfigError as err:
@@ -135,6 +143,21 @@ def run(args) -> int:
         return train(cfg, crash_after=crash_after)
     except Agreed as err:
         return exit_together(str(err))
+
+
+def check_slurm_world(world, environ=None):
+    """Refuse (ConfigError) an MPI world smaller than the srun step it runs in: each task started an MPI
+    of its own (srun's MPI plugin does not match this MPI), so N one-rank copies would train side by
+    side, writing the same files."""
+    from .config import ConfigError
+
+    env = os.environ if environ is None else environ
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "").strip()
+    if "SLURM_PROCID" in env and tasks.isdigit() and world < int(tasks):
+        raise ConfigError(f"MPI sees {world} rank(s) but srun started {tasks} tasks (SLURM_STEP_NUM_TASKS): srun's "
+                          "MPI plugin does not match the MPI mpi4py uses, so each task would train alone; "
+                          "launch with `srun --mpi=pmi2` (MPICH; `srun --mpi=list` shows the site's plugins) or "
+                          "render the job with `hpcfsdp slurm render --mpi pmi2`")
 
 
 # ----------------------------------------------------------------------------------- resume
