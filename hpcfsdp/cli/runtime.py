@@ -47,8 +47,10 @@ class Agreed(Exception):
 
 
 def exit_together(message) -> int:
-    """Report a failure every rank agreed on, finalize MPI cleanly and return exit status 2."""
-    say_error(message)
+    """Report a failure every rank agreed on (rank 0 prints it, once per job), finalize MPI cleanly and
+    return exit status 2."""
+    if launch_rank() == 0:
+        say_error(message)
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()

@@ -12,7 +12,7 @@ samples (the reductions' order, hence the last bits of the losses, differ). A re
 the metrics log without the records the lost run wrote after its checkpoint, then appends.
 
 [Note: Failing together]
-A bad configuration must fail on every rank with the same message and exit code 2, and no rank may
+A bad configuration must fail on every rank with exit code 2 (rank 0 prints the message), and no rank may
 be left waiting in a collective. Checks that see only the configuration and the world size run on
 every rank before MPI communicates at all (every rank reaches the same verdict). Checks that touch
 the machine (data files, devices, sharding, the checkpoint to resume) run on every rank, then
@@ -58,7 +58,7 @@ signals:
   stops at the next step boundary, writes CHECKPOINT_DIR/latest and exits {STOPPED_EXIT}; --resume continues
   with no step lost or repeated. With --requeue under Slurm, rank 0 then runs `scontrol requeue $SLURM_JOB_ID`.
 
-exit status: 0 done, 1 soak failed, 2 bad configuration (every rank prints the same message),
+exit status: 0 done, 1 soak failed, 2 bad configuration (rank 0 prints the message every rank agreed on),
   {STOPPED_EXIT} stopped by a signal after a final checkpoint (resume to continue).
 
 environment:
@@ -98,10 +98,10 @@ def add_parser(subparsers):
 
 
 def _parser_error(parser, message):
-    """argparse's error(), with the usage printed once per job rather than once per rank."""
+    """argparse's error(), printed once per job rather than once per rank."""
     if launch_rank() == 0:
         parser.print_usage(sys.stderr)
-    say_error(message, prog=parser.prog)
+        say_error(message, prog=parser.prog)
     sys.exit(2)
 
 
