@@ -291,3 +291,30 @@ def test_bad_argument_prints_usage_once_per_job(tmp_path):
                          text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.count("usage:") == 1 and res.stderr.count("unrecognized arguments: --bogus") == 1, res.stderr
+
+
+def test_keep_last_keeps_k_step_checkpoints_and_removes_stale_temporaries(runs, tmp_path):
+    from hpcfsdp.distributed.checkpoint import read_metadata
+
+    ref_dir, _ = runs("fsdp2", 2, [])
+    d = tmp_path / "run"
+    ckpt = d / "ckpt"
+    stale = ckpt / ("latest.tmp-" + "ab" * 16)  # left by a writer killed mid-save in an earlier job
+    stale.mkdir(parents=True)
+    (stale / "shard-00000.safetensors").write_bytes(b"partial")
+    os.utime(stale, (1e9, 1e9))
+    args = TINY + ["--out-dir", str(d), "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "2", "--keep-last", "2"]
+    res = ok(job(tmp_path, 2, args))
+    assert "removed 1 temporary file(s)" in res.stdout and not stale.exists()
+    steps = sorted(n for n in os.listdir(ckpt) if n.startswith("step-") and ".ckpt-" not in n)
+    assert steps == ["step-00000010", "step-00000012"]
+    assert os.readlink(ckpt / "latest") == "step-00000012"
+    assert read_metadata(str(ckpt / "latest")).extras["skeleton"]["step"] == 12
+    kept = {os.path.basename(os.path.realpath(ckpt / s)) for s in steps}
+    leftovers = {n for n in os.listdir(ckpt) if ".ckpt-" in n} - kept
+    assert not leftovers, leftovers  # pruned checkpoints are gone, not just unlinked
+    assert losses(d / "metrics.jsonl") == losses(ref_dir / "metrics.jsonl")
+    again = ok(job(tmp_path, 2, args + ["--resume", "--steps", "14"]))
+    assert "at step 12" in again.stdout
+    assert sorted(n for n in os.listdir(ckpt) if n.startswith("step-") and ".ckpt-" not in n) == \
+        ["step-00000012", "step-00000014"]

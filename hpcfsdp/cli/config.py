@@ -107,6 +107,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
     resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    keep_last: int = 0  # >0: save to CHECKPOINT_DIR/step-NNNNNNNN, keep the last K, `latest` links to the newest
     requeue: bool = False  # after a stop signal under Slurm: `scontrol requeue $SLURM_JOB_ID` once checkpointed
     # logging and evaluation
     seed: int = 1337  # same on every rank; data order and init derive from it
@@ -166,7 +167,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"{name}={value}: expected a positive integer")
-        for name in ("warmup_steps", "checkpoint_interval", "eval_interval", "seed"):
+        for name in ("warmup_steps", "checkpoint_interval", "eval_interval", "seed", "keep_last"):
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{name}={value}: expected an integer >= 0")
@@ -202,6 +203,8 @@ class TrainConfig:
             raise ConfigError(
                 f"checkpoint_interval={self.checkpoint_interval}: needs checkpoint_dir (--checkpoint-dir DIR)"
             )
+        if self.keep_last > 0 and not self.checkpoint_dir:
+            raise ConfigError(f"keep_last={self.keep_last}: needs checkpoint_dir (--checkpoint-dir DIR)")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
         if not self.out_dir:
@@ -496,6 +499,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
+    g.add_argument("--keep-last", type=int, metavar="K", default=S,
+                   help=_help("keep_last", "keep the last K checkpoints (CHECKPOINT_DIR/step-N, `latest` links to the "
+                              "newest); 0 = only `latest`"))
     g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("requeue", "after SIGTERM/SIGUSR1 and the final checkpoint, requeue this Slurm job "
                               "(scontrol requeue $SLURM_JOB_ID)"))

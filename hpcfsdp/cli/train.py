@@ -199,10 +199,43 @@ def _resume(cfg, ctx, session, ckpt):
 # ----------------------------------------------------------------------------------- train
 
 
+def _save(cfg, ctx, session, ckpt):
+    """Save `latest` (with --keep-last: a step checkpoint `latest` links to, then prune); see [Note: Keeping the last K]."""
+    if not cfg.keep_last:
+        session.save(ckpt)
+        return
+    from . import _keep
+
+    name = _keep.step_name(session.step)
+    session.save(os.path.join(cfg.checkpoint_dir, name))
+
+    def relink():
+        if ctx.rank == 0:
+            _keep.point_latest(cfg.checkpoint_dir, name)
+            _keep.prune(cfg.checkpoint_dir, cfg.keep_last)
+
+    guarded(ctx.comm, f"keep_last: pointing {ckpt} at {name}", relink)
+
+
+def _clean_stale(cfg, ctx):
+    from . import _keep
+
+    def clean():
+        if ctx.rank == 0 and os.path.isdir(cfg.checkpoint_dir):
+            gone = _keep.remove_stale_temporaries(cfg.checkpoint_dir, _keep.job_start_time())
+            if gone:
+                print(f"removed {len(gone)} temporary file(s) of earlier, unfinished saves from "
+                      f"{cfg.checkpoint_dir}: {', '.join(sorted(gone))}", flush=True)
+
+    guarded(ctx.comm, f"checkpoint_dir={cfg.checkpoint_dir!r}", clean)
+
+
 def train(cfg, *, crash_after=None) -> int:
     ctx = Context(cfg)
     session = Session(cfg, ctx)
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
+    if ckpt:
+        _clean_stale(cfg, ctx)
     if cfg.resume:
         _resume(cfg, ctx, session, ckpt)
     start = session.step
@@ -220,7 +253,7 @@ def train(cfg, *, crash_after=None) -> int:
             first = rec["loss"] if first is None else first
             last = rec["loss"]
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                session.save(ckpt)
+                _save(cfg, ctx, session, ckpt)
             if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                 peaks = gather_peaks(ctx)
                 out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
@@ -235,7 +268,7 @@ def train(cfg, *, crash_after=None) -> int:
             if got and done < cfg.steps:
                 return _stop(cfg, ctx, session, out, ckpt, got)
         if ckpt:
-            session.save(ckpt)
+            _save(cfg, ctx, session, ckpt)
     finally:
         stop.restore()
         out.close()
@@ -251,7 +284,7 @@ def _stop(cfg, ctx, session, out, ckpt, sig) -> int:
 
     name = signal.Signals(sig).name
     if ckpt:
-        session.save(ckpt)
+        _save(cfg, ctx, session, ckpt)
     out.close()
     if ctx.rank == 0:
         where = f"checkpoint {ckpt} at step {session.step}" if ckpt else "no checkpoint (no --checkpoint-dir)"
