@@ -159,7 +159,7 @@ def test_resume_refuses_another_model(runs, tmp_path):
                    "--n-layer", "3"]
     res = job(tmp_path, 2, args)
     assert res.returncode == 2
-    assert res.stderr.count("n_layer=3, but the checkpoint") == 2, res.stderr
+    assert res.stderr.count("n_layer=3, but the checkpoint") == 1, res.stderr  # once per job
 
 
 # ------------------------------------------------------------------------------------------- soak
