@@ -121,3 +121,25 @@ def test_stop_signal_checkpoints_and_resume_loses_no_step(reference, tmp_path, s
     assert code == 0, f"{out}\n{err}"
     assert f"at step {at}" in out
     assert _losses(d / "metrics.jsonl") == reference  # no step lost or repeated, bit for bit
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    prog = tmp_path / "stubborn.py"
+    prog.write_text("import os, signal, time\nfrom mpi4py import MPI\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    f"open(os.path.join({str(tmp_path)!r}, f'pid{{MPI.COMM_WORLD.Get_rank()}}'), 'w').write(str(os.getpid()))\n"
+                    "time.sleep(300)\n")
+    launcher = subprocess.Popen(HPC + ["launch", "-n", "2", "--grace", "3", "--", sys.executable, str(prog)], env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: all((tmp_path / f"pid{r}").exists() and (tmp_path / f"pid{r}").read_text()
+                                     for r in range(2)), 60, launcher), launcher.communicate(timeout=5)
+        pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=30)
+        assert "did not end within --grace 3 s" in err, err
+        assert _wait_for(lambda: not any(_alive(p) for p in pids), 10), [p for p in pids if _alive(p)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()

@@ -182,7 +182,7 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
             if stopped:
                 limit = min(limit if limit is not None else float("inf"), stopped[0] + grace)
             try:
-                code = proc.wait(timeout=1.0 if limit is not None or stopped else None)
+                code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
                 break
             except subprocess.TimeoutExpired:
                 if limit is not None and time.monotonic() >= limit:
