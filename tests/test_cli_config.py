@@ -330,3 +330,10 @@ def test_node_local_rank():
     assert node_local_rank({"MPI_LOCALRANKID": "1"}) == 1
     assert node_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
     assert node_local_rank({}) is None
+
+
+def test_keep_last_and_async_checkpoint_are_refused_together():
+    cfg = _cfg(["--checkpoint-dir", "ck", "--keep-last", "2", "--async-checkpoint"])
+    _bad(cfg, 2, "keep_last=2 with async_checkpoint=True")
+    _cfg(["--checkpoint-dir", "ck", "--keep-last", "2"]).validate(2)
+    _cfg(["--checkpoint-dir", "ck", "--async-checkpoint"]).validate(2)

@@ -23,7 +23,7 @@ def test_openmpi_as_root_gets_oversubscribe_and_root_variables(monkeypatch):
 def test_mpich_gets_nothing_extra(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     argv, env = launch.build_command(2, ["/usr/bin/python3", "-c", "pass"], mpiexec="m", vendor="mpich", env={})
-    assert argv == ["m", "-n", "2", "-print-all-exitcodes", *launch.rank_env_wrapper("mpich"),
+    assert argv == ["m", "-n", "2", *launch.rank_env_wrapper("mpich"),
                     "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
 
@@ -136,4 +136,6 @@ def test_rank_env_wrapper_reads_each_vendors_variables(vendor, variables):
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_clean_env(**variables))
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"ENV 5 8 {local}"
-    assert launch.rank_env_wrapper("unknown") == []
+    out = subprocess.run(launch.rank_env_wrapper() + [sys.executable, "-c", _SHOW_RANK_ENV], capture_output=True,
+                         text=True, timeout=60, env=_clean_env())
+    assert out.stdout.strip() == "ENV None None None None"  # no launcher's variables: nothing is made up

@@ -1,9 +1,13 @@
 """Tests for hpcfsdp.cli.slurm: every template rendered for 1, 2 and 16 nodes is a valid sbatch script."""
 
 import argparse
+import os
 import pathlib
 import re
 import shlex
+import signal
+import sys
+import time
 import subprocess
 
 import pytest
@@ -67,6 +71,8 @@ def _launch_command(text):
     lines = [ln for ln in joined.splitlines() if re.match(r"^\s*(srun|mpiexec)\s", ln)]
     assert len(lines) == 1, lines
     tokens = shlex.split(lines[0])
+    assert tokens[-1] == "&", tokens  # the step runs in the background so the batch shell's trap can run
+    tokens = tokens[:-1]
     for i, tok in enumerate(tokens):
         if tok == "hpcfsdp":
             return tokens[:i], tokens[i + 1:]
@@ -96,6 +102,7 @@ def _check_script(text, *, nodes, ntasks_per_node, gpus_per_node, bench=False):
         assert int(d["gpus-per-node"]) == gpus_per_node
     else:
         assert "gpus-per-node" not in d and "gpus" not in d and "gres" not in d
+    assert d["signal"].startswith("B:USR1@") and "trap 'forward USR1' USR1" in text and 'wait "$step"' in text
     res = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True, timeout=30)
     assert res.returncode == 0, res.stderr
     launcher, prog = _launch_command(text)
@@ -140,7 +147,7 @@ def test_render_variants(nodes):
         time="1-00:00:00", job_name="big-run", cpus_per_task=7, exclusive=True, qos="normal",
         constraint="a100&nvlink", mpi="pmix", launcher="srun", entry="script", cuda_aware="1")
     got = _check_script(text, nodes=nodes, ntasks_per_node=4, gpus_per_node=8)
-    expected = TrainConfig(**{**vars(cfg), "device": "cuda"})
+    expected = TrainConfig(**{**vars(cfg), "device": "cuda", "resume": True})  # a requeued job continues from latest
     assert got == expected
     d = _directives(text)
     assert d["partition"] == "gpu" and d["account"] == "proj1" and d["cpus-per-task"] == "7"
@@ -164,7 +171,9 @@ def test_mpiexec_and_cray():
 def test_bench_args():
     text = slurm.render_script("bench-comm", nodes=2, gpus_per_node=4, bench_args="--sizes '1K 1M' --iters 5")
     _, prog = _launch_command(text)
-    assert prog == ["bench", "comm", "--sizes", "1K 1M", "--iters", "5"]
+    assert prog == ["bench", "comm", "--sizes", "1K 1M", "--iters", "5", "--device", "cuda"]  # the GPUs asked for
+    text = slurm.render_script("bench-comm", nodes=2, gpus_per_node=0, bench_args="--iters 5")
+    assert _launch_command(text)[1] == ["bench", "comm", "--iters", "5"]
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
@@ -230,7 +239,9 @@ def test_cli_render_hsdp_with_config_file(tmp_path, capsys):
                          "--steps", "70", "--mesh", "auto"], capsys)
     assert rc == 0, err
     cfg = _check_script(out, nodes=16, ntasks_per_node=4, gpus_per_node=4)
-    assert cfg == TrainConfig(n_layer=6, strategy="HYBRID_SHARD", steps=70, mesh=(16, 4), device="cuda")
+    assert cfg == TrainConfig(n_layer=6, strategy="HYBRID_SHARD", steps=70, mesh=(16, 4), device="cuda",
+                              checkpoint_dir="checkpoints", resume=True)
+    assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in out and f"# Interpreter: {sys.executable}" in out
     assert "HYBRID_SHARD (HSDP)" in out
 
 
@@ -266,3 +277,46 @@ def test_cli_list(capsys):
     assert rc == 0
     for name, (fname, _) in slurm.TEMPLATES.items():
         assert name in out and fname in out
+
+
+_FAKE_SRUN = """#!/bin/bash
+trap 'echo USR1 >> "$REC"; exit 75' USR1
+trap 'echo TERM >> "$REC"; exit 75' TERM
+printf '%s\\n' "$@" > "$REC.args"
+touch "$REC.started"
+while :; do sleep 0.1; done
+"""
+
+
+@pytest.mark.parametrize("requeue", [True, False])
+def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requeue):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(_FAKE_SRUN)
+    (bin_dir / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$REC.scontrol"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    text = slurm.render_script("single-node", gpus_per_node=0, config=TrainConfig(requeue=requeue), signal_seconds=300)
+    d = _directives(text)
+    assert d["signal"] == "B:USR1@300" and ("requeue" in d) == requeue
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    rec = tmp_path / "rec"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec), "SLURM_JOB_ID": "42"}
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 30
+        while not (tmp_path / "rec.started").exists():
+            assert time.monotonic() < end and job.poll() is None, job.communicate(timeout=5)
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1 does: the batch shell only
+        out, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 75, (out, err)
+    assert rec.read_text() == "USR1\n"  # the job step got the signal, once
+    assert "--resume" in (tmp_path / "rec.args").read_text().split("\n")  # the job continues from latest
+    scontrol = tmp_path / "rec.scontrol"
+    assert (scontrol.read_text() == "requeue 42\n") if requeue else not scontrol.exists()

@@ -278,3 +278,61 @@ def test_metrics_of_the_lost_run_are_dropped_on_resume(tmp_path):
     runtime.trim_metrics(str(p), 4)
     kept = records(p)
     assert [r["step"] for r in kept] == [1, 2, 3, 4, 4] and kept[-1] == {"step": 4, "val_loss": 2}
+
+
+def test_world_smaller_than_the_srun_step_refuses_to_train(tmp_path):
+    # Two srun tasks that each started a one-rank MPI (srun --mpi plugin not matching the MPI): refuse.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")}
+    env.update(SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="2", SLURM_LOCALID="0")
+    res = subprocess.run([sys.executable, "-m", "mpi4py", "-m", "hpcfsdp.cli.main", "train", "--steps", "1",
+                          "--out-dir", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "srun started 2 tasks" in res.stderr and "srun --mpi=pmi2" in res.stderr
+    assert not (tmp_path / "o").exists()
+    assert train_cli.check_slurm_world(2, {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}) is None
+    assert train_cli.check_slurm_world(4, {"SLURM_STEP_NUM_TASKS": "8"}) is None  # not in an srun task
+
+
+def test_checkpoint_inspect_into_a_closed_pipe_ends_quietly(runs):
+    d, _ = runs("fsdp2", 2, [])
+    for flags in (["--json"], []):
+        proc = subprocess.Popen(HPC + ["checkpoint", "inspect", *flags, str(d / "ckpt" / "latest")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # the reader is gone before anything is written, as `| head` once it has its lines
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+        assert proc.returncode == 0 and "BrokenPipe" not in err and "Traceback" not in err, err
+
+
+def test_bad_argument_prints_usage_once_per_job(tmp_path):
+    res = subprocess.run(HPC + ["launch", "-n", "2", "--", "hpcfsdp", "train", "--bogus"], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.count("usage:") == 1 and res.stderr.count("unrecognized arguments: --bogus") == 1, res.stderr
+
+
+def test_keep_last_keeps_k_step_checkpoints_and_removes_stale_temporaries(runs, tmp_path):
+    from hpcfsdp.distributed.checkpoint import read_metadata
+
+    ref_dir, _ = runs("fsdp2", 2, [])
+    d = tmp_path / "run"
+    ckpt = d / "ckpt"
+    stale = ckpt / ("latest.tmp-" + "ab" * 16)  # left by a writer killed mid-save in an earlier job
+    stale.mkdir(parents=True)
+    (stale / "shard-00000.safetensors").write_bytes(b"partial")
+    os.utime(stale, (1e9, 1e9))
+    args = TINY + ["--out-dir", str(d), "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "2", "--keep-last", "2"]
+    res = ok(job(tmp_path, 2, args))
+    assert "removed 1 temporary file(s)" in res.stdout and not stale.exists()
+    steps = sorted(n for n in os.listdir(ckpt) if n.startswith("step-") and ".ckpt-" not in n)
+    assert steps == ["step-00000010", "step-00000012"]
+    assert os.readlink(ckpt / "latest") == "step-00000012"
+    assert read_metadata(str(ckpt / "latest")).extras["skeleton"]["step"] == 12
+    kept = {os.path.basename(os.path.realpath(ckpt / s)) for s in steps}
+    leftovers = {n for n in os.listdir(ckpt) if ".ckpt-" in n} - kept
+    assert not leftovers, leftovers  # pruned checkpoints are gone, not just unlinked
+    assert losses(d / "metrics.jsonl") == losses(ref_dir / "metrics.jsonl")
+    again = ok(job(tmp_path, 2, args + ["--resume", "--steps", "14"]))
+    assert "at step 12" in again.stdout
+    assert sorted(n for n in os.listdir(ckpt) if n.startswith("step-") and ".ckpt-" not in n) == \
+        ["step-00000012", "step-00000014"]

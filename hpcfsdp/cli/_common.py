@@ -24,16 +24,14 @@ def mp_policy_for(name: str):
 
 
 def compute_device(kind: str) -> str:
-    """cpu, or cuda:<node-local rank> (one GPU per rank, bound by node-local rank)."""
+    """cpu, or cuda:<node-local rank> (one GPU per rank). The local rank comes from MPI's node split
+    (collective when kind is cuda), never from a launcher's variable: under mpiexec inside a Slurm job
+    every rank inherits the batch step's SLURM_LOCALID=0."""
     if kind != "cuda":
         return kind
-    from hpcfsdp.cli.config import node_local_rank
+    from hpcfsdp.distributed import _mpi
 
-    local = node_local_rank()
-    if local is None:
-        from hpcfsdp.distributed import _mpi
-
-        local = _mpi.node_layout()["local_rank"]
+    local = _mpi.node_layout()["local_rank"]
     cp = _backend._need_cupy()
     return f"cuda:{local % max(1, cp.cuda.runtime.getDeviceCount())}"
 

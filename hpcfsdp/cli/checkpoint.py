@@ -20,7 +20,7 @@ def add_parser(subparsers):
                        description="Print what a checkpoint holds (reads metadata.json only).")
     q.add_argument("dir", metavar="DIR", help="checkpoint directory")
     q.add_argument("--json", action="store_true", help="print the metadata as JSON")
-    q.set_defaults(func=run_inspect)
+    q.set_defaults(func=_quiet_on_closed_pipe(run_inspect))
     q = sub.add_parser("verify", help="check every file, header and checksum",
                        description="Read every byte of every shard file and check it against metadata.json. "
                        "Exit status 1 with the reason on the first fault.")
@@ -36,6 +36,22 @@ def add_parser(subparsers):
     q.add_argument("--optim-out", metavar="FILE", default=None, help="output file for the optimizer state")
     q.set_defaults(func=run_consolidate)
     return p
+
+
+def _quiet_on_closed_pipe(fn):
+    """fn, ending quietly when the reader of stdout goes away (`hpcfsdp checkpoint inspect --json | head`)."""
+    def run(args) -> int:
+        try:
+            code = fn(args)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            # Python would report the pipe again when it flushes stdout at exit: point stdout at /dev/null.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+
+    return run
 
 
 def _fmt_bytes(n: int) -> str:

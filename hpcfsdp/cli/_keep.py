@@ -1,0 +1,110 @@
+"""The trainer's checkpoint directory: the last K step checkpoints behind `latest`, stale temporaries removed.
+
+[Note: Keeping the last K]
+With --keep-last K every save writes CHECKPOINT_DIR/step-NNNNNNNN (an ordinary atomic checkpoint:
+a link to its committed directory), then rank 0 points the link `latest` at it (symlink to a
+temporary name + rename(2): one step) and deletes the step checkpoints older than the last K, never
+the one `latest` names. A crash between the two leaves `latest` at the previous step: --resume loses
+nothing it did not already lose. Without --keep-last, `latest` itself is the checkpoint.
+
+A save writes into `NAME.tmp-<32 hex>` first; a writer killed mid-save leaves that directory behind.
+When a job starts, rank 0 removes the ones older than the job: their writer was a job that ended (or
+one still running on the same directory, which is an error of its own, reported by the save).
+"""
+
+import os
+import re
+import shutil
+import time
+import uuid
+
+__all__ = ["step_name", "point_latest", "prune", "remove_stale_temporaries"]
+
+_STEP_RE = re.compile(r"step-(\d{8,})\Z")
+_TMP_RE = re.compile(r".+\.(tmp|link)-[0-9a-f]{32}\Z")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def point_latest(directory, name) -> None:
+    """Rank 0: make CHECKPOINT_DIR/latest a link to `name` in one step; drop what `latest` held alone."""
+    latest = os.path.join(directory, "latest")
+    old = None
+    if os.path.islink(latest):
+        dest = os.readlink(latest)
+        if os.path.dirname(dest) in ("", directory) and os.path.basename(dest).startswith("latest.ckpt-"):
+            old = os.path.join(directory, os.path.basename(dest))  # a checkpoint saved as `latest` itself
+    elif os.path.isdir(latest):
+        old = os.path.join(directory, f"latest.ckpt-{uuid.uuid4().hex}")
+        os.rename(latest, old)
+    link = os.path.join(directory, f"latest.link-{uuid.uuid4().hex}")
+    os.symlink(name, link)
+    os.replace(link, latest)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def prune(directory, keep: int) -> list:
+    """Rank 0: delete the step checkpoints older than the newest `keep` (never `latest`'s); returns their names."""
+    steps = sorted((int(m.group(1)), n) for n in os.listdir(directory) if (m := _STEP_RE.match(n)))
+    latest = os.path.join(directory, "latest")
+    current = os.path.basename(os.readlink(latest)) if os.path.islink(latest) else None
+    gone = []
+    for _, name in steps[:-keep] if keep > 0 else []:
+        if name == current:
+            continue
+        path = os.path.join(directory, name)
+        real = os.path.realpath(path)
+        if os.path.islink(path):
+            os.unlink(path)
+        if os.path.isdir(real) and os.path.dirname(real) == os.path.realpath(directory):
+            shutil.rmtree(real, ignore_errors=True)
+        gone.append(name)
+    return gone
+
+
+def remove_stale_temporaries(directory, started: float) -> list:
+    """Rank 0: delete the `*.tmp-<hex>` directories and `*.link-<hex>` links older than `started` (a
+    time.time()); returns their names."""
+    gone = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return gone
+    for name in names:
+        if not _TMP_RE.match(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_mtime >= started:
+                continue
+        except FileNotFoundError:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        gone.append(name)
+    return gone
+
+
+def job_start_time() -> float:
+    """When this process started (the job is at least as old), as a time.time()."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()

@@ -1,0 +1,141 @@
+"""A small parent process per rank: exports the torchrun variables, forwards signals, names a rank that dies.
+
+[Note: Rank wrapper]
+A rank killed by SIGKILL (the OOM killer, a node failing, `kill -9`) or dying of a segfault writes no
+Python traceback, and mpiexec's own report names processes by exit code, not by rank, host and pid.
+`python -m hpcfsdp.cli.rankwrap [--ranks-per-node K] -- CMD ...` runs CMD as its child and, when the
+child ends by a signal, writes one line naming the rank, host, pid and signal, then exits with the
+shell's status for it (128 + signal), so the launcher ends the rest of the job. It forwards SIGTERM,
+SIGINT, SIGUSR1 and SIGUSR2 to the child (mpiexec and srun signal the process they started: this
+one), and asks the kernel to SIGKILL the child if the wrapper itself dies, so no rank outlives its
+wrapper. Before starting the child it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
+the launcher's variables (values the user set are kept; see [Note: torchrun variables] in
+distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank;
+under plain mpiexec or srun, put it in front of the command yourself:
+    mpiexec -n 4 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
+    srun --mpi=pmi2 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
+The child inherits every file descriptor (Hydra's PMI_FD is one).
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+__all__ = ["main", "rank_env", "describe_status", "FORWARDED"]
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+_SOURCES = (  # (rank, size, local rank, local size) of each launcher, first found wins
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
+)
+_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def rank_env(environ, ranks_per_node=None) -> dict:
+    """The torchrun variables this rank gets from its launcher's variables in `environ` (values set there
+    already win); {} when no launcher's variables are found."""
+    for source in _SOURCES:
+        if source[0] in environ and source[1] in environ:
+            break
+    else:
+        return {}
+    values = {}
+    for key, var in zip(_KEYS, source):
+        if var and environ.get(var, "").strip().isdigit():
+            values[key] = environ[var].strip()
+    if ranks_per_node:
+        values["LOCAL_RANK"] = str(int(values["RANK"]) % ranks_per_node)
+        values["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
+    return {k: environ.get(k, v) for k, v in values.items()}
+
+
+def describe_status(returncode) -> str:
+    """A subprocess return code in words: 'exited with status 3', 'killed by SIGKILL (signal 9)'."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (signal {-returncode})"
+    return f"exited with status {returncode}"
+
+
+def _this_rank():
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").strip().isdigit():
+            return os.environ[var].strip()
+    return "?"
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL me when my parent (the wrapper) dies; mark the rank variables mine."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if "RANK" in os.environ:
+        os.environ["HPCFSDP_RANK_ENV_PID"] = str(os.getpid())
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcfsdp.cli.rankwrap",
+                                description="Run CMD as this rank's child; name the rank if it dies by a signal.")
+    p.add_argument("--ranks-per-node", type=int, default=None)
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        p.error("no command given: python -m hpcfsdp.cli.rankwrap -- CMD ...")
+    if "HPCFSDP_RANK_ENV_PID" in os.environ:  # set by an hpcfsdp process for itself: not this rank's values
+        for key in (*_KEYS, "HPCFSDP_RANK_ENV_PID"):
+            os.environ.pop(key, None)
+    os.environ.update(rank_env(os.environ, args.ranks_per_node))
+    child = None
+    pending = []
+
+    def forward(sig, frame):
+        if child is None:
+            pending.append(sig)
+        else:
+            try:
+                child.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    try:
+        child = subprocess.Popen(cmd, close_fds=False, preexec_fn=_die_with_parent)
+    except OSError as e:
+        sys.stderr.write(f"hpcfsdp: rank {_this_rank()}: cannot start {cmd[0]!r}: {e}\n")
+        return 127
+    for sig in pending:
+        child.send_signal(sig)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    if code < 0:
+        sig = -code
+        sys.stderr.write(f"hpcfsdp: rank {_this_rank()} (host {socket.gethostname()}, pid {child.pid}) "
+                         f"{describe_status(code)} without a Python traceback\n")
+        sys.stderr.flush()
+        return 128 + sig
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
