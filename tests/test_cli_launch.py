@@ -23,7 +23,7 @@ def test_openmpi_as_root_gets_oversubscribe_and_root_variables(monkeypatch):
 def test_mpich_gets_nothing_extra(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     argv, env = launch.build_command(2, ["/usr/bin/python3", "-c", "pass"], mpiexec="m", vendor="mpich", env={})
-    assert argv == ["m", "-n", "2", *launch.rank_env_wrapper("mpich"),
+    assert argv == ["m", "-n", "2", "-print-all-exitcodes", *launch.rank_env_wrapper("mpich"),
                     "/usr/bin/python3", "-m", "mpi4py", "-c", "pass"]
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
 

