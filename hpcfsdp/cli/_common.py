@@ -58,6 +58,12 @@ def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
                                      mesh_dim_names=("replicate",) if strategy == ShardingStrategy.NO_SHARD
                                      else ("shard",))
     mesh, dims = strategy_mesh(strategy, device_type, user_mesh)
+    _fully_shard_units(model, cfg, mesh, dims)
+    return mesh
+
+
+def _fully_shard_units(model: GPT, cfg, mesh, dims):
+    """fully_shard every block, the untied head, then the root, over ``mesh``'s data-parallel ``dims``."""
     reshard = cfg.effective_reshard_after_forward()
     kw = dict(mesh=mesh, dp_mesh_dims=dims, mp_policy=mp_policy_for(cfg.mixed_precision),
               offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
@@ -70,7 +76,6 @@ def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
     # The root keeps its parameters from forward to backward unless resharding was asked for explicitly.
     root = reshard if cfg.reshard_after_forward is not None else (None if reshard else False)
     fully_shard(model, reshard_after_forward=root, **kw)
-    return mesh
 
 
 def make_optimizer(cfg, params):
@@ -118,13 +123,5 @@ def _shard_gpt_tp(model: GPT, cfg, device_type: str):
     styles = {".".join(k.split(".")[-2:]): v for k, v in model.tp_plan().items()}
     plan = {n: v for n, _ in model.named_modules() for suffix, v in styles.items() if n.endswith("." + suffix)}
     parallelize_module(model, mesh["tp"], plan)
-    reshard = cfg.effective_reshard_after_forward()
-    kw = dict(mesh=mesh, dp_mesh_dims=dims, mp_policy=mp_policy_for(cfg.mixed_precision),
-              offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
-    for block in model.blocks:
-        fully_shard(block, reshard_after_forward=reshard, **kw)
-    if not model.config.tie_weights:
-        fully_shard(model.lm_head, reshard_after_forward=reshard, **kw)
-    root = reshard if cfg.reshard_after_forward is not None else (None if reshard else False)
-    fully_shard(model, reshard_after_forward=root, **kw)
+    _fully_shard_units(model, cfg, mesh, dims)
     return mesh
