@@ -100,20 +100,12 @@ def read_config(path) -> dict:
 def _local_bounds(p):
     """Per dimension, [start, stop) of this rank's piece of parameter ``p`` (the whole of a plain tensor)."""
     from hpcfsdp.distributed.tensor import DTensor
+    from hpcfsdp.distributed.tensor._dtensor import _local_bounds as dtensor_bounds
 
-    shape = tuple(int(s) for s in p.shape)
-    bounds = [(0, s) for s in shape]
     if not isinstance(p, DTensor):
-        return bounds
+        return [(0, int(s)) for s in p.shape]
     mesh = p.device_mesh
-    coord = mesh.get_coordinate()
-    for i, pl in enumerate(p.placements):
-        if pl.is_shard():
-            lo, hi = bounds[pl.dim]
-            n, world = hi - lo, mesh.size(i)
-            c = -(-n // world) if n else 0
-            bounds[pl.dim] = (lo + min(coord[i] * c, n), lo + min((coord[i] + 1) * c, n))
-    return bounds
+    return dtensor_bounds(p.shape, mesh, p.placements, mesh.get_coordinate())
 
 
 def _local_array(p):
@@ -170,14 +162,9 @@ def save_weights(model, path, name_map, transposed=lambda key: False, config=Non
     plus ``config.json``. Collective on sharded models (every rank must call it); rank 0 writes."""
     from safetensors.numpy import save_file
 
-    rank = 0
-    try:
-        import hpcfsdp.distributed as dist
+    import hpcfsdp.distributed as dist
 
-        if dist.is_initialized():
-            rank = dist.get_rank()
-    except ImportError:
-        pass
+    rank = dist.get_rank() if dist.is_initialized() else 0
     tensors = {}
     for ours, p in model.named_parameters():
         key = ours.replace(_CKPT_PREFIX, "")
