@@ -70,8 +70,9 @@ def test_accelerator_with_a_gpu(monkeypatch):
 
 
 def test_get_default_backend_for_device():
-    for d in ("cpu", "cuda", "cuda:1", hp.device("cpu"), hp.device("cuda", 0)):
-        assert dist.get_default_backend_for_device(d) == "mpi"
+    for d, name in (("cpu", "gloo"), ("cuda", "nccl"), ("cuda:1", "nccl"), (hp.device("cpu"), "gloo"),
+                    (hp.device("cuda", 0), "nccl")):  # PyTorch's names (checked against torch 2.13)
+        assert dist.get_default_backend_for_device(d) == name
     with pytest.raises(ValueError, match="Default backend not registered for device : meta"):
         dist.get_default_backend_for_device("meta")
     with pytest.raises(ValueError, match="Default backend not registered for device : tpu"):
@@ -96,7 +97,7 @@ def test_init_process_group_accepts_pytorch_keywords():
                             timeout=datetime.timedelta(seconds=60), world_size=1, rank=0, group_name="main",
                             pg_options=None, device_id=hp.device("cpu"), comm=MPI.COMM_SELF)
     try:
-        assert dist.get_backend() == "mpi" and dist.get_world_size() == 1
+        assert dist.get_backend() == "gloo" and dist.get_world_size() == 1
         assert dist.group.WORLD.bound_device_id == hp.device("cpu")
     finally:
         dist.destroy_process_group()

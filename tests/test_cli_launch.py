@@ -139,3 +139,31 @@ def test_rank_env_wrapper_reads_each_vendors_variables(vendor, variables):
     out = subprocess.run(launch.rank_env_wrapper() + [sys.executable, "-c", _SHOW_RANK_ENV], capture_output=True,
                          text=True, timeout=60, env=_clean_env())
     assert out.stdout.strip() == "ENV None None None None"  # no launcher's variables: nothing is made up
+
+
+def _relayed(chunks) -> bytes:
+    """What relay_stdout writes when mpiexec's stdout delivers ``chunks``, one per read."""
+    dst_r, dst_w = os.pipe()
+    pending = iter(chunks)
+    launch.relay_stdout(lambda: next(pending, b""), dst_w)
+    os.close(dst_w)
+    with os.fdopen(dst_r, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("split", [1, 3, 7, 1000])
+def test_relay_drops_only_a_successful_exit_codes_line(split):
+    ok = b"[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0\n"
+    bad = b"[mpiexec@node1] Exit codes: [node1] 0,768\n"
+    other = b"[mpiexec@node1] something else Hydra says\n"
+    user = b"loss 1.0 [mpiexec@x] is not at a line start\n[mpi"
+    data = b"step 1\npartial" + b" line\n" + ok + other + bad + user
+    chunks = [data[i:i + split] for i in range(0, len(data), split)]
+    assert _relayed(chunks) == b"step 1\npartial line\n" + other + bad + user
+
+
+def test_successful_job_prints_no_exit_codes_line():
+    r = subprocess.run([*HPC, "launch", "-n", "2", "--", sys.executable, "-c", "print('rank output')"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["rank output", "rank output"], r.stdout

@@ -177,7 +177,11 @@ def test_default_group_lifecycle_and_init_checks():
     assert comm_timeout() == 30.0
     with pytest.raises(RuntimeError, match="twice"):
         dist.init_process_group()
-    assert dist.group.WORLD is c10d._default_group() and dist.get_backend() == "mpi"
+    assert dist.group.WORLD is c10d._default_group() and dist.get_backend() == "nccl"  # the name given
+    assert dist.get_backend(dist.new_group([0])) == "nccl"  # inherited, as PyTorch
+    assert dist.get_backend(dist.new_group([0], backend="GLOO")) == "gloo"
+    with pytest.raises(ValueError, match="backend='tcp'"):
+        dist.new_group([0], backend="tcp")
     t = T(np.arange(4.0))
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     assert np.array_equal(t._data, np.arange(4.0))

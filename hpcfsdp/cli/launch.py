@@ -28,10 +28,12 @@ its own), so no rank outlives the launcher. The launcher does the same when mpie
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from .rankwrap import describe_status
@@ -140,7 +142,8 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
     if vendor == "mpich":
         # Hydra then collects every rank's exit status, and across hosts it tears the job down when one
         # rank dies: without it, after kill -9 of a rank on one host the other host's ranks ran on (seen
-        # on simulated hosts, tests/test_multihost.py). It also prints an "Exit codes" line after the job.
+        # on simulated hosts, tests/test_multihost.py). It also prints an "Exit codes" line after the job,
+        # which the launcher drops when every code is 0 (see relay_stdout).
         argv.append("-print-all-exitcodes")
     if vendor == "openmpi":
         argv.append("--oversubscribe")
@@ -164,7 +167,14 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
             raise ValueError(f"--ranks-per-node {ranks_per_node} must divide -n {nprocs}")
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    relay = "-print-all-exitcodes" in argv
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None)
+    relay_thread = None
+    if relay:
+        src = proc.stdout.fileno()
+        relay_thread = threading.Thread(target=relay_stdout, args=(lambda: os.read(src, 65536), _stdout_fd()),
+                                        daemon=True)
+        relay_thread.start()
     received, stopped = [], []
 
     def forward(sig, frame):  # See [Note: Signals]
@@ -203,11 +213,73 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
         for sig, handler in old.items():
             signal.signal(sig, handler)
     _kill_tree(proc)  # nothing of the job outlives mpiexec
+    if relay_thread is not None:
+        relay_thread.join(timeout=5)
     if code != 0:
         print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
     if code < 0:
         return 128 - code
     return code
+
+
+# Hydra's summary line, e.g. "[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0".
+_EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes:(?P<codes>( \[[^\]]*\] [0-9,]+)+)\s*")
+_PREFIX = b"[mpiexec@"
+
+
+def _stdout_fd() -> int:
+    """The file descriptor behind sys.stdout (1 where sys.stdout is not a file, e.g. captured)."""
+    try:
+        sys.stdout.flush()
+        return sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 1
+
+
+def relay_stdout(read, fd: int) -> None:
+    """Copy mpiexec's stdout (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as
+    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report).
+
+    Bytes pass through unchanged and at once, except a line that begins like Hydra's own lines, which is
+    held until its end so it can be checked."""
+    held = b""
+    at_line_start = True
+    while True:
+        chunk = read()
+        if not chunk:
+            break
+        data = held + chunk
+        held = b""
+        out = []
+        while data:
+            if at_line_start and (data.startswith(_PREFIX) or _PREFIX.startswith(data)):
+                end = data.find(b"\n")
+                if end < 0:
+                    held = data  # wait for the rest of this line
+                    break
+                line, data = data[:end + 1], data[end + 1:]
+                m = _EXIT_CODES.fullmatch(line)
+                if not (m and set(re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))) == {b"0"}):
+                    out.append(line)
+                continue
+            end = data.find(b"\n")
+            if end < 0:
+                out.append(data)
+                at_line_start = False
+                break
+            out.append(data[:end + 1])
+            data = data[end + 1:]
+            at_line_start = True
+        _write_all(fd, b"".join(out))
+    _write_all(fd, held)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except BrokenPipeError:
+            return
 
 
 def _descendants(pid) -> list:

@@ -49,6 +49,7 @@ __all__ = [
 _DEFAULT: ProcessGroup | None = None
 _GROUPS: list[ProcessGroup] = []
 _BACKENDS = {"mpi", "nccl", "gloo", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo", "ucc"}
+_BACKEND_NAMES: dict[int, str] = {}  # id(group) -> the backend name it was created with (see get_backend)
 
 
 class _NonMember:
@@ -100,8 +101,7 @@ def init_process_group(
     global _DEFAULT
     if _DEFAULT is not None:
         raise RuntimeError("trying to initialize the default process group twice")
-    if backend is not None and (not isinstance(backend, str) or backend.lower() not in _BACKENDS):
-        raise ValueError(f"backend={backend!r}: expected None or one of {sorted(_BACKENDS)} (all run on MPI)")
+    _check_backend(backend)
     if init_method is not None and store is not None:
         raise ValueError("Cannot specify both init_method and store.")
     if store is not None and (world_size in (-1, None) or world_size <= 0 or rank in (-1, None) or rank < 0):
@@ -122,11 +122,17 @@ def init_process_group(
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         _pg.set_default_timeout(secs)
     _DEFAULT = ProcessGroup(comm, name=group_name or "default")
+    _BACKEND_NAMES[id(_DEFAULT)] = backend.lower() if backend is not None else "mpi"
     _DEFAULT.bound_device_id = device
     log = get_logger("distributed")
     log.info("process group %r: %d ranks, MPI %s", _DEFAULT.name,
              comm.Get_size(), MPI.Get_library_version().splitlines()[0].strip(), extra={"job": True})
     log.debug("rank %d of %d on %s, device %s", comm.Get_rank(), comm.Get_size(), MPI.Get_processor_name(), device)
+
+
+def _check_backend(backend) -> None:
+    if backend is not None and (not isinstance(backend, str) or backend.lower() not in _BACKENDS):
+        raise ValueError(f"backend={backend!r}: expected None or one of {sorted(_BACKENDS)} (all run on MPI)")
 
 
 def _bind_device(device_id):
@@ -150,11 +156,11 @@ def _bind_device(device_id):
 
 
 def get_default_backend_for_device(device) -> str:
-    """The backend init_process_group uses for ``device``: "mpi" for "cpu" and "cuda" alike.
+    """PyTorch's default backend name for ``device``: "gloo" for "cpu", "nccl" for "cuda".
 
-    PyTorch answers "gloo" for CPU and "nccl" for CUDA. hpcfsdp has one backend, MPI, for both (CUDA
-    arrays go through CUDA-aware MPI or host staging), so it answers "mpi", which is also what
-    ``get_backend()`` reports and what ``init_process_group`` accepts. Other device types have no
+    The names are PyTorch's, so that ported scripts branching on them take the same branch;
+    ``init_process_group`` accepts either and runs both on MPI (CUDA arrays go through CUDA-aware MPI
+    or host staging), and ``get_backend()`` then reports the name given. Other device types have no
     backend: ValueError, as PyTorch.
     """
     from hpcfsdp import _backend
@@ -165,7 +171,7 @@ def get_default_backend_for_device(device) -> str:
         raise ValueError(f"Default backend not registered for device : {device}") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"Default backend not registered for device : {device}")
-    return "mpi"
+    return "nccl" if dev.type == "cuda" else "gloo"
 
 
 def _default_group() -> ProcessGroup:
@@ -197,10 +203,12 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if _DEFAULT is not None:
             _DEFAULT.destroy()
         _DEFAULT = None
+        _BACKEND_NAMES.clear()
         _pg.set_default_timeout(None)
         return
     _check_group(group)
     group.destroy()
+    _BACKEND_NAMES.pop(id(group), None)
     if group in _GROUPS:
         _GROUPS.remove(group)
     if group is _DEFAULT:
@@ -234,8 +242,10 @@ def get_world_size(group: Any = None) -> int:
 
 
 def get_backend(group: Any = None) -> str:
-    _resolve(group)
-    return "mpi"
+    """The backend name ``group`` was created with, lower case, as PyTorch reports it ("mpi" when none was
+    named; a new_group without ``backend`` inherits the default group's). Every backend runs on MPI."""
+    g = _resolve(group)
+    return _BACKEND_NAMES.get(id(g)) or _BACKEND_NAMES.get(id(_default_group()), "mpi")
 
 
 def _world_of(g: ProcessGroup) -> tuple[int, ...]:
@@ -269,6 +279,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
               group_desc=None):
     """A ProcessGroup of ``ranks`` (default-group ranks). Collective: every rank of the default group
     calls it; ranks outside ``ranks`` get ``GroupMember.NON_GROUP_MEMBER``."""
+    _check_backend(backend)
     d = _default_group()
     if ranks is None:
         ranks = list(range(d.size()))
@@ -280,6 +291,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if g is None:
         return GroupMember.NON_GROUP_MEMBER
     _GROUPS.append(g)
+    if backend is not None:
+        _BACKEND_NAMES[id(g)] = backend.lower()
     return g
 
 
