@@ -320,6 +320,7 @@ def test_keep_last_keeps_k_step_checkpoints_and_removes_stale_temporaries(runs, 
     stale = ckpt / ("latest.tmp-" + "ab" * 16)  # left by a writer killed mid-save in an earlier job
     stale.mkdir(parents=True)
     (stale / "shard-00000.safetensors").write_bytes(b"partial")
+    os.utime(stale / "shard-00000.safetensors", (1e9, 1e9))
     os.utime(stale, (1e9, 1e9))
     args = TINY + ["--out-dir", str(d), "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "2", "--keep-last", "2"]
     res = ok(job(tmp_path, 2, args))
@@ -336,3 +337,33 @@ def test_keep_last_keeps_k_step_checkpoints_and_removes_stale_temporaries(runs, 
     assert "at step 12" in again.stdout
     assert sorted(n for n in os.listdir(ckpt) if n.startswith("step-") and ".ckpt-" not in n) == \
         ["step-00000012", "step-00000014"]
+
+
+def test_stale_temporaries_spare_a_live_writers_and_recent_ones(tmp_path):
+    import time
+
+    from hpcfsdp.cli import _keep
+
+    started = time.time()
+    old = time.time() - 3600
+    dead = tmp_path / ("latest.tmp-" + "aa" * 16)  # nothing touched it for an hour: its writer is gone
+    live = tmp_path / ("latest.tmp-" + "bb" * 16)  # an old directory, but a file in it is being written
+    link = tmp_path / ("latest.link-" + "cc" * 16)
+    for d in (dead, live):
+        d.mkdir()
+        (d / "shard-00000.safetensors").write_bytes(b"partial")
+        os.utime(d / "shard-00000.safetensors", (old, old))
+        os.utime(d, (old, old))
+    os.utime(live / "shard-00000.safetensors")  # written just now
+    os.symlink("step-00000001", link)
+    os.utime(link, (old, old), follow_symlinks=False)
+    (tmp_path / "step-00000001").mkdir()  # not a temporary: never touched
+    gone = _keep.remove_stale_temporaries(str(tmp_path), started)
+    assert sorted(gone) == sorted([dead.name, link.name])
+    assert live.exists() and not dead.exists() and not os.path.lexists(link) and (tmp_path / "step-00000001").exists()
+    # one touched within QUIET seconds before the job started is left to the next start
+    recent = tmp_path / ("latest.tmp-" + "dd" * 16)
+    recent.mkdir()
+    then = started - _keep.QUIET / 2
+    os.utime(recent, (then, then))
+    assert _keep.remove_stale_temporaries(str(tmp_path), started) == [] and recent.exists()

@@ -8,8 +8,11 @@ the one `latest` names. A crash between the two leaves `latest` at the previous 
 nothing it did not already lose. Without --keep-last, `latest` itself is the checkpoint.
 
 A save writes into `NAME.tmp-<32 hex>` first; a writer killed mid-save leaves that directory behind.
-When a job starts, rank 0 removes the ones older than the job: their writer was a job that ended (or
-one still running on the same directory, which is an error of its own, reported by the save).
+When a job starts, rank 0 removes the ones that nothing has touched (the directory and every file in it)
+since QUIET seconds before the job started: their writer was a job that ended. A job still writing into
+the same directory (an error of its own, reported by its save) keeps its temporaries, since it touches
+them; a writer killed less than QUIET seconds before this job started leaves its temporary to the next
+start, which costs only disk space.
 """
 
 import os
@@ -22,6 +25,7 @@ __all__ = ["step_name", "point_latest", "prune", "remove_stale_temporaries"]
 
 _STEP_RE = re.compile(r"step-(\d{8,})\Z")
 _TMP_RE = re.compile(r".+\.(tmp|link)-[0-9a-f]{32}\Z")
+QUIET = 120.0  # seconds without a write before a temporary older than the job counts as a dead writer's
 
 
 def step_name(step: int) -> str:
@@ -70,9 +74,22 @@ def prune(directory, keep: int) -> list:
     return gone
 
 
+def _last_touched(path) -> float:
+    """The newest mtime of `path` (not followed) and, for a directory, of its entries, recursively."""
+    newest = os.lstat(path).st_mtime
+    if os.path.isdir(path) and not os.path.islink(path):
+        for root, dirs, files in os.walk(path):
+            for n in dirs + files:
+                try:
+                    newest = max(newest, os.lstat(os.path.join(root, n)).st_mtime)
+                except FileNotFoundError:
+                    pass
+    return newest
+
+
 def remove_stale_temporaries(directory, started: float) -> list:
-    """Rank 0: delete the `*.tmp-<hex>` directories and `*.link-<hex>` links older than `started` (a
-    time.time()); returns their names."""
+    """Rank 0: delete the `*.tmp-<hex>` directories and `*.link-<hex>` links untouched since QUIET seconds
+    before `started` (a time.time()); returns their names."""
     gone = []
     try:
         names = os.listdir(directory)
@@ -83,7 +100,7 @@ def remove_stale_temporaries(directory, started: float) -> list:
             continue
         path = os.path.join(directory, name)
         try:
-            if os.lstat(path).st_mtime >= started:
+            if _last_touched(path) >= started - QUIET:
                 continue
         except FileNotFoundError:
             continue
