@@ -233,8 +233,8 @@ def test_gpt_dp2_tp2_parity(use_fsdp):
     refp = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
-        if use_fsdp:  # bytes: MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
-            split = dp * tp if ".mlp." in name else dp
+        if use_fsdp:  # bytes: attention and MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
+            split = dp * tp if (".mlp." in name or ".attn." in name) else dp
             assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
 
 

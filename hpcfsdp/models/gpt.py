@@ -90,12 +90,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x):
-        B, T, C = x.shape                                        # batch, sequence length, n_embd
-        hs = C // self.n_head                                    # head size
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)       # 3 x (B, T, C)
-        q = q.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
-        k = k.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
-        v = v.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
+        B, T, _ = x.shape                                        # batch, sequence length, n_embd
+        hs = self.n_embd // self.n_head                          # head size
+        qkv = self.c_attn(x)                                     # (B, T, 3C); 3C/tp under tensor parallelism
+        C = qkv.shape[-1] // 3                                   # this rank's heads x hs (n_embd unsplit)
+        nh = C // hs                                             # this rank's heads (n_head unsplit)
+        q, k, v = qkv.split(C, dim=2)                            # 3 x (B, T, C)
+        q = q.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
+        k = k.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
+        v = v.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )                                                        # (B, nh, T, hs)
@@ -217,12 +220,15 @@ class GPT(nn.Module):
         return logits, loss
 
     def tp_plan(self) -> dict:
-        """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's MLP split (c_fc
-        column-wise, c_proj row-wise, one all-reduce forward and one backward per block). Attention,
-        embeddings, norms and lm_head stay replicated over the tp dim (see [Note: GPT tensor parallelism])."""
+        """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's attention split by heads
+        and its MLP split (see [Note: GPT tensor parallelism]). Embeddings, norms and lm_head stay replicated
+        over the tp dim. n_head must divide over the tp ranks (ValueError naming it otherwise)."""
         from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        from hpcfsdp.distributed.tensor.parallel.style import _PackedColwiseParallel
 
-        return {"transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+        return {"transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head),
+                "transformer.h.*.attn.c_proj": RowwiseParallel(),
+                "transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type=None):
         """AdamW with weight decay on matrices (dim >= 2) only, as nanoGPT."""
@@ -271,7 +277,11 @@ class GPT(nn.Module):
 
 
 # [Note: GPT tensor parallelism]
-# ``GPT.tp_plan`` splits the MLP (the larger half of a block's weights). Splitting attention by heads
-# needs c_attn's fused (3C, C) q/k/v weight split per q, k and v (rank r holds rows r of each third), a
-# layout that is not one contiguous Shard(0) chunk; until DTensor and checkpoints carry such strided
-# pieces, attention weights stay replicated over the tp dim (sharded over the data-parallel dims only).
+# ``GPT.tp_plan`` splits each block Megatron-style, one all-reduce forward and one backward per sublayer:
+# - attention by heads: tp rank r of n runs heads [r*H/n, (r+1)*H/n). c_attn's fused (3C, C) weight is
+#   split per q, k and v (placement _InterleavedShard(0, 3): the rank holds its heads' rows of each third,
+#   three ranges of the global rows, and the same entries of the bias), so its local output is [q, k, v]
+#   of its heads; attention runs on those heads (the forward reads the local head count from the
+#   projection's width); c_proj is row-wise (its input dim split the same way by heads), all-reduced.
+# - MLP: c_fc column-wise, c_proj row-wise, all-reduced.
+# Embeddings, norms and lm_head stay replicated over the tp dim (sharded over the data-parallel dims only).

@@ -12,7 +12,7 @@ and writes them in the background (see [Note: Asynchronous save] in ``_async.py`
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
-from ..tensor._dtensor import _local_bounds
+from ..tensor._dtensor import _local_boxes, _local_ranges
 from . import _async
 from ._format import (
     IncompleteCheckpointError,
@@ -79,14 +79,29 @@ def _walk(obj, prefix, tensors, plain):
     raise TypeError(f"cannot save {type(obj).__name__} at {prefix!r}: checkpoints hold tensors and JSON values")
 
 
-def _box(t: Tensor):
-    """(global shape, offsets, local host array) of a tensor leaf."""
+def _local_views(t: Tensor):
+    """[(global offsets, view of the local array)] of a tensor leaf: one box, or several for a DTensor whose
+    piece is several ranges of the global tensor (see [Note: Interleaved shard]); the views alias ``t._data``."""
     if isinstance(t, DTensor):
         mesh = t.device_mesh
-        bounds = _local_bounds(t.shape, mesh, t.placements, mesh.get_coordinate())
-        arr = _backend.to_numpy(t._data)
-        return tuple(t.shape), tuple(a for a, _ in bounds), arr
-    return tuple(t.shape), (0,) * t.ndim, _backend.to_numpy(t._data)
+        boxes = _local_boxes(_local_ranges(t.shape, mesh, t.placements, mesh.get_coordinate()))
+        return [(goff, t._data[tuple(slice(o, o + n) for o, n in zip(loff, lens))] if lens else t._data)
+                for goff, lens, loff in boxes]
+    return [((0,) * t.ndim, t._data)]
+
+
+def _boxes(t: Tensor):
+    """[(global shape, offsets, local host array)] of a tensor leaf, one per box of its piece."""
+    return [(tuple(t.shape), off, _backend.to_numpy(v)) for off, v in _local_views(t)]
+
+
+def _box(t: Tensor):
+    """(global shape, offsets, local host array) of a tensor leaf whose piece is one box (ValueError otherwise)."""
+    boxes = _boxes(t)
+    if len(boxes) != 1:
+        raise ValueError(f"a DTensor with placements {t.placements} holds {len(boxes)} boxes of the global tensor "
+                         "on this rank; this save path writes one box per tensor (use save)")
+    return boxes[0]
 
 
 _comms: dict = {}
@@ -113,8 +128,7 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
     skeleton = _walk(state_dict, "", tensors, None)
     pieces = {}
     for name, t in tensors.items():
-        shape, offsets, arr = _box(t)
-        pieces[name] = Piece(shape, arr.dtype, offsets, arr)
+        pieces[name] = [Piece(shape, arr.dtype, offsets, arr) for shape, offsets, arr in _boxes(t)]
     _async.wait_pending()  # an async save in flight finishes first
     comm = _comm(process_group)
     save_pieces(str(checkpoint_id), pieces, comm=comm, extras={"skeleton": skeleton},
@@ -173,9 +187,8 @@ def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, 
     tensors: dict = {}
     _walk(state_dict, "", tensors, None)
     requests = {}
-    for name, t in tensors.items():
-        shape, offsets, _ = _box(t)
-        requests[name] = (shape, t._data.dtype, offsets, t._data)  # filled in place (NumPy or CuPy)
+    for name, t in tensors.items():  # views of t._data, filled in place (NumPy or CuPy)
+        requests[name] = [(tuple(t.shape), t._data.dtype, off, view) for off, view in _local_views(t)]
     _async.wait_pending()
     res = load_pieces(str(checkpoint_id), requests, comm=_comm(process_group), strict=strict)
     skel = (res.metadata.extras or {}).get("skeleton")

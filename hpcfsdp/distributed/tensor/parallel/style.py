@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
 from hpcfsdp.distributed.tensor.parallel import _functions as fc
-from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard
+from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard, _InterleavedShard
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel"]
 
@@ -81,14 +81,18 @@ class ColwiseParallel(_LinearStyle):
 
     _default_in, _default_out = Replicate(), Shard(-1)
 
+    def _weight_placement(self, module, mesh, owner):
+        return Shard(0)
+
     def _apply(self, module, device_mesh):
         from hpcfsdp import nn
 
-        mesh = _mesh_1d(device_mesh, "ColwiseParallel")
-        owner = f"ColwiseParallel on {type(module).__name__}"
+        mesh = _mesh_1d(device_mesh, type(self).__name__)
+        owner = f"{type(self).__name__} on {type(module).__name__}"
         if isinstance(module, nn.Linear):
-            _shard_param(module, "weight", mesh, Shard(0), owner)
-            _shard_param(module, "bias", mesh, Shard(0), owner)
+            placement = self._weight_placement(module, mesh, owner)
+            _shard_param(module, "weight", mesh, placement, owner)
+            _shard_param(module, "bias", mesh, placement, owner)
         elif isinstance(module, nn.Embedding):
             _shard_param(module, "weight", mesh, Shard(1), owner)
         else:
@@ -116,6 +120,30 @@ class ColwiseParallel(_LinearStyle):
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
         return module
+
+
+class _PackedColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a Linear whose output packs ``blocks`` equal parts of ``heads`` heads each (a fused
+    q/k/v projection: blocks=3, heads=n_head): every rank holds the rows (and bias entries) of its heads in each
+    part, weight and bias ``_InterleavedShard(0, blocks)`` (see [Note: Interleaved shard]); its local output is
+    [q, k, v] of its heads. ``heads`` must divide over the tensor-parallel ranks."""
+
+    def __init__(self, blocks: int, heads: int, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks, self.heads = blocks, heads
+
+    def _weight_placement(self, module, mesh, owner):
+        n = mesh.size(0)
+        if module.out_features % self.blocks or (module.out_features // self.blocks) % self.heads:
+            raise ValueError(f"{owner}: out_features {module.out_features} is not {self.blocks} parts of "
+                             f"{self.heads} equal heads")
+        if self.heads % n:
+            raise ValueError(f"{owner}: n_head ({self.heads}) is not divisible by the tensor-parallel size ({n}); "
+                             "attention is split by heads, so the tp size must divide the number of heads")
+        return _InterleavedShard(0, self.blocks)
+
+    def __repr__(self):
+        return f"{super().__repr__()[:-1]}, blocks={self.blocks}, heads={self.heads})"
 
 
 class RowwiseParallel(_LinearStyle):
