@@ -1,4 +1,4 @@
-"""Tensor-parallel styles: ColwiseParallel and RowwiseParallel for Linear (and Embedding) modules."""
+"""Tensor-parallel styles: ColwiseParallel and RowwiseParallel for Linear (and Embedding) modules, SequenceParallel."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
 from hpcfsdp.distributed.tensor.parallel import _functions as fc
 from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard, _InterleavedShard
 
-__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel"]
+__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel"]
 
 # [Note: Local outputs]
 # There is no DTensor op dispatch: parallelized modules compute on the local pieces of their DTensor
 # parameters and return local Tensors (PyTorch's use_local_output=True). use_local_output=False, which in
 # PyTorch returns a DTensor that later ops dispatch on, raises NotImplementedError rather than return a
 # DTensor whose ops would silently compute on the local piece as if it were the whole tensor.
+# SequenceParallel keeps PyTorch's signature (use_local_output=False by default) and likewise returns this
+# rank's sequence shard as a local Tensor whatever the flag.
 
 
 def _placement(p, what):
@@ -174,9 +176,12 @@ class RowwiseParallel(_LinearStyle):
             elif inp.dim % x.ndim != x.ndim - 1:
                 raise NotImplementedError(f"{owner}: input_layouts {inp!r}: only Shard(-1) or Replicate()")
             y = F.linear(x, module.weight)
-            y = fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
-                fc.reduce_scatter_along(y, group, out.dim)
-            return y if module.bias is None else y + module.bias
+            if isinstance(out, Replicate):
+                y = fc.reduce_from_group(y, group)
+                return y if module.bias is None else y + module.bias
+            y = fc.reduce_scatter_along(y, group, out.dim)
+            # a replicated bias added to a sequence shard: its gradient is summed over the group
+            return y if module.bias is None else y + fc.copy_to_group(module.bias, group)
 
         module.forward = forward
         return module
@@ -209,6 +214,53 @@ class RowwiseParallel(_LinearStyle):
             y = y * Tensor._wrap(mask[..., None].astype(y._data.dtype))
             return fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
                 fc.reduce_scatter_along(y, group, out.dim)
+
+        module.forward = forward
+        return module
+
+
+class SequenceParallel(ParallelStyle):
+    """Run a module (LayerNorm, RMSNorm, Dropout, ...) on this rank's shard of the sequence dim: parameters
+    Replicate over the tp mesh, input and output Shard(``sequence_dim``) (local tensors, see [Note: Local
+    outputs]). Each parameter enters the computation through an identity whose backward sums the gradient
+    over the group, since each rank's gradient covers only its part of the sequence. Pairs with
+    ``ColwiseParallel(input_layouts=Shard(1))`` (all-gather on the sequence in, reduce-scatter back) and
+    ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter on the sequence out, all-gather back)."""
+
+    def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False):
+        if isinstance(sequence_dim, bool) or not isinstance(sequence_dim, int):
+            raise TypeError(f"SequenceParallel(sequence_dim={sequence_dim!r}): expected an int")
+        self.sequence_dim = sequence_dim
+        self.use_local_output = bool(use_local_output)
+
+    def __repr__(self):
+        return f"SequenceParallel(sequence_dim={self.sequence_dim}, use_local_output={self.use_local_output})"
+
+    def _apply(self, module, device_mesh):
+        mesh = _mesh_1d(device_mesh, "SequenceParallel")
+        owner = f"SequenceParallel on {type(module).__name__}"
+        for m in module.modules():
+            for name in list(m._parameters):
+                _shard_param(m, name, mesh, Replicate(), owner)
+        group = mesh.get_group(0)
+        orig = module.forward
+        seq = self.sequence_dim
+
+        def forward(*args, **kwargs):
+            x = args[0] if args else None
+            if x is not None and hasattr(x, "ndim") and not -x.ndim <= seq < x.ndim:
+                raise ValueError(f"{owner}: sequence_dim {seq} is out of range for an input of shape {tuple(x.shape)}")
+            saved = []
+            for m in module.modules():
+                for name, p in list(m._parameters.items()):
+                    if p is not None and p.requires_grad:
+                        saved.append((m, name, p))
+                        m._parameters[name] = fc.copy_to_group(p, group)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                for m, name, p in saved:
+                    m._parameters[name] = p
 
         module.forward = forward
         return module
