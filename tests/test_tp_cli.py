@@ -39,5 +39,7 @@ def test_tp_config_errors():
         TrainConfig(tp=3).validate(4)
     with pytest.raises(ConfigError, match="tp=0: expected a positive integer"):
         TrainConfig(tp=0).validate(4)
+    with pytest.raises(ConfigError, match=r"tp=2: must divide n_head=3 \(attention is split by heads\)"):
+        TrainConfig(tp=2, n_head=3, n_embd=24).validate(4)
     with pytest.raises(ConfigError, match="NO_SHARD"):
         TrainConfig(tp=2, strategy="NO_SHARD").validate(4)

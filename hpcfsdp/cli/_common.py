@@ -106,8 +106,8 @@ def current_rss_bytes() -> int:
 
 
 def _shard_gpt_tp(model: GPT, cfg, device_type: str):
-    """FSDP x TP: each block's MLP split over the last mesh dim ("tp", consecutive ranks), then fully_shard
-    over the data-parallel dims (("replicate", "shard") for HYBRID_SHARD, else "shard")."""
+    """FSDP x TP: each block's attention (by heads) and MLP split over the last mesh dim ("tp", consecutive
+    ranks), then fully_shard over the data-parallel dims (("replicate", "shard") for HYBRID_SHARD, else "shard")."""
     from hpcfsdp import distributed as dist
     from hpcfsdp.distributed.fsdp import DataParallelMeshDims
     from hpcfsdp.distributed.tensor.parallel import parallelize_module
