@@ -240,3 +240,22 @@ def test_state_dicts_and_hf_round_trip_with_heads_split():
             np.testing.assert_array_equal(p._data, q._data, err_msg=k)
     finally:
         _rmtree(root)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_async_save_of_heads_split_model_is_saved_and_loads():
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    ref, model = _gpt(seed=6), _tp_fsdp(_gpt(seed=6), mesh)
+    root = _tmpdir()
+    try:
+        with pytest.warns(RuntimeWarning, match="saving synchronously"):
+            fut = dcp.async_save({"model": dcp.get_model_state_dict(model)}, checkpoint_id=f"{root}/a")
+        assert fut.result() is None
+        plain = _gpt(seed=1)
+        sd = {"model": dcp.get_model_state_dict(plain)}
+        dcp.load(sd, checkpoint_id=f"{root}/a")
+        dcp.set_model_state_dict(plain, sd["model"])
+        for k, v in ref.state_dict().items():
+            np.testing.assert_array_equal(plain.state_dict()[k]._data, v._data, err_msg=k)
+    finally:
+        _rmtree(root)
