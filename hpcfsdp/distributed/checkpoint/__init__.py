@@ -9,6 +9,8 @@ place, at any world size and mesh, reading only the bytes each rank needs. No pi
 and writes them in the background (see [Note: Asynchronous save] in ``_async.py``).
 """
 
+import numpy as np
+
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
@@ -212,11 +214,22 @@ def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, 
         raise TypeError(f"load expects a dict state_dict, got {type(state_dict).__name__}")
     tensors: dict = {}
     _walk(state_dict, "", tensors, None)
-    requests = {}
+    requests, staged = {}, []
     for name, t in tensors.items():  # views of t._data, filled in place (NumPy or CuPy)
-        requests[name] = [(tuple(t.shape), t._data.dtype, off, view) for off, view in _local_views(t)]
+        reqs, views = [], _local_views(t)
+        if len(views) == 1:
+            views = [(views[0][0], t._data)]
+        for off, view in views:
+            if len(views) > 1 and not isinstance(view, np.ndarray):  # a device view: through host memory
+                host = np.empty(view.shape, view.dtype)
+                staged.append((view, host))
+                view = host
+            reqs.append((tuple(t.shape), t._data.dtype, off, view))
+        requests[name] = reqs
     _async.wait_pending()
     res = load_pieces(str(checkpoint_id), requests, comm=_comm(process_group), strict=strict)
+    for view, host in staged:
+        view[...] = _backend.array_module(view).asarray(host)
     skel = (res.metadata.extras or {}).get("skeleton")
     if skel is not None:
         _fill(skel, state_dict, "")
