@@ -75,3 +75,51 @@ def test_sequence_parallel_signature_and_bad_input():
     parallelize_module(m, mesh, SequenceParallel(sequence_dim=3))
     with pytest.raises(ValueError, match="sequence_dim 3 is out of range"):
         m(hp.randn(B, T // n, C))
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("use_fsdp", [False, True])
+def test_gpt_sequence_parallel_parity_dp2_tp2(use_fsdp):
+    from hpcfsdp.distributed.fsdp import DataParallelMeshDims, fully_shard
+    from hpcfsdp.models import GPT, GPTConfig
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=4, n_embd=16, bias=True)
+    hp.manual_seed(0)
+    ref = GPT(cfg)
+    hp.manual_seed(0)
+    model = GPT(cfg)
+    parallelize_module(model, mesh["tp"], model.tp_plan(sequence_parallel=True))
+    assert model.blocks[0].ln_1.weight.placements == (Replicate(),)
+    if use_fsdp:
+        dims = DataParallelMeshDims(shard="dp")
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh, dp_mesh_dims=dims)
+        fully_shard(model, mesh=mesh, dp_mesh_dims=dims)
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    rng = np.random.default_rng(11)
+    i = mesh.get_local_rank(0)
+    for _ in range(10):
+        x, y = rng.integers(0, 16, (4, 8)), rng.integers(0, 16, (4, 8))
+        _, loss = model(hp.tensor(x[2 * i:2 * i + 2]), hp.tensor(y[2 * i:2 * i + 2]))
+        loss.backward()
+        if not use_fsdp:
+            g = mesh["dp"].get_group(0)
+            for p in model.parameters():
+                g.all_reduce_(p.grad._data, dist.ReduceOp.SUM)
+                p.grad._data[...] /= 2
+        opt.step()
+        opt.zero_grad()
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        t = hp.tensor([loss.item()], dtype=hp.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(t.item(), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        got = p.full_tensor()._data if isinstance(p, DTensor) else p._data
+        np.testing.assert_allclose(got, refp[name]._data, atol=1e-4, err_msg=name)

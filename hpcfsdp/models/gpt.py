@@ -90,9 +90,9 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x):
-        B, T, _ = x.shape                                        # batch, sequence length, n_embd
         hs = self.n_embd // self.n_head                          # head size
         qkv = self.c_attn(x)                                     # (B, T, 3C); 3C/tp under tensor parallelism
+        B, T, _ = qkv.shape                                      # T: the whole sequence (x may be a shard of it)
         C = qkv.shape[-1] // 3                                   # this rank's heads x hs (n_embd unsplit)
         nh = C // hs                                             # this rank's heads (n_head unsplit)
         q, k, v = qkv.split(C, dim=2)                            # 3 x (B, T, C)
@@ -219,16 +219,33 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.reshape(b * t, -1), targets.reshape(b * t), ignore_index=-1)  # ()
         return logits, loss
 
-    def tp_plan(self) -> dict:
+    def tp_plan(self, sequence_parallel: bool = False) -> dict:
         """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's attention split by heads
         and its MLP split (see [Note: GPT tensor parallelism]). Embeddings, norms and lm_head stay replicated
-        over the tp dim. n_head must divide over the tp ranks (ValueError naming it otherwise)."""
-        from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        over the tp dim. n_head must divide over the tp ranks (ValueError naming it otherwise). With
+        ``sequence_parallel`` the norms and residual stream between the split layers run on a shard of the
+        sequence (T must then divide over the tp ranks)."""
+        from hpcfsdp.distributed.tensor import Replicate, Shard
+        from hpcfsdp.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                         RowwiseParallel, SequenceParallel)
         from hpcfsdp.distributed.tensor.parallel.style import _PackedColwiseParallel
 
-        return {"transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head),
-                "transformer.h.*.attn.c_proj": RowwiseParallel(),
-                "transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+        if not sequence_parallel:
+            return {"transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head),
+                    "transformer.h.*.attn.c_proj": RowwiseParallel(),
+                    "transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+        seq = Shard(1)
+        return {
+            "transformer.drop": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq),
+            "transformer.h.*.ln_1": SequenceParallel(),
+            "transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head, input_layouts=seq),
+            "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=seq),
+            "transformer.h.*.ln_2": SequenceParallel(),
+            "transformer.h.*.mlp.c_fc": ColwiseParallel(input_layouts=seq),
+            "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=seq),
+            "transformer.ln_f": SequenceParallel(),
+            "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate()),
+        }
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type=None):
         """AdamW with weight decay on matrices (dim >= 2) only, as nanoGPT."""
@@ -285,3 +302,7 @@ class GPT(nn.Module):
 #   projection's width); c_proj is row-wise (its input dim split the same way by heads), all-reduced.
 # - MLP: c_fc column-wise, c_proj row-wise, all-reduced.
 # Embeddings, norms and lm_head stay replicated over the tp dim (sharded over the data-parallel dims only).
+# With sequence parallelism the residual stream between the split layers is sharded on the sequence: the
+# embeddings' sum is sliced (transformer.drop's output), norms run on the shard (their gradients summed
+# over tp), the split layers all-gather the sequence in and reduce-scatter it out, and lm_head's input is
+# all-gathered again (the loss is computed replicated, as without it).

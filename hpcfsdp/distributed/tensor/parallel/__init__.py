@@ -2,7 +2,8 @@
 
 from hpcfsdp.distributed.tensor.parallel.api import parallelize_module
 from hpcfsdp.distributed.tensor.parallel.loss import vocab_parallel_cross_entropy
-from hpcfsdp.distributed.tensor.parallel.style import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
+from hpcfsdp.distributed.tensor.parallel.style import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                                      PrepareModuleOutput, RowwiseParallel, SequenceParallel)
 
-__all__ = ["ColwiseParallel", "ParallelStyle", "RowwiseParallel", "SequenceParallel", "parallelize_module",
-           "vocab_parallel_cross_entropy"]
+__all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleOutput", "RowwiseParallel",
+           "SequenceParallel", "parallelize_module", "vocab_parallel_cross_entropy"]

@@ -1,4 +1,4 @@
-"""Tensor-parallel styles: ColwiseParallel and RowwiseParallel for Linear (and Embedding) modules, SequenceParallel."""
+"""Tensor-parallel styles: Colwise-/RowwiseParallel (Linear, Embedding), SequenceParallel, PrepareModuleInput/Output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
 from hpcfsdp.distributed.tensor.parallel import _functions as fc
 from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard, _InterleavedShard
 
-__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel"]
+__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+           "PrepareModuleOutput"]
 
 # [Note: Local outputs]
 # There is no DTensor op dispatch: parallelized modules compute on the local pieces of their DTensor
@@ -263,4 +264,92 @@ class SequenceParallel(ParallelStyle):
                     m._parameters[name] = p
 
         module.forward = forward
+        return module
+
+
+def _layouts(value, what):
+    """A placement or a tuple of (placement or None) -> tuple of (placement or None)."""
+    if value is None:
+        return None
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for p in items:
+        if p is not None and not isinstance(p, (Shard, Replicate)):
+            raise TypeError(f"{what}: expected Shard(dim), Replicate() or None, got {p!r}")
+    return items
+
+
+def _convert(x, src, dst, group, what):
+    """``x`` (a local tensor in layout ``src``) in layout ``dst``: see [Note: Tensor-parallel autograd]."""
+    from hpcfsdp._tensor import Tensor
+
+    if src is None or dst is None or not isinstance(x, Tensor) or src == dst:
+        return x
+    if isinstance(src, Replicate) and isinstance(dst, Shard):
+        return fc.scatter_to_group(x, group, dst.dim)
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return fc.gather_from_group(x, group, src.dim)
+    raise NotImplementedError(f"{what}: from {src!r} to {dst!r}; only Replicate() <-> Shard(dim)")
+
+
+def _pair(src, dst, what):
+    if src is None or dst is None:
+        raise ValueError(f"{what}: both the current and the desired layouts are required")
+    if len(src) != len(dst):
+        raise ValueError(f"{what}: {len(src)} current layouts but {len(dst)} desired ones")
+    return src, dst
+
+
+class PrepareModuleInput(ParallelStyle):
+    """Convert a module's positional inputs (local tensors) from ``input_layouts`` to ``desired_input_layouts``
+    on the tensor-parallel mesh (one entry per input, None: left alone): Replicate() -> Shard(d) keeps this
+    rank's slice (all-gather in backward), Shard(d) -> Replicate() all-gathers (own slice in backward). Inputs
+    stay local tensors (see [Note: Local outputs]); keyword inputs are not converted."""
+
+    def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
+                 desired_input_kwarg_layouts=None, use_local_output: bool = False):
+        if input_kwarg_layouts or desired_input_kwarg_layouts:
+            raise NotImplementedError("PrepareModuleInput: input_kwarg_layouts are not supported")
+        self.input_layouts, self.desired_input_layouts = _pair(
+            _layouts(input_layouts, "PrepareModuleInput(input_layouts)"),
+            _layouts(desired_input_layouts, "PrepareModuleInput(desired_input_layouts)"), "PrepareModuleInput")
+        self.use_local_output = bool(use_local_output)
+
+    def _apply(self, module, device_mesh):
+        group = _mesh_1d(device_mesh, "PrepareModuleInput").get_group(0)
+        src, dst = self.input_layouts, self.desired_input_layouts
+
+        def pre(mod, args):
+            if len(args) < len(src):
+                raise ValueError(f"PrepareModuleInput on {type(mod).__name__}: {len(src)} input layouts for "
+                                 f"{len(args)} positional inputs")
+            return tuple(_convert(a, s, d, group, "PrepareModuleInput") for a, s, d in zip(args, src, dst)) + \
+                tuple(args[len(src):])
+
+        module.register_forward_pre_hook(pre)
+        return module
+
+
+class PrepareModuleOutput(ParallelStyle):
+    """Convert a module's output (a local tensor, or a tuple of them) from ``output_layouts`` to
+    ``desired_output_layouts`` on the tensor-parallel mesh, as PrepareModuleInput does for inputs."""
+
+    def __init__(self, *, output_layouts, desired_output_layouts, use_local_output: bool = True):
+        self.output_layouts, self.desired_output_layouts = _pair(
+            _layouts(output_layouts, "PrepareModuleOutput(output_layouts)"),
+            _layouts(desired_output_layouts, "PrepareModuleOutput(desired_output_layouts)"), "PrepareModuleOutput")
+        self.use_local_output = bool(use_local_output)
+
+    def _apply(self, module, device_mesh):
+        group = _mesh_1d(device_mesh, "PrepareModuleOutput").get_group(0)
+        src, dst = self.output_layouts, self.desired_output_layouts
+
+        def post(mod, args, out):
+            outs = out if isinstance(out, tuple) else (out,)
+            if len(outs) != len(src):
+                raise ValueError(f"PrepareModuleOutput on {type(mod).__name__}: {len(src)} output layouts for "
+                                 f"{len(outs)} outputs")
+            new = tuple(_convert(o, s, d, group, "PrepareModuleOutput") for o, s, d in zip(outs, src, dst))
+            return new if isinstance(out, tuple) else new[0]
+
+        module.register_forward_hook(post)
         return module
