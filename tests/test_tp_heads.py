@@ -198,6 +198,10 @@ def test_n_head_not_divisible_by_tp_is_named():
     model = _gpt(n_head=3, n_embd=12)
     with pytest.raises(ValueError, match=rf"n_head \(3\) is not divisible by the tensor-parallel size \({n}\)"):
         parallelize_module(model, mesh, model.tp_plan())
+    from hpcfsdp.distributed.tensor.parallel.style import _PackedColwiseParallel
+
+    with pytest.raises(NotImplementedError, match="output_layouts must be Shard"):
+        _PackedColwiseParallel(3, 4, output_layouts=Replicate())
 
 
 @pytest.mark.mpi(min_size=4)

@@ -164,16 +164,6 @@ def _local_ranges(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> 
     return ranges
 
 
-def _local_bounds(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[tuple[int, int]]:
-    """Per tensor dim, [start, stop) of this rank's piece, for layouts whose piece is one box (ValueError
-    otherwise: use ``_local_ranges``)."""
-    ranges = _local_ranges(shape, mesh, placements, coord)
-    if any(len(r) > 1 for r in ranges):
-        raise ValueError(f"placements {tuple(placements)} give this rank several pieces of shape {tuple(shape)}: "
-                         "its piece is not one box")
-    return [r[0] for r in ranges]
-
-
 def _local_boxes(ranges) -> list[tuple[tuple, tuple, tuple]]:
     """(global offsets, lengths, local offsets) of each box of a piece described by ``_local_ranges``."""
     per_dim = []

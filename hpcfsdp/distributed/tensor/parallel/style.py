@@ -133,6 +133,9 @@ class _PackedColwiseParallel(ColwiseParallel):
 
     def __init__(self, blocks: int, heads: int, **kwargs):
         super().__init__(**kwargs)
+        if isinstance(self.output_layouts, Replicate):  # gathering would interleave the ranks' parts
+            raise NotImplementedError(f"{type(self).__name__}: output_layouts must be Shard(-1) (each rank's "
+                                      "parts of its heads)")
         self.blocks, self.heads = blocks, heads
 
     def _weight_placement(self, module, mesh, owner):
