@@ -263,3 +263,36 @@ def test_async_save_of_heads_split_model_is_saved_and_loads():
             np.testing.assert_array_equal(plain.state_dict()[k]._data, v._data, err_msg=k)
     finally:
         _rmtree(root)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+def test_gpt_heads_split_with_uneven_fsdp_pieces():
+    """n_embd=10, 2 heads of 5: each tp rank's c_attn piece has 15 rows, 8 and 7 over dp=2 (pieces cross the
+    q/k/v boundaries); training matches the unsharded GPT and the pieces are what FSDP's chunking says."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    i, j = mesh.get_coordinate()
+    kw = dict(n_embd=10, n_head=2)
+    ref, model = _gpt(seed=2, **kw), _tp_fsdp(_gpt(seed=2, **kw), mesh)
+    rows = _interleaved_rows(30, 3, 2, j)
+    a, b = _chunk(len(rows), 2, i)
+    np.testing.assert_array_equal(model.blocks[0].attn.c_attn.weight._data,
+                                  ref.blocks[0].attn.c_attn.weight._data[rows[a:b]])
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+    rng = np.random.default_rng(8)
+    for _ in range(4):
+        x, y = rng.integers(0, 16, (4, 8)), rng.integers(0, 16, (4, 8))
+        _, loss = model(hp.tensor(x[2 * i:2 * i + 2]), hp.tensor(y[2 * i:2 * i + 2]))
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        ropt.step()
+        ropt.zero_grad()
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.full_tensor()._data, refp[name]._data, atol=1e-4, err_msg=name)
