@@ -233,8 +233,8 @@ def test_gpt_dp2_tp2_parity(use_fsdp):
     refp = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
-        if use_fsdp:  # bytes: MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
-            split = dp * tp if ".mlp." in name else dp
+        if use_fsdp:  # bytes: attention and MLP weights / (dp*tp), the rest / dp (this model's dims divide evenly)
+            split = dp * tp if (".mlp." in name or ".attn." in name) else dp
             assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
 
 
@@ -297,7 +297,8 @@ def test_sharding_plan_bad_input_names_the_key():
 @pytest.mark.mpi(min_size=8)
 @pytest.mark.timeout(300)
 def test_gpt_hsdp_x_tp_parity_8_ranks():
-    """(replicate=2, shard=2, tp=2): the GPT's MLP split over tp, HSDP over the other two dims."""
+    """(replicate=2, shard=2, tp=2): the GPT's attention (by heads) and MLP split over tp, HSDP over the other
+    two dims."""
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("replicate", "shard", "tp"))
     ref, model = _tiny_gpt(), _tiny_gpt()
     parallelize_module(model, mesh["tp"], model.tp_plan())
@@ -326,7 +327,7 @@ def test_gpt_hsdp_x_tp_parity_8_ranks():
     refp = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p), refp[name]._data, atol=1e-4, err_msg=name)
-        split = 4 if ".mlp." in name else 2  # shard x tp, or shard only (replicated over replicate and tp)
+        split = 4 if (".mlp." in name or ".attn." in name) else 2  # shard x tp, or shard only
         assert p._data.nbytes * split == 4 * int(np.prod(p.shape)), name
 
 

@@ -34,10 +34,24 @@ def test_train_tp2_at_4_ranks_matches_dp2(tmp_path):
     np.testing.assert_allclose([g[1:] for g in got], [w[1:] for w in want], rtol=2e-4)
 
 
+@pytest.mark.timeout(500)
+def test_train_tp2_sequence_parallel_matches_dp2(tmp_path):
+    want = _train(str(tmp_path), 2, [])
+    got = _train(str(tmp_path), 4, ["--tp", "2", "--sequence-parallel"])
+    assert [s for s, _, _ in got] == [s for s, _, _ in want] and len(got) == 6
+    np.testing.assert_allclose([g[1:] for g in got], [w[1:] for w in want], rtol=2e-4)
+
+
 def test_tp_config_errors():
     with pytest.raises(ConfigError, match="tp=3: must divide the world size 4"):
         TrainConfig(tp=3).validate(4)
     with pytest.raises(ConfigError, match="tp=0: expected a positive integer"):
         TrainConfig(tp=0).validate(4)
+    with pytest.raises(ConfigError, match=r"tp=2: must divide n_head=3 \(attention is split by heads\)"):
+        TrainConfig(tp=2, n_head=3, n_embd=24).validate(4)
+    with pytest.raises(ConfigError, match="sequence_parallel=True: needs tensor parallelism"):
+        TrainConfig(sequence_parallel=True).validate(4)
+    with pytest.raises(ConfigError, match="tp must divide block_size=9"):
+        TrainConfig(tp=2, sequence_parallel=True, block_size=9).validate(4)
     with pytest.raises(ConfigError, match="NO_SHARD"):
         TrainConfig(tp=2, strategy="NO_SHARD").validate(4)

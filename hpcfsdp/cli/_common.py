@@ -106,8 +106,8 @@ def current_rss_bytes() -> int:
 
 
 def _shard_gpt_tp(model: GPT, cfg, device_type: str):
-    """FSDP x TP: each block's MLP split over the last mesh dim ("tp", consecutive ranks), then fully_shard
-    over the data-parallel dims (("replicate", "shard") for HYBRID_SHARD, else "shard")."""
+    """FSDP x TP: each block's attention (by heads) and MLP split over the last mesh dim ("tp", consecutive
+    ranks), then fully_shard over the data-parallel dims (("replicate", "shard") for HYBRID_SHARD, else "shard")."""
     from hpcfsdp import distributed as dist
     from hpcfsdp.distributed.fsdp import DataParallelMeshDims
     from hpcfsdp.distributed.tensor.parallel import parallelize_module
@@ -120,8 +120,16 @@ def _shard_gpt_tp(model: GPT, cfg, device_type: str):
         mesh = init_device_mesh(device_type, (dp, cfg.tp), mesh_dim_names=("shard", "tp"))
         dims = DataParallelMeshDims(shard="shard")
     # the plan's modules under any wrapper (activation checkpointing adds a path segment)
-    styles = {".".join(k.split(".")[-2:]): v for k, v in model.tp_plan().items()}
-    plan = {n: v for n, _ in model.named_modules() for suffix, v in styles.items() if n.endswith("." + suffix)}
+    import fnmatch
+
+    styles = model.tp_plan(sequence_parallel=cfg.sequence_parallel)
+    plan = {}
+    for n, _ in model.named_modules():
+        parts = [p for p in n.split(".") if p != "_checkpoint_wrapped_module"]
+        for key, v in styles.items():
+            pat = key.split(".")
+            if n and len(pat) == len(parts) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat)):
+                plan[n] = v
     parallelize_module(model, mesh["tp"], plan)
     _fully_shard_units(model, cfg, mesh, dims)
     return mesh

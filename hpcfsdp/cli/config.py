@@ -98,7 +98,8 @@ class TrainConfig:
     # parallelism
     strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
     mesh: Optional[tuple] = None  # None = all ranks in one dim; "RxS" = (replicate, shard), HYBRID_SHARD
-    tp: int = 1  # tensor-parallel ranks per data-parallel rank (each block's MLP split); mesh is then per tp slice
+    tp: int = 1  # tensor-parallel ranks per data-parallel rank (each block's attention heads and MLP split); mesh is then per tp slice
+    sequence_parallel: bool = False  # with tp > 1: norms and the residual stream run on a shard of the sequence
     mixed_precision: str = "none"  # bf16 | fp16 | none (parameters for compute; reductions in fp32)
     cpu_offload: bool = False  # keep sharded parameters and optimizer state in host memory
     device: str = "cpu"  # cpu | cuda (each rank uses the GPU numbered by its node-local rank)
@@ -221,12 +222,18 @@ class TrainConfig:
         tp = self.tp
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tp={tp!r}: expected a positive integer")
+        if self.sequence_parallel and tp == 1:
+            raise ConfigError("sequence_parallel=True: needs tensor parallelism (--tp K with K > 1)")
         if tp == 1:
             return
+        if self.sequence_parallel and self.block_size % tp:
+            raise ConfigError(f"sequence_parallel=True with tp={tp}: tp must divide block_size={self.block_size}")
         if world_size % tp:
             raise ConfigError(f"tp={tp}: must divide the world size {world_size}")
         if (4 * self.n_embd) % tp:
             raise ConfigError(f"tp={tp}: must divide the MLP width 4*n_embd={4 * self.n_embd}")
+        if self.n_head % tp:
+            raise ConfigError(f"tp={tp}: must divide n_head={self.n_head} (attention is split by heads)")
         if self.strategy == "NO_SHARD":
             raise ConfigError(f"tp={tp}: strategy NO_SHARD is not supported with tensor parallelism")
 
@@ -506,7 +513,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--strategy", choices=STRATEGIES, default=S, help=_help("strategy", "FSDP sharding strategy"))
     g.add_argument("--mesh", metavar="RxS", default=S,
                    help=_help("mesh", "device mesh: 'N' (1-D) or 'RxS' (replicate x shard, HYBRID_SHARD); product = world size; 'none' = all ranks"))
-    g.add_argument("--tp", type=int, default=S, help=_help("tp", "tensor-parallel ranks (each block's MLP split over them); data parallelism over world/tp"))
+    g.add_argument("--tp", type=int, default=S, help=_help("tp", "tensor-parallel ranks (each block's attention heads and MLP split over them); data parallelism over world/tp"))
     g.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=S, help=_help("mixed_precision", "parameter dtype for compute"))
     g.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("cpu_offload", "keep sharded parameters and optimizer state in host memory"))
@@ -520,6 +527,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("sequence_parallel", "with --tp: norms and the residual stream on a shard of the sequence"))
     g.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("async_checkpoint", "write periodic checkpoints in the background while training"))
     g.add_argument("--keep-last", type=int, metavar="K", default=S,

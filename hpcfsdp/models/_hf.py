@@ -12,7 +12,8 @@ _CKPT_PREFIX = "_checkpoint_wrapped_module."
 # A sharded model's parameter is a DTensor whose local piece covers, per tensor dimension, the
 # torch.chunk piece of each mesh dimension that shards it (nested in mesh order; FSDP shards dim 0).
 # `load_weights` computes those bounds from the DTensor's public placements and mesh coordinate and
-# asks safetensors for exactly that slice (`safe_open(...).get_slice(name)[a:b, c:d]`), which reads
+# asks safetensors for exactly that slice (one per box when the piece is several ranges, as a fused q/k/v
+# weight split by heads) (`safe_open(...).get_slice(name)[a:b, c:d]`), which reads
 # only those bytes from the memory-mapped file. So `from_pretrained(path, shard_fn=...)` builds the
 # model on the meta device, lets `shard_fn` apply fully_shard, allocates only the local shards
 # (`to_empty`) and fills them: no rank ever holds the whole model. A tensor stored transposed in the
@@ -97,15 +98,17 @@ def read_config(path) -> dict:
         return json.load(f)
 
 
-def _local_bounds(p):
-    """Per dimension, [start, stop) of this rank's piece of parameter ``p`` (the whole of a plain tensor)."""
+def _local_boxes(p):
+    """[(global offsets, lengths, local offsets)] of the boxes of this rank's piece of parameter ``p`` (one box,
+    the whole tensor, for a plain tensor; several for a fused q/k/v weight split by heads)."""
     from hpcfsdp.distributed.tensor import DTensor
-    from hpcfsdp.distributed.tensor._dtensor import _local_bounds as dtensor_bounds
+    from hpcfsdp.distributed.tensor._dtensor import _local_boxes as boxes
+    from hpcfsdp.distributed.tensor._dtensor import _local_ranges
 
     if not isinstance(p, DTensor):
-        return [(0, int(s)) for s in p.shape]
+        return [((0,) * p.ndim, tuple(int(s) for s in p.shape), (0,) * p.ndim)]
     mesh = p.device_mesh
-    return dtensor_bounds(p.shape, mesh, p.placements, mesh.get_coordinate())
+    return boxes(_local_ranges(p.shape, mesh, p.placements, mesh.get_coordinate()))
 
 
 def _local_array(p):
@@ -138,15 +141,16 @@ def load_weights(model, path, name_map, transposed=lambda key: False):
         if (fshape[::-1] if t else fshape) != want:
             raise ValueError(f"{path}: tensor {name} has shape {fshape}{' (stored transposed)' if t else ''}, "
                              f"parameter {key} expects {want}")
-        b = _local_bounds(p)
-        piece = ckpt.read(name, b[::-1] if t else b)
-        if t:
-            piece = piece.T
         dst = _local_array(p)
         if _backend.is_meta_array(dst):
             raise RuntimeError(f"parameter {key} is on the meta device; call to_empty() before loading")
         xp = _backend.array_module(dst)
-        dst[...] = xp.asarray(piece.astype(dst.dtype, copy=False))
+        for goff, lens, loff in _local_boxes(p):
+            b = [(o, o + n) for o, n in zip(goff, lens)]
+            piece = ckpt.read(name, b[::-1] if t else b)
+            if t:
+                piece = piece.T
+            dst[tuple(slice(o, o + n) for o, n in zip(loff, lens))] = xp.asarray(piece.astype(dst.dtype, copy=False))
     return used, ckpt
 
 

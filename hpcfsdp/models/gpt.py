@@ -90,12 +90,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x):
-        B, T, C = x.shape                                        # batch, sequence length, n_embd
-        hs = C // self.n_head                                    # head size
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)       # 3 x (B, T, C)
-        q = q.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
-        k = k.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
-        v = v.reshape(B, T, self.n_head, hs).transpose(1, 2)     # (B, nh, T, hs)
+        hs = self.n_embd // self.n_head                          # head size
+        qkv = self.c_attn(x)                                     # (B, T, 3C); 3C/tp under tensor parallelism
+        B, T, _ = qkv.shape                                      # T: the whole sequence (x may be a shard of it)
+        C = qkv.shape[-1] // 3                                   # this rank's heads x hs (n_embd unsplit)
+        nh = C // hs                                             # this rank's heads (n_head unsplit)
+        q, k, v = qkv.split(C, dim=2)                            # 3 x (B, T, C)
+        q = q.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
+        k = k.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
+        v = v.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )                                                        # (B, nh, T, hs)
@@ -216,13 +219,33 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.reshape(b * t, -1), targets.reshape(b * t), ignore_index=-1)  # ()
         return logits, loss
 
-    def tp_plan(self) -> dict:
-        """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's MLP split (c_fc
-        column-wise, c_proj row-wise, one all-reduce forward and one backward per block). Attention,
-        embeddings, norms and lm_head stay replicated over the tp dim (see [Note: GPT tensor parallelism])."""
-        from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    def tp_plan(self, sequence_parallel: bool = False) -> dict:
+        """A ``parallelize_module`` plan over a 1-D tensor-parallel mesh: every block's attention split by heads
+        and its MLP split (see [Note: GPT tensor parallelism]). Embeddings, norms and lm_head stay replicated
+        over the tp dim. n_head must divide over the tp ranks (ValueError naming it otherwise). With
+        ``sequence_parallel`` the norms and residual stream between the split layers run on a shard of the
+        sequence (T must then divide over the tp ranks)."""
+        from hpcfsdp.distributed.tensor import Replicate, Shard
+        from hpcfsdp.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                         RowwiseParallel, SequenceParallel)
+        from hpcfsdp.distributed.tensor.parallel.style import _PackedColwiseParallel
 
-        return {"transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+        if not sequence_parallel:
+            return {"transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head),
+                    "transformer.h.*.attn.c_proj": RowwiseParallel(),
+                    "transformer.h.*.mlp.c_fc": ColwiseParallel(), "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+        seq = Shard(1)
+        return {
+            "transformer.drop": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq),
+            "transformer.h.*.ln_1": SequenceParallel(),
+            "transformer.h.*.attn.c_attn": _PackedColwiseParallel(3, self.config.n_head, input_layouts=seq),
+            "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=seq),
+            "transformer.h.*.ln_2": SequenceParallel(),
+            "transformer.h.*.mlp.c_fc": ColwiseParallel(input_layouts=seq),
+            "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=seq),
+            "transformer.ln_f": SequenceParallel(),
+            "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate()),
+        }
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type=None):
         """AdamW with weight decay on matrices (dim >= 2) only, as nanoGPT."""
@@ -271,7 +294,15 @@ class GPT(nn.Module):
 
 
 # [Note: GPT tensor parallelism]
-# ``GPT.tp_plan`` splits the MLP (the larger half of a block's weights). Splitting attention by heads
-# needs c_attn's fused (3C, C) q/k/v weight split per q, k and v (rank r holds rows r of each third), a
-# layout that is not one contiguous Shard(0) chunk; until DTensor and checkpoints carry such strided
-# pieces, attention weights stay replicated over the tp dim (sharded over the data-parallel dims only).
+# ``GPT.tp_plan`` splits each block Megatron-style, one all-reduce forward and one backward per sublayer:
+# - attention by heads: tp rank r of n runs heads [r*H/n, (r+1)*H/n). c_attn's fused (3C, C) weight is
+#   split per q, k and v (placement _InterleavedShard(0, 3): the rank holds its heads' rows of each third,
+#   three ranges of the global rows, and the same entries of the bias), so its local output is [q, k, v]
+#   of its heads; attention runs on those heads (the forward reads the local head count from the
+#   projection's width); c_proj is row-wise (its input dim split the same way by heads), all-reduced.
+# - MLP: c_fc column-wise, c_proj row-wise, all-reduced.
+# Embeddings, norms and lm_head stay replicated over the tp dim (sharded over the data-parallel dims only).
+# With sequence parallelism the residual stream between the split layers is sharded on the sequence: the
+# embeddings' sum is sliced (transformer.drop's output), norms run on the shard (their gradients summed
+# over tp), the split layers all-gather the sequence in and reduce-scatter it out, and lm_head's input is
+# all-gathered again (the loss is computed replicated, as without it).

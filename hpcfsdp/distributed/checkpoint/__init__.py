@@ -9,10 +9,12 @@ place, at any world size and mesh, reading only the bytes each rank needs. No pi
 and writes them in the background (see [Note: Asynchronous save] in ``_async.py``).
 """
 
+import numpy as np
+
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
-from ..tensor._dtensor import _local_bounds
+from ..tensor._dtensor import _local_boxes, _local_ranges
 from . import _async
 from ._format import (
     IncompleteCheckpointError,
@@ -79,14 +81,29 @@ def _walk(obj, prefix, tensors, plain):
     raise TypeError(f"cannot save {type(obj).__name__} at {prefix!r}: checkpoints hold tensors and JSON values")
 
 
-def _box(t: Tensor):
-    """(global shape, offsets, local host array) of a tensor leaf."""
+def _local_views(t: Tensor):
+    """[(global offsets, view of the local array)] of a tensor leaf: one box, or several for a DTensor whose
+    piece is several ranges of the global tensor (see [Note: Interleaved shard]); the views alias ``t._data``."""
     if isinstance(t, DTensor):
         mesh = t.device_mesh
-        bounds = _local_bounds(t.shape, mesh, t.placements, mesh.get_coordinate())
-        arr = _backend.to_numpy(t._data)
-        return tuple(t.shape), tuple(a for a, _ in bounds), arr
-    return tuple(t.shape), (0,) * t.ndim, _backend.to_numpy(t._data)
+        boxes = _local_boxes(_local_ranges(t.shape, mesh, t.placements, mesh.get_coordinate()))
+        return [(goff, t._data[tuple(slice(o, o + n) for o, n in zip(loff, lens))] if lens else t._data)
+                for goff, lens, loff in boxes]
+    return [((0,) * t.ndim, t._data)]
+
+
+def _boxes(t: Tensor):
+    """[(global shape, offsets, local host array)] of a tensor leaf, one per box of its piece."""
+    return [(tuple(t.shape), off, _backend.to_numpy(v)) for off, v in _local_views(t)]
+
+
+def _box(t: Tensor):
+    """(global shape, offsets, local host array) of a tensor leaf whose piece is one box (ValueError otherwise)."""
+    boxes = _boxes(t)
+    if len(boxes) != 1:
+        raise ValueError(f"a DTensor with placements {t.placements} holds {len(boxes)} boxes of the global tensor "
+                         "on this rank; this save path writes one box per tensor (use save)")
+    return boxes[0]
 
 
 _comms: dict = {}
@@ -113,8 +130,7 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
     skeleton = _walk(state_dict, "", tensors, None)
     pieces = {}
     for name, t in tensors.items():
-        shape, offsets, arr = _box(t)
-        pieces[name] = Piece(shape, arr.dtype, offsets, arr)
+        pieces[name] = [Piece(shape, arr.dtype, offsets, arr) for shape, offsets, arr in _boxes(t)]
     _async.wait_pending()  # an async save in flight finishes first
     comm = _comm(process_group)
     save_pieces(str(checkpoint_id), pieces, comm=comm, extras={"skeleton": skeleton},
@@ -124,11 +140,37 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None, process_group=None,
                async_checkpointer_type=None, async_stager=None, no_dist: bool = False, use_collectives: bool = True):
     """``save`` in the background: returns a ``concurrent.futures.Future`` once this rank's pieces are copied
-    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective."""
+    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective.
+
+    A state dict holding a DTensor whose local piece is several boxes of the global tensor (a fused q/k/v
+    weight split by heads) is saved synchronously (the background writer takes one box per tensor) and the
+    Future returned is already done; a warning says so."""
+    plain = (checkpoint_id is not None and storage_writer is None and planner is None and async_stager is None
+             and async_checkpointer_type is None and not no_dist and use_collectives)
+    if plain and isinstance(state_dict, dict):
+        tensors: dict = {}
+        _walk(state_dict, "", tensors, None)
+        local = any(len(_local_views(t)) > 1 for t in tensors.values())
+        if _comm(process_group).allreduce(int(local), op=_mpi_max()):
+            import warnings
+            from concurrent.futures import Future
+
+            warnings.warn("async_save: some DTensors hold several boxes of their global tensor on a rank; "
+                          "saving synchronously", RuntimeWarning, stacklevel=2)
+            save(state_dict, checkpoint_id=checkpoint_id, process_group=process_group)
+            done: Future = Future()
+            done.set_result(None)
+            return done
     return _async.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=storage_writer,
                              planner=planner, process_group=process_group,
                              async_checkpointer_type=async_checkpointer_type, async_stager=async_stager,
                              no_dist=no_dist, use_collectives=use_collectives, _walk=_walk, _box=_box)
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def _fill(skel, dest, path):
@@ -172,12 +214,22 @@ def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, 
         raise TypeError(f"load expects a dict state_dict, got {type(state_dict).__name__}")
     tensors: dict = {}
     _walk(state_dict, "", tensors, None)
-    requests = {}
-    for name, t in tensors.items():
-        shape, offsets, _ = _box(t)
-        requests[name] = (shape, t._data.dtype, offsets, t._data)  # filled in place (NumPy or CuPy)
+    requests, staged = {}, []
+    for name, t in tensors.items():  # views of t._data, filled in place (NumPy or CuPy)
+        reqs, views = [], _local_views(t)
+        if len(views) == 1:
+            views = [(views[0][0], t._data)]
+        for off, view in views:
+            if len(views) > 1 and not isinstance(view, np.ndarray):  # a device view: through host memory
+                host = np.empty(view.shape, view.dtype)
+                staged.append((view, host))
+                view = host
+            reqs.append((tuple(t.shape), t._data.dtype, off, view))
+        requests[name] = reqs
     _async.wait_pending()
     res = load_pieces(str(checkpoint_id), requests, comm=_comm(process_group), strict=strict)
+    for view, host in staged:
+        view[...] = _backend.array_module(view).asarray(host)
     skel = (res.metadata.extras or {}).get("skeleton")
     if skel is not None:
         _fill(skel, state_dict, "")

@@ -11,7 +11,7 @@ import numpy as np
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
-from ..tensor._dtensor import _local_bounds
+from ..tensor._dtensor import _local_ranges, _take
 from ._fully_shard import FSDPModule
 from .api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 
@@ -245,10 +245,9 @@ def local_chunk(full: Tensor, like: DTensor) -> Tensor:
         raise ValueError(f"full tensor of shape {tuple(full.shape)} does not match the sharded tensor's "
                          f"global shape {tuple(like.shape)}")
     mesh = like.device_mesh
-    bounds = _local_bounds(like.shape, mesh, like.placements, mesh.get_coordinate())
-    idx = tuple(slice(a, b) for a, b in bounds)
+    piece = _take(full._data, _local_ranges(like.shape, mesh, like.placements, mesh.get_coordinate()))
     xp = _backend.array_module(like._data)
-    return Tensor._wrap(xp.ascontiguousarray(xp.asarray(full._data[idx])))
+    return Tensor._wrap(xp.ascontiguousarray(xp.asarray(piece)))
 
 
 # -- optimizer state --------------------------------------------------------------------------------------

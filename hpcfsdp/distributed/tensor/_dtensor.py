@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from hpcfsdp._backend import array_module, is_meta_array
+from hpcfsdp._backend import array_module, is_meta_array, meta_array
 from hpcfsdp._tensor import Size, Tensor
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
-from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard, _StridedShard
+from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard, _InterleavedShard, _StridedShard
 
-__all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds"]
+__all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds", "_local_ranges",
+           "_local_boxes", "_take"]
 
 # [Note: DTensor storage]
 # A DTensor's ``_data`` is the LOCAL piece (what optimizers update in place and what the
@@ -24,7 +26,9 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 # acts on the local piece. Sharding follows torch.chunk (FSDP2): Shard(d) over n ranks gives rank
 # r the indices [r*c, min((r+1)*c, size)) with c = ceil(size/n), so the last ranks may hold fewer
 # rows or none. Several mesh dimensions sharding the same tensor dimension nest in mesh order (plain
-# Shard placements first, then _StridedShard ones; see [Note: Strided shard]).
+# Shard and _InterleavedShard placements first, then _StridedShard ones; see [Note: Strided shard]).
+# A rank's piece is, per tensor dim, a list of global index ranges concatenated in its local array:
+# one range except under an _InterleavedShard (see [Note: Interleaved shard]).
 
 
 def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -79,36 +83,112 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
             d = p.dim + ndim if p.dim < 0 else p.dim
             if not 0 <= d < ndim:
                 raise ValueError(f"{p!r} is out of range for a {ndim}-d tensor")
-            out.append(_StridedShard(d, p.split_factor) if isinstance(p, _StridedShard) else Shard(d))
+            out.append(type(p)(d, p.split_factor) if isinstance(p, (_StridedShard, _InterleavedShard)) else Shard(d))
         elif isinstance(p, Replicate):
             out.append(p)
         else:
             raise TypeError(f"placement {p!r}: expected Shard(dim) or Replicate()")
     for p in out:
         if isinstance(p, _StridedShard):
-            want = math.prod(mesh.size(i) for i, q in enumerate(out) if type(q) is Shard and q.dim == p.dim)
+            want = math.prod(mesh.size(i) for i, q in enumerate(out) if _first_phase(q) and q.dim == p.dim)
             if p.split_factor != want:
                 raise ValueError(f"{p!r} on mesh {mesh!r}: split_factor must be the number of pieces the plain "
                                  f"Shard({p.dim}) placements cut the dim into ({want})")
     return tuple(out)
 
 
+def _first_phase(p) -> bool:
+    """A Shard or _InterleavedShard placement: chunks in mesh order before any _StridedShard."""
+    return isinstance(p, Shard) and not isinstance(p, _StridedShard)
+
+
 def _shard_order(placements) -> list[int]:
-    """Mesh dims with a Shard placement in the order their chunking applies: plain shards in mesh order,
-    then strided shards in mesh order (see [Note: Strided shard])."""
-    plain = [i for i, p in enumerate(placements) if type(p) is Shard]
+    """Mesh dims with a Shard placement in the order their chunking applies: plain (and interleaved) shards
+    in mesh order, then strided shards in mesh order (see [Note: Strided shard])."""
+    plain = [i for i, p in enumerate(placements) if _first_phase(p)]
     return plain + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]
 
 
-def _local_bounds(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[tuple[int, int]]:
-    """Per tensor dim, [start, stop) of this rank's piece (nested chunking in ``_shard_order``)."""
-    bounds = [(0, int(s)) for s in shape]
+def _level_picks(n: int, placement, size: int, r: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges, in local order, that rank ``r`` of ``size`` takes from a piece of ``n`` indices."""
+    if isinstance(placement, _InterleavedShard):
+        sf = placement.split_factor
+        if n % sf:
+            raise ValueError(f"{placement!r}: a piece of {n} indices along dim {placement.dim} does not split into "
+                             f"{sf} equal blocks")
+        a, b = _chunk_bounds(n // sf, size, r)
+        return [(k * (n // sf) + a, k * (n // sf) + b) for k in range(sf)]
+    return [_chunk_bounds(n, size, r)]
+
+
+def _select(ranges, a: int, b: int) -> list[tuple[int, int]]:
+    """Positions [a, b) of the index sequence that ``ranges`` (global ranges, concatenated) spells."""
+    out, pos = [], 0
+    for lo, hi in ranges:
+        s, e = max(a - pos, 0), min(b - pos, hi - lo)
+        if s < e:
+            out.append((lo + s, lo + e))
+        pos += hi - lo
+    return out
+
+
+def _position(ranges, a: int) -> int:
+    """Global index of position ``a`` of the sequence ``ranges`` spells (its end when ``a`` is past it)."""
+    pos = 0
+    for lo, hi in ranges:
+        if a < pos + hi - lo:
+            return lo + a - pos
+        pos += hi - lo
+    return ranges[-1][1]
+
+
+def _local_ranges(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> list[list[tuple[int, int]]]:
+    """Per tensor dim, the global [start, stop) ranges of this rank's piece in local order (nested chunking in
+    ``_shard_order``; more than one range only under an _InterleavedShard). An empty piece is one empty range."""
+    ranges = [[(0, int(s))] for s in shape]
     for i in _shard_order(placements):
-        d = placements[i].dim
-        lo, hi = bounds[d]
-        a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
-        bounds[d] = (lo + a, lo + b)
-    return bounds
+        p = placements[i]
+        cur = ranges[p.dim]
+        picks = _level_picks(sum(b - a for a, b in cur), p, mesh.size(i), coord[i])
+        new = [x for a, b in picks for x in _select(cur, a, b)]
+        merged = []
+        for a, b in new:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        if not merged:  # an empty piece sits where torch.chunk puts it
+            pos = _position(cur, picks[0][0])
+            merged = [(pos, pos)]
+        ranges[p.dim] = merged
+    return ranges
+
+
+def _local_boxes(ranges) -> list[tuple[tuple, tuple, tuple]]:
+    """(global offsets, lengths, local offsets) of each box of a piece described by ``_local_ranges``."""
+    per_dim = []
+    for rs in ranges:
+        items, at = [], 0
+        for a, b in rs:
+            items.append((a, b - a, at))
+            at += b - a
+        per_dim.append(items)
+    return [tuple(tuple(x[j] for x in combo) for j in range(3)) for combo in itertools.product(*per_dim)]
+
+
+def _take(arr, ranges):
+    """The piece of the full array ``arr`` that ``ranges`` (see ``_local_ranges``) describe (a view when one box)."""
+    if is_meta_array(arr):
+        return meta_array(tuple(sum(b - a for a, b in rs) for rs in ranges), arr.dtype)
+    xp = array_module(arr)
+    out = arr
+    for d, rs in enumerate(ranges):
+        head = (slice(None),) * d
+        if len(rs) == 1:
+            out = out[head + (slice(*rs[0]),)]
+        else:
+            out = xp.concatenate([out[head + (slice(a, b),)] for a, b in rs], axis=d)
+    return out
 
 
 class DTensor(Tensor):
@@ -169,18 +249,39 @@ class DTensor(Tensor):
         cur = self._data
         shards = _shard_order(pl)
         extents = {}
-        bounds = [(0, s) for s in spec.shape]
+        bounds = list(spec.shape)  # per dim, the piece size before the next level
         for i in shards:
             d = pl[i].dim
-            lo, hi = bounds[d]
-            extents[i] = hi - lo
-            a, b = _chunk_bounds(hi - lo, mesh.size(i), coord[i])
-            bounds[d] = (lo + a, lo + b)
+            extents[i] = bounds[d]
+            bounds[d] = sum(b - a for a, b in _level_picks(bounds[d], pl[i], mesh.size(i), coord[i]))
         for i in reversed(shards):
-            cur = _gather_dim(cur, mesh, i, pl[i].dim, extents[i])
+            sf = pl[i].split_factor if isinstance(pl[i], _InterleavedShard) else 1
+            cur = _gather_dim(cur, mesh, i, pl[i].dim, extents[i], sf)
         if tuple(cur.shape) != spec.shape:  # pragma: no cover - internal invariant
             raise AssertionError(f"full_tensor produced {cur.shape}, expected {spec.shape}")
         return Tensor._wrap(cur)
+
+    def redistribute(self, device_mesh: DeviceMesh | None = None, placements=None, *, async_op: bool = False,
+                     forward_dtype=None, backward_dtype=None) -> "DTensor":
+        """This tensor laid out with ``placements`` on the same mesh (collective: gathers the global tensor,
+        then keeps this rank's new piece; outside autograd)."""
+        mesh = self._spec.mesh if device_mesh is None else device_mesh
+        if mesh != self._spec.mesh:
+            raise NotImplementedError(f"redistribute: cross-mesh redistribution ({self._spec.mesh!r} to {mesh!r}) "
+                                      "is not supported")
+        if placements is None:
+            raise RuntimeError("redistribute: placements are needed")
+        pl = _norm_placements(placements, mesh, self.ndim)
+        if pl == self._spec.placements and forward_dtype is None:
+            return self
+        full = self.full_tensor()._data
+        if forward_dtype is not None:
+            from hpcfsdp._backend import to_dtype
+
+            full = full.astype(to_dtype(forward_dtype))
+        local = _take(full, _local_ranges(full.shape, mesh, pl, mesh.get_coordinate())).copy()
+        spec = DTensorSpec(mesh, pl, self._spec.shape, self._spec.stride, local.dtype)
+        return DTensor._from_array(local, spec, self.requires_grad)
 
     # -- tensor methods that must keep the layout -----------------------------------------------------
     def detach(self) -> "DTensor":
@@ -207,8 +308,7 @@ class DTensor(Tensor):
             piece = None
         if piece is None:
             coord = self._spec.mesh.get_coordinate()
-            bounds = _local_bounds(self._spec.shape, self._spec.mesh, self._spec.placements, coord)
-            piece = src._data[tuple(slice(a, b) for a, b in bounds)]
+            piece = _take(src._data, _local_ranges(self._spec.shape, self._spec.mesh, self._spec.placements, coord))
         xp = array_module(self._data)
         if is_meta_array(self._data):
             return self
@@ -338,20 +438,31 @@ def _shard_key(spec: DTensorSpec):
     return tuple(spec.mesh.get_group(i).world_ranks for i in dims)
 
 
-def _gather_dim(local, mesh: DeviceMesh, mesh_dim: int, tdim: int, extent: int):
-    """All-gather ``local`` pieces along tensor dim ``tdim`` over mesh dim ``mesh_dim``; unpad to ``extent``."""
+def _gather_dim(local, mesh: DeviceMesh, mesh_dim: int, tdim: int, extent: int, split_factor: int = 1):
+    """All-gather ``local`` pieces along tensor dim ``tdim`` over mesh dim ``mesh_dim``; unpad to ``extent``
+    (with ``split_factor`` > 1, each rank's piece holds its chunk of each block: see [Note: Interleaved shard])."""
     from hpcfsdp.distributed._buffers import array_module
 
     xp = array_module(local)
     n = mesh.size(mesh_dim)
-    c = _chunk_bounds(extent, n, 0)[1]  # every rank's padded piece
+    blk = extent // split_factor
+    c = _chunk_bounds(blk, n, 0)[1] * split_factor  # every rank's padded piece
     moved = xp.moveaxis(local, tdim, 0)
     rest = moved.shape[1:]
     padded = xp.zeros((c,) + rest, local.dtype)
     padded[: moved.shape[0]] = moved
     out = xp.empty((n * c,) + rest, local.dtype)
     mesh.get_group(mesh_dim).all_gather_into(out, padded)
-    return xp.ascontiguousarray(xp.moveaxis(out[:extent], 0, tdim))
+    if split_factor == 1:
+        out = out[:extent]
+    else:  # block k of the result: rank 0's chunk of it, then rank 1's, ...
+        parts = []
+        for k in range(split_factor):
+            for r in range(n):
+                a, b = _chunk_bounds(blk, n, r)
+                parts.append(out[r * c + k * (b - a): r * c + (k + 1) * (b - a)])
+        out = xp.concatenate(parts)
+    return xp.ascontiguousarray(xp.moveaxis(out, 0, tdim))
 
 
 def _run_check(local, spec: DTensorSpec) -> None:
@@ -359,8 +470,7 @@ def _run_check(local, spec: DTensorSpec) -> None:
     learn every rank's metadata, so they all raise together)."""
     mesh = spec.mesh
     coord = mesh.get_coordinate()
-    b = _local_bounds(spec.shape, mesh, spec.placements, coord)
-    expect = tuple(hi - lo for lo, hi in b)
+    expect = tuple(sum(hi - lo for lo, hi in rs) for rs in _local_ranges(spec.shape, mesh, spec.placements, coord))
     g = mesh._flatten().get_group() if mesh.ndim > 1 else mesh.get_group()
     meta = g.all_gather_object((mesh.get_rank(), coord, tuple(local.shape), expect, np.dtype(local.dtype).name))
     for rank, c, got, want, _ in meta:
@@ -418,8 +528,7 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
         for i in range(device_mesh.ndim):  # See [Note: Broadcast over a mesh]
             if device_mesh.size(i) > 1:
                 device_mesh.get_group(i).broadcast_(full, int(src_data_rank))
-    bounds = _local_bounds(full.shape, device_mesh, pl, coord)
-    local = full[tuple(slice(lo, hi) for lo, hi in bounds)]
+    local = _take(full, _local_ranges(full.shape, device_mesh, pl, coord))
     if not is_meta_array(local):
         local = local.copy()
     spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)

@@ -1,4 +1,4 @@
-"""DTensor placements: Shard(dim), _StridedShard(dim, split_factor) and Replicate() (the subset FSDP needs)."""
+"""DTensor placements: Shard(dim), _StridedShard, _InterleavedShard and Replicate() (the subset FSDP and TP need)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,42 @@ class _StridedShard(Shard):
 
     def __str__(self) -> str:
         return f"_S({self.dim}, {self.split_factor})"
+
+
+class _InterleavedShard(Shard):
+    """Shard(dim) of each of ``split_factor`` equal blocks of the dim: rank r holds its chunk of every block.
+
+    [Note: Interleaved shard]
+    A fused projection packs several outputs along one dim: GPT's c_attn weight is (3C, C), q, k and v
+    stacked. Split by attention heads, tp rank r must hold the rows of its heads in each of q, k and v:
+    three pieces of the global dim, [q_r; k_r; v_r] in its local array. With this placement (split_factor=3)
+    the dim is cut into ``split_factor`` equal blocks and each block is chunked over the mesh dim (torch.chunk
+    rule), rank r taking chunk r of every block, concatenated in block order; PyTorch writes the same layout
+    as _StridedShard(dim, split_factor=3) on the tp mesh dim. It applies in mesh order together with the
+    plain Shard placements (before any _StridedShard), so FSDP on top chunks the local [q_r; k_r; v_r] piece
+    further over the data-parallel dims, and a rank's piece is then a list of global index ranges (DTensor's
+    ``_local_ranges``), which full_tensor, checkpoints and state dicts handle."""
+
+    __slots__ = ("split_factor",)
+
+    def __init__(self, dim: int, split_factor: int):
+        super().__init__(dim)
+        if isinstance(split_factor, bool) or not isinstance(split_factor, int) or split_factor < 1:
+            raise TypeError(f"_InterleavedShard(split_factor={split_factor!r}): expected a positive int")
+        object.__setattr__(self, "split_factor", split_factor)
+
+    def __eq__(self, other) -> bool:
+        return (type(other) is _InterleavedShard and other.dim == self.dim
+                and other.split_factor == self.split_factor)
+
+    def __hash__(self) -> int:
+        return hash(("_InterleavedShard", self.dim, self.split_factor))
+
+    def __repr__(self) -> str:
+        return f"_InterleavedShard(dim={self.dim}, sf={self.split_factor})"
+
+    def __str__(self) -> str:
+        return f"_I({self.dim}, {self.split_factor})"
 
 
 class Replicate(Placement):

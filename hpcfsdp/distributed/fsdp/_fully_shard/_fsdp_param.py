@@ -294,7 +294,7 @@ def _fsdp_tp_layout(spec, mesh_info, shard_dim: int, owner: str):
         mesh = root[tuple(root.mesh_dim_names[d] for d in dims)]
     split = 1
     for rd, pl in param_pl.items():
-        if type(pl) is Shard and pl.dim == shard_dim:
+        if isinstance(pl, Shard) and not isinstance(pl, _StridedShard) and pl.dim == shard_dim:
             split *= root.size(rd)
     shard_root = [fmesh._dims[d] for d in mesh_info.shard_mesh_dims]
     placements = []

@@ -1,7 +1,9 @@
-"""Tensor parallelism: parallelize_module with ColwiseParallel / RowwiseParallel (communication in autograd)."""
+"""Tensor parallelism: parallelize_module with Colwise-, Rowwise- and SequenceParallel (communication in autograd)."""
 
 from hpcfsdp.distributed.tensor.parallel.api import parallelize_module
 from hpcfsdp.distributed.tensor.parallel.loss import vocab_parallel_cross_entropy
-from hpcfsdp.distributed.tensor.parallel.style import ColwiseParallel, ParallelStyle, RowwiseParallel
+from hpcfsdp.distributed.tensor.parallel.style import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                                      PrepareModuleOutput, RowwiseParallel, SequenceParallel)
 
-__all__ = ["ColwiseParallel", "ParallelStyle", "RowwiseParallel", "parallelize_module", "vocab_parallel_cross_entropy"]
+__all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleOutput", "RowwiseParallel",
+           "SequenceParallel", "parallelize_module", "vocab_parallel_cross_entropy"]

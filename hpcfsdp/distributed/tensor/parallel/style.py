@@ -1,19 +1,22 @@
-"""Tensor-parallel styles: ColwiseParallel and RowwiseParallel for Linear (and Embedding) modules."""
+"""Tensor-parallel styles: Colwise-/RowwiseParallel (Linear, Embedding), SequenceParallel, PrepareModuleInput/Output."""
 
 from __future__ import annotations
 
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.tensor._dtensor import DTensor, distribute_tensor
 from hpcfsdp.distributed.tensor.parallel import _functions as fc
-from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard
+from hpcfsdp.distributed.tensor.placement_types import Replicate, Shard, _InterleavedShard
 
-__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel"]
+__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+           "PrepareModuleOutput"]
 
 # [Note: Local outputs]
 # There is no DTensor op dispatch: parallelized modules compute on the local pieces of their DTensor
 # parameters and return local Tensors (PyTorch's use_local_output=True). use_local_output=False, which in
 # PyTorch returns a DTensor that later ops dispatch on, raises NotImplementedError rather than return a
 # DTensor whose ops would silently compute on the local piece as if it were the whole tensor.
+# SequenceParallel keeps PyTorch's signature (use_local_output=False by default) and likewise returns this
+# rank's sequence shard as a local Tensor whatever the flag.
 
 
 def _placement(p, what):
@@ -81,14 +84,18 @@ class ColwiseParallel(_LinearStyle):
 
     _default_in, _default_out = Replicate(), Shard(-1)
 
+    def _weight_placement(self, module, mesh, owner):
+        return Shard(0)
+
     def _apply(self, module, device_mesh):
         from hpcfsdp import nn
 
-        mesh = _mesh_1d(device_mesh, "ColwiseParallel")
-        owner = f"ColwiseParallel on {type(module).__name__}"
+        mesh = _mesh_1d(device_mesh, type(self).__name__)
+        owner = f"{type(self).__name__} on {type(module).__name__}"
         if isinstance(module, nn.Linear):
-            _shard_param(module, "weight", mesh, Shard(0), owner)
-            _shard_param(module, "bias", mesh, Shard(0), owner)
+            placement = self._weight_placement(module, mesh, owner)
+            _shard_param(module, "weight", mesh, placement, owner)
+            _shard_param(module, "bias", mesh, placement, owner)
         elif isinstance(module, nn.Embedding):
             _shard_param(module, "weight", mesh, Shard(1), owner)
         else:
@@ -116,6 +123,33 @@ class ColwiseParallel(_LinearStyle):
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
         return module
+
+
+class _PackedColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a Linear whose output packs ``blocks`` equal parts of ``heads`` heads each (a fused
+    q/k/v projection: blocks=3, heads=n_head): every rank holds the rows (and bias entries) of its heads in each
+    part, weight and bias ``_InterleavedShard(0, blocks)`` (see [Note: Interleaved shard]); its local output is
+    [q, k, v] of its heads. ``heads`` must divide over the tensor-parallel ranks."""
+
+    def __init__(self, blocks: int, heads: int, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(self.output_layouts, Replicate):  # gathering would interleave the ranks' parts
+            raise NotImplementedError(f"{type(self).__name__}: output_layouts must be Shard(-1) (each rank's "
+                                      "parts of its heads)")
+        self.blocks, self.heads = blocks, heads
+
+    def _weight_placement(self, module, mesh, owner):
+        n = mesh.size(0)
+        if module.out_features % self.blocks or (module.out_features // self.blocks) % self.heads:
+            raise ValueError(f"{owner}: out_features {module.out_features} is not {self.blocks} parts of "
+                             f"{self.heads} equal heads")
+        if self.heads % n:
+            raise ValueError(f"{owner}: n_head ({self.heads}) is not divisible by the tensor-parallel size ({n}); "
+                             "attention is split by heads, so the tp size must divide the number of heads")
+        return _InterleavedShard(0, self.blocks)
+
+    def __repr__(self):
+        return f"{super().__repr__()[:-1]}, blocks={self.blocks}, heads={self.heads})"
 
 
 class RowwiseParallel(_LinearStyle):
@@ -146,9 +180,12 @@ class RowwiseParallel(_LinearStyle):
             elif inp.dim % x.ndim != x.ndim - 1:
                 raise NotImplementedError(f"{owner}: input_layouts {inp!r}: only Shard(-1) or Replicate()")
             y = F.linear(x, module.weight)
-            y = fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
-                fc.reduce_scatter_along(y, group, out.dim)
-            return y if module.bias is None else y + module.bias
+            if isinstance(out, Replicate):
+                y = fc.reduce_from_group(y, group)
+                return y if module.bias is None else y + module.bias
+            y = fc.reduce_scatter_along(y, group, out.dim)
+            # a replicated bias added to a sequence shard: its gradient is summed over the group
+            return y if module.bias is None else y + fc.copy_to_group(module.bias, group)
 
         module.forward = forward
         return module
@@ -183,4 +220,139 @@ class RowwiseParallel(_LinearStyle):
                 fc.reduce_scatter_along(y, group, out.dim)
 
         module.forward = forward
+        return module
+
+
+class SequenceParallel(ParallelStyle):
+    """Run a module (LayerNorm, RMSNorm, Dropout, ...) on this rank's shard of the sequence dim: parameters
+    Replicate over the tp mesh, input and output Shard(``sequence_dim``) (local tensors, see [Note: Local
+    outputs]). Each parameter enters the computation through an identity whose backward sums the gradient
+    over the group, since each rank's gradient covers only its part of the sequence. Pairs with
+    ``ColwiseParallel(input_layouts=Shard(1))`` (all-gather on the sequence in, reduce-scatter back) and
+    ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter on the sequence out, all-gather back)."""
+
+    def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False):
+        if isinstance(sequence_dim, bool) or not isinstance(sequence_dim, int):
+            raise TypeError(f"SequenceParallel(sequence_dim={sequence_dim!r}): expected an int")
+        self.sequence_dim = sequence_dim
+        self.use_local_output = bool(use_local_output)
+
+    def __repr__(self):
+        return f"SequenceParallel(sequence_dim={self.sequence_dim}, use_local_output={self.use_local_output})"
+
+    def _apply(self, module, device_mesh):
+        mesh = _mesh_1d(device_mesh, "SequenceParallel")
+        owner = f"SequenceParallel on {type(module).__name__}"
+        for m in module.modules():
+            for name in list(m._parameters):
+                _shard_param(m, name, mesh, Replicate(), owner)
+        group = mesh.get_group(0)
+        orig = module.forward
+        seq = self.sequence_dim
+
+        def forward(*args, **kwargs):
+            x = args[0] if args else None
+            if x is not None and hasattr(x, "ndim") and not -x.ndim <= seq < x.ndim:
+                raise ValueError(f"{owner}: sequence_dim {seq} is out of range for an input of shape {tuple(x.shape)}")
+            saved = []
+            for m in module.modules():
+                for name, p in list(m._parameters.items()):
+                    if p is not None and p.requires_grad:
+                        saved.append((m, name, p))
+                        m._parameters[name] = fc.copy_to_group(p, group)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                for m, name, p in saved:
+                    m._parameters[name] = p
+
+        module.forward = forward
+        return module
+
+
+def _layouts(value, what):
+    """A placement or a tuple of (placement or None) -> tuple of (placement or None)."""
+    if value is None:
+        return None
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for p in items:
+        if p is not None and not isinstance(p, (Shard, Replicate)):
+            raise TypeError(f"{what}: expected Shard(dim), Replicate() or None, got {p!r}")
+    return items
+
+
+def _convert(x, src, dst, group, what):
+    """``x`` (a local tensor in layout ``src``) in layout ``dst``: see [Note: Tensor-parallel autograd]."""
+    from hpcfsdp._tensor import Tensor
+
+    if src is None or dst is None or not isinstance(x, Tensor) or src == dst:
+        return x
+    if isinstance(src, Replicate) and isinstance(dst, Shard):
+        return fc.scatter_to_group(x, group, dst.dim)
+    if isinstance(src, Shard) and isinstance(dst, Replicate):
+        return fc.gather_from_group(x, group, src.dim)
+    raise NotImplementedError(f"{what}: from {src!r} to {dst!r}; only Replicate() <-> Shard(dim)")
+
+
+def _pair(src, dst, what):
+    if src is None or dst is None:
+        raise ValueError(f"{what}: both the current and the desired layouts are required")
+    if len(src) != len(dst):
+        raise ValueError(f"{what}: {len(src)} current layouts but {len(dst)} desired ones")
+    return src, dst
+
+
+class PrepareModuleInput(ParallelStyle):
+    """Convert a module's positional inputs (local tensors) from ``input_layouts`` to ``desired_input_layouts``
+    on the tensor-parallel mesh (one entry per input, None: left alone): Replicate() -> Shard(d) keeps this
+    rank's slice (all-gather in backward), Shard(d) -> Replicate() all-gathers (own slice in backward). Inputs
+    stay local tensors (see [Note: Local outputs]); keyword inputs are not converted."""
+
+    def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
+                 desired_input_kwarg_layouts=None, use_local_output: bool = False):
+        if input_kwarg_layouts or desired_input_kwarg_layouts:
+            raise NotImplementedError("PrepareModuleInput: input_kwarg_layouts are not supported")
+        self.input_layouts, self.desired_input_layouts = _pair(
+            _layouts(input_layouts, "PrepareModuleInput(input_layouts)"),
+            _layouts(desired_input_layouts, "PrepareModuleInput(desired_input_layouts)"), "PrepareModuleInput")
+        self.use_local_output = bool(use_local_output)
+
+    def _apply(self, module, device_mesh):
+        group = _mesh_1d(device_mesh, "PrepareModuleInput").get_group(0)
+        src, dst = self.input_layouts, self.desired_input_layouts
+
+        def pre(mod, args):
+            if len(args) < len(src):
+                raise ValueError(f"PrepareModuleInput on {type(mod).__name__}: {len(src)} input layouts for "
+                                 f"{len(args)} positional inputs")
+            return tuple(_convert(a, s, d, group, "PrepareModuleInput") for a, s, d in zip(args, src, dst)) + \
+                tuple(args[len(src):])
+
+        module.register_forward_pre_hook(pre)
+        return module
+
+
+class PrepareModuleOutput(ParallelStyle):
+    """Convert a module's output (a local tensor, or a tuple of them) from ``output_layouts`` to
+    ``desired_output_layouts`` on the tensor-parallel mesh, as PrepareModuleInput does for inputs."""
+
+    def __init__(self, *, output_layouts, desired_output_layouts, use_local_output: bool = True):
+        self.output_layouts, self.desired_output_layouts = _pair(
+            _layouts(output_layouts, "PrepareModuleOutput(output_layouts)"),
+            _layouts(desired_output_layouts, "PrepareModuleOutput(desired_output_layouts)"), "PrepareModuleOutput")
+        self.use_local_output = bool(use_local_output)
+
+    def _apply(self, module, device_mesh):
+        group = _mesh_1d(device_mesh, "PrepareModuleOutput").get_group(0)
+        src, dst = self.output_layouts, self.desired_output_layouts
+
+        def post(mod, args, out):
+            outs = out if isinstance(out, tuple) else (out,)
+            if len(outs) != len(src):
+                raise ValueError(f"PrepareModuleOutput on {type(mod).__name__}: {len(src)} output layouts for "
+                                 f"{len(outs)} outputs")
+            new = tuple(_convert(o, s, d, group, "PrepareModuleOutput") for o, s, d in zip(outs, src, dst))
+            return new if isinstance(out, tuple) else new[0]
+
+        module.register_forward_hook(post)
         return module
