@@ -299,6 +299,7 @@ def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requ
     text = slurm.render_script("single-node", gpus_per_node=0, config=TrainConfig(requeue=requeue), signal_seconds=300)
     d = _directives(text)
     assert d["signal"] == "B:USR1@300" and ("requeue" in d) == requeue
+    assert (d.get("open-mode") == "append") == requeue  # a requeued run appends to the first run's log
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     rec = tmp_path / "rec"

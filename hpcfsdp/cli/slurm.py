@@ -159,7 +159,9 @@ def render_script(
 
     requeue_doc = (f"Then (exit {STOPPED_EXIT}) this script runs `scontrol requeue $SLURM_JOB_ID` (--requeue)."
                    if requeue else "Render with --requeue to requeue the job then.")
-    extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"] + (["#SBATCH --requeue"] if requeue else [])
+    extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"]
+    if requeue:  # a requeued job writes the same --output file: append, keeping the first run's log
+        extra += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     values = {
         "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
                                          stopped=STOPPED_EXIT, requeue_doc=requeue_doc),
