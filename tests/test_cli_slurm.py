@@ -321,3 +321,16 @@ def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requ
     assert "--resume" in (tmp_path / "rec.args").read_text().split("\n")  # the job continues from latest
     scontrol = tmp_path / "rec.scontrol"
     assert (scontrol.read_text() == "requeue 42\n") if requeue else not scontrol.exists()
+
+
+def test_mpiexec_launcher_runs_the_mpiexec_next_to_the_rendering_interpreter(tmp_path):
+    """In a batch job `mpiexec` on PATH is often another MPI's (or none): use the venv's, which matches mpi4py."""
+    venv = tmp_path / "venv bin"
+    venv.mkdir()
+    (venv / "python").write_text("")
+    kw = dict(gpus_per_node=0, ntasks_per_node=2, launcher="mpiexec", python=str(venv / "python"))
+    assert "\nmpiexec -n 2 -ppn 2 \\\n" in slurm.render_script("single-node", **kw)  # none there: PATH's
+    (venv / "mpiexec").write_text("#!/bin/sh\n")
+    (venv / "mpiexec").chmod(0o755)
+    text = slurm.render_script("single-node", **kw)
+    assert f"\n'{venv / 'mpiexec'}' -n 2 -ppn 2 \\\n" in text

@@ -145,13 +145,15 @@ def test_usr1_warning_checkpoints_requeues_and_resumes_losing_no_step(slurm, tmp
 
 @pytest.mark.timeout(240)
 def test_every_other_template_runs_to_completion(slurm, tmp_path):
+    """multi-node and hsdp under srun --mpi=pmi2, bench-comm, and Hydra's mpiexec inside the allocation."""
     steps = 6
-    jobs = {}
-    for name, tasks, extra in (("multi-node", 2, ["--strategy", "FULL_SHARD"]),
-                               ("hsdp", 4, ["--mesh", "2x2"])):
-        d = str(tmp_path / name)
-        jobs[name] = (d, _submit(slurm, d, "--template", name, "--nodes", "1", "--ntasks-per-node", str(tasks),
-                                 "--mpi", "pmi2", *TINY, *extra, "--steps", str(steps),
+    jobs, tasks = {}, {}
+    for name, template, n, extra in (("multi-node", "multi-node", 2, ["--mpi", "pmi2", "--strategy", "FULL_SHARD"]),
+                                     ("hsdp", "hsdp", 4, ["--mpi", "pmi2", "--mesh", "2x2"]),
+                                     ("mpiexec", "single-node", 2, ["--launcher", "mpiexec"])):
+        d, tasks[name] = str(tmp_path / name), n
+        jobs[name] = (d, _submit(slurm, d, "--template", template, "--nodes", "1", "--ntasks-per-node", str(n),
+                                 *TINY, *extra, "--steps", str(steps),
                                  "--checkpoint-dir", os.path.join(d, "ckpt"), "--out-dir", os.path.join(d, "out")))
     d = str(tmp_path / "bench-comm")
     rows = os.path.join(d, "rows.jsonl")
@@ -170,6 +172,8 @@ def test_every_other_template_runs_to_completion(slurm, tmp_path):
             assert "# ranks=2;" in log, log
         else:
             assert f"over steps 1..{steps}" in log, (name, log)
+            with open(os.path.join(d, "out", "metrics.jsonl")) as f:  # one job of all its ranks, not copies
+                assert {len(json.loads(line)["peak_mem_bytes"]) for line in f} == {tasks[name]}, name
             assert [s for s, _, _ in _metrics(d)] == list(range(1, steps + 1)), name
             assert _ckpt_step(d) == steps, name
 
