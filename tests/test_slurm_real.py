@@ -210,6 +210,9 @@ def test_walltime_warning_scancel_and_term_leave_a_final_checkpoint(slurm, tmp_p
         info = slurm.wait(job, timeout=150)
         log = _log(d, job)
         assert info["JobState"] == state and info["ExitCode"] == f"{STOPPED_EXIT}:0", (key, info, log)
+        if key == "warned" and "ended of USR1 while starting" in log:  # the ranks were still loading Python
+            assert "stopped after step" not in log and not _metrics(d), log
+            continue
         at = _stop_line(log, sig)
         assert at >= 1 and _ckpt_step(d) == at, (key, log)
         assert [s for s, _, _ in _metrics(d)] == list(range(1, at + 1)), key  # every step run is in the checkpoint

@@ -195,15 +195,23 @@ def render_script(
 # `--signal=B:USR1@T` signals only the batch shell, and bash runs a trap only between commands: a
 # step run in the foreground would hold the trap until it ended. So the step runs in the background,
 # the shell waits for it, and the trap sends the signal on to srun (or mpiexec), which delivers it
-# to every rank. `wait` returns early when a trapped signal arrives, hence the loop.
+# to every rank. `wait` returns early when a trapped signal arrives, hence the loop. A rank takes the
+# signal from the moment `hpcfsdp train` has parsed its flags and ignores it once training has ended;
+# only a rank still starting (Python loading) dies of it, before training anything since the last
+# checkpoint, so a step that ended of the very signal forwarded counts as stopped.
 _RUN_STEP = """\
 step=$!
-forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; kill -s "$1" "$step" 2>/dev/null || true; }}
+got=
+forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; got=$1; kill -s "$1" "$step" 2>/dev/null || true; }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 set +e
 while kill -0 "$step" 2>/dev/null; do wait "$step"; done
 wait "$step"; status=$?
+if [ -n "$got" ] && [ "$status" -eq $((128 + $(kill -l "$got"))) ]; then
+    echo "hpcfsdp: the job step ended of $got while starting, before training: nothing to checkpoint"
+    status={stopped}
+fi
 if [ "$status" -eq {stopped} ] && [ {requeue} -eq 1 ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then
     echo "hpcfsdp: stopped with a final checkpoint: requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
