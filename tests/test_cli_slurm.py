@@ -280,7 +280,11 @@ def test_cli_list(capsys):
 
 
 _FAKE_SRUN = """#!/bin/bash
-trap 'echo USR1 >> "$REC"; exit 75' USR1
+if [ -n "${STARTING:-}" ]; then  # the ranks are still starting: the signal kills them
+    trap 'echo USR1 >> "$REC"; trap - USR1; kill -s USR1 $$' USR1
+else
+    trap 'echo USR1 >> "$REC"; exit 75' USR1
+fi
 trap 'echo TERM >> "$REC"; exit 75' TERM
 printf '%s\\n' "$@" > "$REC.args"
 touch "$REC.started"
@@ -288,8 +292,9 @@ while :; do sleep 0.1; done
 """
 
 
+@pytest.mark.parametrize("starting", [False, True], ids=["training", "starting"])
 @pytest.mark.parametrize("requeue", [True, False])
-def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requeue):
+def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requeue, starting):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(_FAKE_SRUN)
@@ -299,10 +304,12 @@ def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requ
     text = slurm.render_script("single-node", gpus_per_node=0, config=TrainConfig(requeue=requeue), signal_seconds=300)
     d = _directives(text)
     assert d["signal"] == "B:USR1@300" and ("requeue" in d) == requeue
+    assert (d.get("open-mode") == "append") == requeue  # a requeued run appends to the first run's log
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     rec = tmp_path / "rec"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec), "SLURM_JOB_ID": "42"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec), "SLURM_JOB_ID": "42",
+           "STARTING": "1" if starting else ""}
     job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
@@ -315,8 +322,22 @@ def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requ
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 75, (out, err)
+    assert job.returncode == 75, (out, err)  # a step killed by the signal while starting lost nothing: stopped too
+    assert ("ended of USR1 while starting" in out) == starting, out
     assert rec.read_text() == "USR1\n"  # the job step got the signal, once
     assert "--resume" in (tmp_path / "rec.args").read_text().split("\n")  # the job continues from latest
     scontrol = tmp_path / "rec.scontrol"
     assert (scontrol.read_text() == "requeue 42\n") if requeue else not scontrol.exists()
+
+
+def test_mpiexec_launcher_runs_the_mpiexec_next_to_the_rendering_interpreter(tmp_path):
+    """In a batch job `mpiexec` on PATH is often another MPI's (or none): use the venv's, which matches mpi4py."""
+    venv = tmp_path / "venv bin"
+    venv.mkdir()
+    (venv / "python").write_text("")
+    kw = dict(gpus_per_node=0, ntasks_per_node=2, launcher="mpiexec", python=str(venv / "python"))
+    assert "\nmpiexec -n 2 -ppn 2 \\\n" in slurm.render_script("single-node", **kw)  # none there: PATH's
+    (venv / "mpiexec").write_text("#!/bin/sh\n")
+    (venv / "mpiexec").chmod(0o755)
+    text = slurm.render_script("single-node", **kw)
+    assert f"\n'{venv / 'mpiexec'}' -n 2 -ppn 2 \\\n" in text

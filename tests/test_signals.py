@@ -143,3 +143,25 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
             launcher.communicate()
+
+
+@pytest.mark.timeout(30)
+def test_settled_stop_request_ignores_later_stop_signals():
+    """Once training has ended, a late SIGTERM/SIGUSR1 (srun ending the step as the first rank exits 75, Slurm's
+    warning as the job exits) is ignored, also after restore(): the rank exits with its own status."""
+    from hpcfsdp.cli.runtime import STOP_SIGNALS, StopRequest
+
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    stop = StopRequest().install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait_for(lambda: stop.signal == signal.SIGUSR1, 5)  # recorded, not fatal
+        stop.settle()
+        stop.restore()
+        for s in STOP_SIGNALS:
+            assert signal.getsignal(s) == signal.SIG_IGN
+            os.kill(os.getpid(), s)  # would end this process if not ignored
+        time.sleep(0.2)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

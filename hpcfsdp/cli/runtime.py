@@ -124,6 +124,15 @@ class StopRequest:
             signal.signal(sig, handler)
         self._old = {}
 
+    def settle(self):
+        """Training has ended (stopped on request, or trained to the end) and the process is about to exit:
+        ignore stop signals from now on, also after `restore`. srun (--kill-on-bad-exit) ends the step with
+        SIGTERM as soon as the first rank exits STOPPED_EXIT, and Slurm's warning may come as a finished job
+        exits; a rank still saving or finalizing must not die of either (exit 143: no requeue, or FAILED)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        self._old = dict.fromkeys(self._old, signal.SIG_IGN)
+
     def agreed(self, comm) -> int:
         """Collective: the signal number some rank received (the highest), 0 when none did."""
         import numpy as np

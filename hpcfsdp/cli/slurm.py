@@ -13,6 +13,7 @@ holds the templates rendered with example settings (`render_examples`); a test k
 
 import argparse
 import importlib.resources
+import os
 import re
 import shlex
 import string
@@ -65,7 +66,8 @@ _COMMON_DOC = """\
 #   --cpus-per-task on to srun (Slurm >= 22.05 no longer passes it by itself).
 # Failure: srun --kill-on-bad-exit=1 ends the step when a rank fails, and
 #   `python -m mpi4py` aborts MPI on an uncaught exception: no rank is left in a collective.
-# Interpreter: {python} (the Python `hpcfsdp slurm render` ran under);
+# Interpreter: {python} (the Python `hpcfsdp slurm render` ran under; with
+#   --launcher mpiexec, the mpiexec next to it if there is one);
 #   PYTHON=/path/to/venv/bin/python sbatch <this file> runs another.
 # Preemption: Slurm sends USR1 to this batch shell {signal_seconds} s before the time limit
 #   (--signal=B:USR1@{signal_seconds}); the trap below forwards it (and TERM) to the job step,
@@ -159,7 +161,9 @@ def render_script(
 
     requeue_doc = (f"Then (exit {STOPPED_EXIT}) this script runs `scontrol requeue $SLURM_JOB_ID` (--requeue)."
                    if requeue else "Render with --requeue to requeue the job then.")
-    extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"] + (["#SBATCH --requeue"] if requeue else [])
+    extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"]
+    if requeue:  # a requeued job writes the same --output file: append, keeping the first run's log
+        extra += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     values = {
         "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
                                          stopped=STOPPED_EXIT, requeue_doc=requeue_doc),
@@ -174,7 +178,7 @@ def render_script(
         "extra_directives": "\n".join(extra + _extra_directives(cpus_per_task, exclusive, partition=partition,
                                                          account=account, qos=qos, constraint=constraint)),
         "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware, python)),
-        "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template)),
+        "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, _mpiexec_of(python))),
         "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
         "train_args": _format_args(cfg.to_args()) + " &",
         "bench_args": "".join(" " + shlex.quote(t) for t in (_bench_words(bench_args, gpus_per_node))) + " &",
@@ -191,15 +195,23 @@ def render_script(
 # `--signal=B:USR1@T` signals only the batch shell, and bash runs a trap only between commands: a
 # step run in the foreground would hold the trap until it ended. So the step runs in the background,
 # the shell waits for it, and the trap sends the signal on to srun (or mpiexec), which delivers it
-# to every rank. `wait` returns early when a trapped signal arrives, hence the loop.
+# to every rank. `wait` returns early when a trapped signal arrives, hence the loop. A rank takes the
+# signal from the moment `hpcfsdp train` has parsed its flags and ignores it once training has ended;
+# only a rank still starting (Python loading) dies of it, before training anything since the last
+# checkpoint, so a step that ended of the very signal forwarded counts as stopped.
 _RUN_STEP = """\
 step=$!
-forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; kill -s "$1" "$step" 2>/dev/null || true; }}
+got=
+forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; got=$1; kill -s "$1" "$step" 2>/dev/null || true; }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 set +e
 while kill -0 "$step" 2>/dev/null; do wait "$step"; done
 wait "$step"; status=$?
+if [ -n "$got" ] && [ "$status" -eq $((128 + $(kill -l "$got"))) ]; then
+    echo "hpcfsdp: the job step ended of $got while starting, before training: nothing to checkpoint"
+    status={stopped}
+fi
 if [ "$status" -eq {stopped} ] && [ {requeue} -eq 1 ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then
     echo "hpcfsdp: stopped with a final checkpoint: requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
@@ -313,7 +325,17 @@ def _env_setup(mpi, gpus_per_node, cuda_aware, python="python3") -> list:
     return env
 
 
-def _launch_words(launcher, mpi, nodes, ntasks_per_node, template) -> list:
+def _mpiexec_of(python) -> str:
+    """The mpiexec installed next to `python` (a venv with the MPICH wheel: the MPI mpi4py uses), else `mpiexec`
+    from PATH, which in a batch job is often another MPI's or none."""
+    if os.path.isabs(python):
+        path = os.path.join(os.path.dirname(python), "mpiexec")
+        if os.access(path, os.X_OK):
+            return shlex.quote(path)
+    return "mpiexec"
+
+
+def _launch_words(launcher, mpi, nodes, ntasks_per_node, template, mpiexec="mpiexec") -> list:
     """srun (with the MPI plugin and block distribution for HSDP) or mpiexec inside the allocation."""
     if launcher == "srun":
         launch = ["srun"]
@@ -324,7 +346,7 @@ def _launch_words(launcher, mpi, nodes, ntasks_per_node, template) -> list:
             launch.append("--distribution=block")
         return launch
     # MPICH Hydra inside the allocation; Open MPI: mpiexec -n N --map-by ppr:P:node
-    return ["mpiexec", "-n", str(nodes * ntasks_per_node), "-ppn", str(ntasks_per_node)]
+    return [mpiexec, "-n", str(nodes * ntasks_per_node), "-ppn", str(ntasks_per_node)]
 
 
 def render_examples() -> dict:

@@ -119,8 +119,11 @@ def run(args) -> int:
 
     from hpcfsdp.distributed import _mpi
 
+    stop = None
     try:  # See [Note: Failing together]: no communication before every rank has validated
         cfg = config_from_args(args)
+        if not cfg.soak:  # a stop signal while the job starts is kept for the first step boundary
+            stop = StopRequest().install()
         crash_after = _crash_step()
         try:
             world = _mpi.get_mpi().COMM_WORLD.Get_size()
@@ -140,7 +143,7 @@ def run(args) -> int:
             from ._soak import soak
 
             return soak(cfg)
-        return train(cfg, crash_after=crash_after)
+        return train(cfg, crash_after=crash_after, stop=stop)
     except Agreed as err:
         return exit_together(str(err))
 
@@ -230,7 +233,7 @@ def _clean_stale(cfg, ctx):
     guarded(ctx.comm, f"checkpoint_dir={cfg.checkpoint_dir!r}", clean)
 
 
-def train(cfg, *, crash_after=None) -> int:
+def train(cfg, *, crash_after=None, stop=None) -> int:
     ctx = Context(cfg)
     session = Session(cfg, ctx)
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
@@ -245,7 +248,7 @@ def train(cfg, *, crash_after=None) -> int:
         return 0
     out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, start))
     first = last = None
-    stop = StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
+    stop = stop if stop is not None else StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
     try:
         while session.step < cfg.steps:
             rec = session.train_step()
@@ -266,9 +269,11 @@ def train(cfg, *, crash_after=None) -> int:
                 _crash(ctx, out, done)
             got = stop.agreed(ctx.comm)
             if got and done < cfg.steps:
+                stop.settle()
                 return _stop(cfg, ctx, session, out, ckpt, got)
         if ckpt:
             _save(cfg, ctx, session, ckpt)
+        stop.settle()  # trained: a late stop signal (Slurm's warning) must not kill the ranks as they exit
     finally:
         stop.restore()
         out.close()

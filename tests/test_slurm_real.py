@@ -1,0 +1,218 @@
+"""The rendered Slurm scripts on a real Slurm (system tier, root): preemption, requeue and resume, and every template.
+
+A private one-node Slurm (Debian's slurm-wlm + munge, tests/slurmsim/harness.py: started for this module,
+always torn down) runs the scripts `hpcfsdp slurm render` writes, unchanged, with `srun --mpi=pmi2` and
+the MPICH that mpi4py uses. The site sets `MpiDefault=none`. Each job runs the interpreter that rendered
+it and imports this tree (PYTHONPATH, exported by sbatch).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurmsim.fixtures import private_slurm
+from slurmsim.harness import FINAL_STATES
+
+pytestmark = pytest.mark.system
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "4",
+        "--log-interval", "1", "--lr", "3e-3", "--warmup-steps", "2"]
+STOPPED_EXIT = 75
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    yield from private_slurm()
+
+
+def _env():
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": ROOT + (os.pathsep + path if path else "")}
+
+
+def _render(d, *args):
+    """`hpcfsdp slurm render ... > d/job.sbatch` (CPU-only job, log in d/slurm-JOB.out); returns the path."""
+    os.makedirs(d, exist_ok=True)
+    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "slurm", "render", "--gpus-per-node", "0",
+                          "--sbatch-output", os.path.join(d, "slurm-%j.out"), *args],
+                         env=dict(os.environ, **_env()), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = os.path.join(d, "job.sbatch")
+    with open(path, "w") as f:
+        f.write(out.stdout)
+    return path
+
+
+def _submit(slurm, d, *args):
+    return slurm.sbatch(_render(d, *args), cwd=d, env=_env())
+
+
+def _train_job(slurm, d, steps, *extra, tasks=4):
+    return _submit(slurm, d, "--template", "single-node", "--ntasks-per-node", str(tasks), *TINY,
+                   "--steps", str(steps), "--checkpoint-dir", os.path.join(d, "ckpt"),
+                   "--out-dir", os.path.join(d, "out"), *extra)
+
+
+def _log(d, job):
+    path = os.path.join(d, f"slurm-{job}.out")
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _metrics(d):
+    path = os.path.join(d, "out", "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    recs = []
+    for line in lines:
+        try:
+            recs.append(json.loads(line))
+        except ValueError:  # a line being written
+            pass
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in recs if "loss" in r]
+
+
+def _ckpt_step(d):
+    from hpcfsdp.distributed.checkpoint import read_metadata
+
+    md = read_metadata(os.path.join(d, "ckpt", "latest"))
+    return md.extras["skeleton"]["step"]
+
+
+def _until(cond, timeout, slurm, job, what):
+    end = time.monotonic() + timeout
+    polls = 0
+    while time.monotonic() < end:
+        if cond():
+            return
+        polls += 1
+        if polls % 20 == 0:  # scontrol is slow on a loaded machine: ask now and then
+            state = slurm.job(job).get("JobState")
+            assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {state} before {what}"
+        time.sleep(0.1)
+    pytest.fail(f"job {job}: {what} within {timeout} s; state {slurm.job(job)}")
+
+
+def _stop_line(log, sig):
+    m = re.findall(rf"{sig}: stopped after step (\d+)/\d+; checkpoint \S+ at step (\d+); exit {STOPPED_EXIT}", log)
+    assert len(m) == 1, f"expected one '{sig}: stopped after step' line:\n{log[-3000:]}"
+    assert m[0][0] == m[0][1], m
+    return int(m[0][0])
+
+
+@pytest.mark.timeout(600)  # the first test also installs (if missing) and starts Slurm
+def test_usr1_warning_checkpoints_requeues_and_resumes_losing_no_step(slurm, tmp_path):
+    steps = 300
+    ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "run")
+    text = open(_render(run_dir, "--template", "single-node", "--ntasks-per-node", "4", "--mpi", "pmi2",
+                        "--requeue", "--signal-seconds", "60", *TINY, "--steps", str(steps))).read()
+    assert "#SBATCH --signal=B:USR1@60" in text and "#SBATCH --requeue" in text
+    assert "srun --mpi=pmi2 " in text and f'PYTHON="${{PYTHON:-{sys.executable}}}"' in text
+    ref = _train_job(slurm, ref_dir, steps, "--mpi", "pmi2")
+    job = _train_job(slurm, run_dir, steps, "--mpi", "pmi2", "--requeue", "--signal-seconds", "60")
+    _until(lambda: len(_metrics(run_dir)) >= 5, 150, slurm, job, "5 steps trained")
+    slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@60 does at the time
+    info = slurm.wait(job, lambda i: int(i.get("Restarts", 0)) >= 1 or i.get("JobState") in FINAL_STATES, 120)
+    assert int(info["Restarts"]) == 1, (info, _log(run_dir, job))
+    if info["JobState"] == "PENDING":  # requeued, not started again yet: the final checkpoint of the first run
+        stopped_at = _ckpt_step(run_dir)
+        assert len(_metrics(run_dir)) == stopped_at
+    info = slurm.wait(job, timeout=180)
+    log = _log(run_dir, job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["Restarts"] == "1", (info, log)
+    at = _stop_line(log, "SIGUSR1")
+    assert 5 <= at < steps, log
+    assert f"requeueing job {job}" in log and log.count("requeueing job") == 1, log
+    assert re.search(rf"resumed from \S+/latest at step {at}\n", log), log
+    assert f"over steps {at + 1}..{steps}" in log, log  # the second run trained only the rest
+    assert _ckpt_step(run_dir) == steps
+    ref_info = slurm.wait(ref, timeout=120)
+    assert ref_info["JobState"] == "COMPLETED", (ref_info, _log(ref_dir, ref))
+    expected = _metrics(ref_dir)
+    assert [s for s, _, _ in expected] == list(range(1, steps + 1))
+    # no step lost or repeated: the same steps, losses and gradient norms as the uninterrupted job, bit for bit
+    assert _metrics(run_dir) == expected
+
+
+@pytest.mark.timeout(240)
+def test_every_other_template_runs_to_completion(slurm, tmp_path):
+    """multi-node and hsdp under srun --mpi=pmi2, bench-comm, and Hydra's mpiexec inside the allocation."""
+    steps = 6
+    jobs, tasks = {}, {}
+    for name, template, n, extra in (("multi-node", "multi-node", 2, ["--mpi", "pmi2", "--strategy", "FULL_SHARD"]),
+                                     ("hsdp", "hsdp", 4, ["--mpi", "pmi2", "--mesh", "2x2"]),
+                                     ("mpiexec", "single-node", 2, ["--launcher", "mpiexec"])):
+        d, tasks[name] = str(tmp_path / name), n
+        jobs[name] = (d, _submit(slurm, d, "--template", template, "--nodes", "1", "--ntasks-per-node", str(n),
+                                 *TINY, *extra, "--steps", str(steps),
+                                 "--checkpoint-dir", os.path.join(d, "ckpt"), "--out-dir", os.path.join(d, "out")))
+    d = str(tmp_path / "bench-comm")
+    rows = os.path.join(d, "rows.jsonl")
+    jobs["bench-comm"] = (d, _submit(slurm, d, "--template", "bench-comm", "--nodes", "1", "--ntasks-per-node", "2",
+                                     "--mpi", "pmi2", "--bench-args",
+                                     f"--min-bytes 1024 --max-bytes 4096 --iters 2 --warmup 1 --json {rows}"))
+    for name, (d, job) in jobs.items():
+        info = slurm.wait(job, timeout=180)
+        log = _log(d, job)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (name, info, log)
+        if name == "bench-comm":
+            with open(rows) as f:
+                recs = [json.loads(line) for line in f if line.strip()]
+            assert {r["op"] for r in recs} >= {"all_gather", "reduce_scatter", "all_reduce"}, recs
+            assert all(r["ranks"] == 2 and r["device"] == "cpu" for r in recs), recs
+            assert "# ranks=2;" in log, log
+        else:
+            assert f"over steps 1..{steps}" in log, (name, log)
+            with open(os.path.join(d, "out", "metrics.jsonl")) as f:  # one job of all its ranks, not copies
+                assert {len(json.loads(line)["peak_mem_bytes"]) for line in f} == {tasks[name]}, name
+            assert [s for s, _, _ in _metrics(d)] == list(range(1, steps + 1)), name
+            assert _ckpt_step(d) == steps, name
+
+
+@pytest.mark.timeout(120)
+def test_a_world_smaller_than_the_step_refuses_to_train_naming_the_fix(slurm, tmp_path):
+    d = str(tmp_path / "nompi")
+    job = _train_job(slurm, d, 20, tasks=2)  # no --mpi: this site's MpiDefault=none, so each task is alone
+    info = slurm.wait(job, timeout=90)
+    log = _log(d, job)
+    assert info["JobState"] == "FAILED", (info, log)
+    assert "MPI sees 1 rank(s) but srun started 2 tasks" in log, log
+    assert "srun --mpi=pmi2" in log and "hpcfsdp slurm render --mpi pmi2" in log, log
+    assert not os.path.exists(os.path.join(d, "out", "metrics.jsonl")) and not os.path.exists(os.path.join(d, "ckpt"))
+
+
+@pytest.mark.timeout(240)
+def test_walltime_warning_scancel_and_term_leave_a_final_checkpoint(slurm, tmp_path):
+    long = 100000
+    dirs = {k: str(tmp_path / k) for k in ("term", "cancel", "warned")}
+    term = _train_job(slurm, dirs["term"], long, "--mpi", "pmi2", tasks=2)
+    cancel = _train_job(slurm, dirs["cancel"], long, "--mpi", "pmi2", tasks=2)
+    # a 1-minute limit with the warning 60 s before it: USR1 comes at Slurm's first time-limit check, which
+    # may fall while the ranks are still starting (they keep it for their first step boundary)
+    warned = _train_job(slurm, dirs["warned"], long, "--mpi", "pmi2", "--time", "1", "--signal-seconds", "60", tasks=2)
+    _until(lambda: len(_metrics(dirs["term"])) >= 5, 150, slurm, term, "5 steps trained")
+    slurm.run("scancel", "--signal=TERM", term)  # SIGTERM to the job's steps: every rank gets it
+    _until(lambda: len(_metrics(dirs["cancel"])) >= 5, 150, slurm, cancel, "5 steps trained")
+    slurm.run("scancel", cancel)  # SIGCONT and SIGTERM to every process of the job, SIGKILL after KillWait:
+    #                               what Slurm does at the time limit (TIMEOUT) too
+    for key, job, state, sig in (("term", term, "FAILED", "SIGTERM"), ("cancel", cancel, "CANCELLED", "SIGTERM"),
+                                 ("warned", warned, "FAILED", "SIGUSR1")):
+        d = dirs[key]
+        info = slurm.wait(job, timeout=150)
+        log = _log(d, job)
+        assert info["JobState"] == state and info["ExitCode"] == f"{STOPPED_EXIT}:0", (key, info, log)
+        if key == "warned" and "ended of USR1 while starting" in log:  # the ranks were still loading Python
+            assert "stopped after step" not in log and not _metrics(d), log
+            continue
+        at = _stop_line(log, sig)
+        assert at >= 1 and _ckpt_step(d) == at, (key, log)
+        assert [s for s, _, _ in _metrics(d)] == list(range(1, at + 1)), key  # every step run is in the checkpoint
