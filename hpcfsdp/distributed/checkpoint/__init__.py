@@ -79,14 +79,14 @@ def _walk(obj, prefix, tensors, plain):
     raise TypeError(f"cannot save {type(obj).__name__} at {prefix!r}: checkpoints hold tensors and JSON values")
 
 
-def _box(t: Tensor):
-    """(global shape, offsets, local host array) of a tensor leaf."""
+def _box(t: Tensor, host: bool = True):
+    """(global shape, offsets, local array) of a tensor leaf: on the host, or (host=False) where it lives."""
     if isinstance(t, DTensor):
         mesh = t.device_mesh
         bounds = _local_bounds(t.shape, mesh, t.placements, mesh.get_coordinate())
-        arr = _backend.to_numpy(t._data)
+        arr = _backend.to_numpy(t._data) if host else t._data
         return tuple(t.shape), tuple(a for a, _ in bounds), arr
-    return tuple(t.shape), (0,) * t.ndim, _backend.to_numpy(t._data)
+    return tuple(t.shape), (0,) * t.ndim, _backend.to_numpy(t._data) if host else t._data
 
 
 _comms: dict = {}
