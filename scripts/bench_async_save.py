@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--writer-nice", type=int, default=None,
+                    help="nice increment of async_save's writer thread (default: the library's)")
     ap.add_argument("--dir", default=os.path.join(os.getcwd(), "bench_async_ckpt"))
     a = ap.parse_args()
     kinds = a.kinds.split(",")
@@ -68,6 +70,10 @@ def main():
         raise SystemExit(f"--kinds: a comma list from {KINDS} starting with none, got {a.kinds!r}")
     if not 0 <= a.save_at < a.steps:
         raise SystemExit(f"--save-at {a.save_at} must be in [0, --steps {a.steps})")
+    if a.writer_nice is not None:
+        from hpcfsdp.distributed.checkpoint import _async
+
+        _async._NICE = a.writer_nice
     comm = MPI.COMM_WORLD
     world, rank = comm.Get_size(), comm.Get_rank()
     d = 2048
@@ -144,7 +150,8 @@ def main():
 
         stall = {k: [rd[k][0] - rd["none"][0] for rd in rounds] for k in kinds[1:]}
         out = {"world_size": world, "state_MiB_per_rank": round(state_bytes / 2**20, 1), "steps": a.steps,
-               "save_at": a.save_at, "batch": a.batch, "rounds": a.rounds, "dir": ckdir,
+               "save_at": a.save_at, "batch": a.batch,
+               "writer_nice": __import__("hpcfsdp.distributed.checkpoint._async", fromlist=["_NICE"])._NICE, "rounds": a.rounds, "dir": ckdir,
                "filesystem": _filesystem(ckdir),
                "loadavg_1_5_15": {"before": [round(v, 2) for v in load_before],
                                   "after": [round(v, 2) for v in load_after]},

@@ -354,3 +354,37 @@ def test_direct_and_ordinary_writes_give_the_same_file(shared_dir, monkeypatch):
     monkeypatch.setattr(_async, "_CHUNK", 1 << 20)
     monkeypatch.setattr(os, "pwrite", pwrite_refusing_second)
     assert check("refused-at-write") is False
+
+
+class _DeviceArray:
+    """Stands for a CuPy array: shape, dtype and get(out=) (a device-to-host copy into ``out``)."""
+
+    def __init__(self, host):
+        self._host, self.shape, self.dtype = host, host.shape, host.dtype
+        self.copies = 0
+
+    def get(self, out=None):
+        assert out is not None and out.shape == self.shape and out.dtype == self.dtype
+        out[...] = self._host
+        self.copies += 1
+        return out
+
+
+def test_device_arrays_are_copied_once_into_the_staging_image():
+    from hpcfsdp.distributed.checkpoint import _async, _storage
+
+    rng = np.random.default_rng(0)
+    host = [rng.standard_normal((3, 700)).astype(np.float32), rng.integers(0, 9, 5).astype(np.int8)]
+    arrays = [_DeviceArray(host[0]), host[1], _DeviceArray(host[0][:, ::2].copy())]
+    plan = [("w", (3, 700), "float32", (0, 0), (3, 700)), ("b", (5,), "int8", (0,), (5,)),
+            ("v", (6, 350), "float32", (3, 0), (3, 350))]
+    img, size, placed = _async._stage(plan, arrays, [0, 1, 2], 1024)
+    prefix, starts = _storage.shard_file_header(
+        [("w|0,0", (3, 700), np.float32), ("b|0", (5,), np.int8), ("v|3,0", (3, 350), np.float32)])
+    want = prefix + host[0].tobytes() + host[1].tobytes() + host[0][:, ::2].tobytes()
+    assert size == len(want) and img[:size].tobytes() == want
+    assert [p[:3] for p in placed] == [("w|0,0", starts[0], 8400), ("b|0", starts[1], 5),
+                                       ("v|3,0", starts[2], 4200)]
+    for (_, start, n, crcs) in placed:  # the CRCs of the staged bytes, per 1024-byte block
+        assert crcs == _storage.block_crcs(np.frombuffer(want, np.uint8)[start:start + n], 1024)
+    assert arrays[0].copies == 1 and arrays[2].copies == 1

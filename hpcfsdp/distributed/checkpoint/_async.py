@@ -126,10 +126,10 @@ def _pin_for_device() -> None:
     """Register the staging buffer with CUDA once, so device-to-host copies into it run at full speed."""
     if _STAGING.get("pinned") is not False:
         return
-    import cupy
-
     arr = _STAGING["arr"]
     try:
+        import cupy
+
         cupy.cuda.runtime.hostRegister(arr.ctypes.data, arr.nbytes, 0)
         _STAGING["pinned"] = True
     except Exception:  # noqa: BLE001 (pinning is an optimization; copies work unpinned)
