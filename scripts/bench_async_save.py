@@ -13,7 +13,13 @@ process and round. A loop's time runs from a barrier to the end of its last step
 its Future's ``.result()`` returned (so a write that does not finish behind the remaining steps counts in
 full); max over ranks. Each round runs every kind of loop once, in an order rotated round by round, so that
 load drifting during the run falls on every kind alike; the stall of a kind is its loop time minus the
-no-save loop of the same round; reported as the median over rounds with min and max. Kinds:
+no-save loop of the same round; reported as the median over rounds with min and max (`stall_s`).
+Where other jobs load the machine, loops minutes apart run at different speeds; `stall_within_loop_s` is
+then the steadier estimate: a loop's time minus --steps times its own median step, which compares each
+loop with itself over seconds, and counts a save's slowdown in full as long as it slows fewer than half
+of the steps (`step_s_median_over_rounds` shows which steps it slowed); and `stall_stepwise_s`, the same
+extra time summed step by step from per-step medians over rounds (robust to a burst of load in one loop).
+Kinds:
   none        no save
   sync        dcp.save at step --save-at
   async       dcp.async_save at step --save-at, .result() awaited after the last step
@@ -149,6 +155,7 @@ def main():
             return round(statistics.median(v), 3)
 
         stall = {k: [rd[k][0] - rd["none"][0] for rd in rounds] for k in kinds[1:]}
+        within = {k: [rd[k][0] - a.steps * statistics.median(rd[k][3]) for rd in rounds] for k in kinds}
         out = {"world_size": world, "state_MiB_per_rank": round(state_bytes / 2**20, 1), "steps": a.steps,
                "save_at": a.save_at, "batch": a.batch,
                "writer_nice": __import__("hpcfsdp.distributed.checkpoint._async", fromlist=["_NICE"])._NICE, "rounds": a.rounds, "dir": ckdir,
@@ -159,6 +166,8 @@ def main():
                "loop_s_median": {k: med([rd[k][0] for rd in rounds]) for k in kinds},
                "stall_s": {k: {"median": med(v), "min": round(min(v), 3), "max": round(max(v), 3)}
                            for k, v in stall.items()},
+               "stall_within_loop_s": {k: {"median": med(v), "min": round(min(v), 3), "max": round(max(v), 3)}
+                                       for k, v in within.items()},
                "save_call_s_median": {k: med([rd[k][1] for rd in rounds]) for k in kinds[1:]}}
         if "async" in kinds:
             out["result_wait_s_median"] = med([rd["async"][2] for rd in rounds])
@@ -167,6 +176,15 @@ def main():
             out["async_over_sync"] = round(y / s, 3) if s > 0 else None
             out["async_over_sync_per_round"] = [round(u / v, 3) if v > 0 else None
                                                 for u, v in zip(stall["async"], stall["sync"])]
+            s, y = out["stall_within_loop_s"]["sync"]["median"], out["stall_within_loop_s"]["async"]["median"]
+            out["async_over_sync_within_loop"] = round(y / s, 3) if s > 0 else None
+        # the same extra time, located per step: sum over steps of (median over rounds of this kind's step
+        # minus that of the no-save loop's same step), plus the median .result() wait
+        out["stall_stepwise_s"] = {k: round(sum(
+            statistics.median(rd[k][3][i] for rd in rounds) - statistics.median(rd["none"][3][i] for rd in rounds)
+            for i in range(a.steps)) + statistics.median(rd[k][2] for rd in rounds), 3) for k in kinds[1:]}
+        if "async" in kinds and "sync" in kinds and out["stall_stepwise_s"]["sync"] > 0:
+            out["async_over_sync_stepwise"] = round(out["stall_stepwise_s"]["async"] / out["stall_stepwise_s"]["sync"], 3)
         out["per_round_loop_s"] = [{k: round(rd[k][0], 3) for k in kinds} for rd in rounds]
         out["step_s_median_over_rounds"] = {
             k: [med([rd[k][3][i] for rd in rounds]) for i in range(a.steps)] for k in kinds}

@@ -41,27 +41,33 @@ __all__ = ["async_save", "wait_pending"]
 # ``.result()`` on every rank (RuntimeError naming the rank), with nothing committed.
 
 # [Note: Staging and direct writes]
-# What an async save costs training is the CPU and memory traffic it takes from the training threads, so
-# the save does as little of either as it can. Measured on the 2-vCPU VM, 264 MiB per rank, 2 ranks:
+# What an async save costs training is the time its call takes plus the CPU, memory traffic and GIL it
+# takes from the training threads while it writes, so the save does as little of each as it can. Measured
+# on the 2-vCPU VM (a Firecracker guest), 264 MiB per rank, 2 ranks:
 # - Fresh memory is expensive: the first touch of newly allocated (or newly page-cached) memory costs
-#   ~1 s/GiB here (page faults, and on a VM the host backing the pages), 10-20x the copy itself. A host
+#   ~1 s/GiB here (page faults, and the host backing the guest's pages), 10-20x the copy itself. A host
 #   copy into new arrays at every save took 0.25-0.5 s; a buffered write() into the page cache, whose
 #   pages the previous checkpoint's deletion had just freed, 0.65 s of the writer's CPU, against 0.06 s
 #   once the pages were warm. So the shards are staged in one page-aligned buffer per process, allocated
-#   at the first async save and reused by every later one (it grows if the state grows). The buffer is the
-#   shard file's exact image (safetensors header, then the tensors at their file offsets), so staging is
-#   one copy per piece and nothing is serialized or concatenated afterwards. It stays allocated for the
-#   life of the process (the state's size per rank, as PyTorch's cached pinned staging does). On a GPU the
-#   buffer is registered as pinned memory and the device-to-host copy lands in it directly.
-# - The image is written with O_DIRECT (page-aligned buffer, aligned offsets, the file truncated to its
-#   size at the end): the disk's DMA reads the staging buffer, no page cache is filled, and the writer
-#   thread spends ~10 ms of CPU on 264 MiB instead of ~0.6 s; the final fsync then has nothing to flush
-#   but metadata. A file system that refuses O_DIRECT (tmpfs; EINVAL) gets ordinary writes of the same
-#   bytes. The file is byte for byte what a synchronous save writes (same header, same order).
-# - What is left on the writer thread is the block CRCs (zlib, GIL released, ~40 ms per 264 MiB) and
-#   the system calls (os.pwrite of 16 MiB memoryviews, GIL released). The thread runs at nice +10 (Linux
-#   applies nice per thread) so that, where ranks have no spare core, it takes CPU from training only when
-#   training leaves some; nobody waits for it until the next save.
+#   at the first async save (which pays that first touch) and reused by every later one (it grows if the
+#   state grows). The buffer is the shard file's exact image (safetensors header, then the tensors at
+#   their file offsets), so staging is one copy per piece and nothing is serialized or concatenated
+#   afterwards. It stays allocated for the life of the process (the state's size per rank, as PyTorch's
+#   cached pinned staging does). On a GPU the buffer is registered as pinned memory and the
+#   device-to-host copy lands in it directly.
+# - The block CRCs are computed while staging, block by block right after each block is copied (it is
+#   still in cache): ~40 ms per 264 MiB on the caller's thread. On the writer thread they would cost a
+#   GIL hand-off per 1 MiB block (zlib releases the GIL per call); CPython's forced switching makes the
+#   thread that drops the GIL wait until the other has taken it, so every hand-off to a low-priority
+#   writer on a busy machine stalls the training thread until the scheduler runs the writer.
+# - The image is written with O_DIRECT in 64 MiB os.pwrite calls (page-aligned buffer and offsets, the
+#   file truncated to its size at the end): the disk's DMA reads the staging buffer, no page cache is
+#   filled, and the writer thread spends ~10 ms of CPU on 264 MiB instead of ~0.6 s, in a handful of
+#   GIL hand-offs; the final fsync has only metadata left to flush. A file system that refuses O_DIRECT
+#   (tmpfs; EINVAL at open or at a write) gets ordinary writes of the same bytes. The file is byte for
+#   byte what a synchronous save writes (same header from _storage.shard_file_header, same order).
+# - The writer thread runs at nice +10 (Linux applies nice per thread): where ranks have no spare core it
+#   takes CPU from training only when training leaves some; nobody waits for it until the next save.
 
 _COMMS: dict = {}
 _PENDING: list = []  # the Future of the async save in flight, if any
