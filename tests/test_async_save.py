@@ -388,3 +388,34 @@ def test_device_arrays_are_copied_once_into_the_staging_image():
     for (_, start, n, crcs) in placed:  # the CRCs of the staged bytes, per 1024-byte block
         assert crcs == _storage.block_crcs(np.frombuffer(want, np.uint8)[start:start + n], 1024)
     assert arrays[0].copies == 1 and arrays[2].copies == 1
+
+
+def test_a_write_failing_half_way_keeps_the_previous_checkpoint(shared_dir, monkeypatch):
+    """Disk full after the first chunk of rank 0's file: nothing is committed, on any rank, and the
+    previous checkpoint stays, whole and readable."""
+    from hpcfsdp.distributed.checkpoint import _async
+
+    model, opt = _trained()
+    path = os.path.join(shared_dir, "ck")
+    dcp.save(_state(model, opt, 2), checkpoint_id=path)
+    before = os.path.realpath(path)
+    real_pwrite, calls = os.pwrite, []
+
+    def pwrite_full_disk(fd, data, off):
+        calls.append(off)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, off)
+
+    monkeypatch.setattr(_async, "_CHUNK", 4096)  # several write calls even for the tiny model
+    if MPI.COMM_WORLD.rank == 0:
+        monkeypatch.setattr(os, "pwrite", pwrite_full_disk)
+    fut = dcp.async_save(_state(model, opt, 3), checkpoint_id=path)
+    with pytest.raises(RuntimeError, match=r"rank 0: OSError.*No space left"):
+        fut.result(timeout=60)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert os.path.realpath(path) == before
+    dcp.verify_checkpoint(path)
+    assert dcp.read_metadata(path).extras["skeleton"]["step"] == 2
+    MPI.COMM_WORLD.Barrier()
+    assert glob.glob(os.path.join(shared_dir, "ck.tmp-*")) == []
