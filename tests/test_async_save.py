@@ -205,3 +205,217 @@ def test_below_thread_multiple_the_save_finishes_before_returning(shared_dir, mo
     got = _local_arrays(sd)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _shard_bytes(path):
+    real = os.path.realpath(path)
+    return {os.path.basename(f): open(f, "rb").read()
+            for f in sorted(glob.glob(os.path.join(real, "rank_*.safetensors")))}
+
+
+def _odd_state(rank, seed=0):
+    """Plain tensors that stage at unaligned file offsets: odd-length int8, float64 after it, a
+    non-contiguous (transposed) float32, bfloat16 and a 0-d float64; replicated, so rank 0 writes them,
+    plus one per-rank entry each rank writes itself."""
+    rng = np.random.default_rng(seed)
+    t = hp.tensor(rng.standard_normal((5, 3)).astype(np.float32)).t()
+    assert not t._data.flags.c_contiguous
+    return {"a": hp.tensor(rng.integers(-100, 100, 7).astype(np.int8)),
+            "b": hp.tensor(rng.standard_normal(9), dtype=hp.float64),
+            "c": t,
+            "d": hp.tensor(rng.standard_normal(11).astype(np.float32)).to(hp.bfloat16),
+            "e": hp.tensor(np.array(2.5), dtype=hp.float64),
+            f"rank{rank}": hp.tensor(rng.standard_normal(1000 + rank).astype(np.float32)),
+            "n": 3}
+
+
+def test_unaligned_and_strided_pieces_give_the_same_files_as_save(shared_dir):
+    rank = MPI.COMM_WORLD.rank
+    sync_path, async_path = os.path.join(shared_dir, "sync"), os.path.join(shared_dir, "async")
+    dcp.save(_odd_state(rank), checkpoint_id=sync_path)
+    dcp.async_save(_odd_state(rank), checkpoint_id=async_path).result(timeout=60)
+    want, got = _shard_bytes(sync_path), _shard_bytes(async_path)
+    assert sorted(want) == sorted(got) and len(want) == MPI.COMM_WORLD.size
+    for name in want:
+        assert got[name] == want[name], name
+    dcp.verify_checkpoint(async_path)  # every block CRC in metadata.json matches the bytes
+    sd = {k: (hp.zeros_like(v) if hasattr(v, "_data") else 0) for k, v in _odd_state(rank, seed=1).items()}
+    sd["c"] = hp.zeros(3, 5)
+    dcp.load(sd, checkpoint_id=async_path)
+    ref = _odd_state(rank)
+    for k, v in ref.items():
+        if hasattr(v, "_data"):
+            np.testing.assert_array_equal(np.asarray(sd[k]._data), np.asarray(v._data), err_msg=k)
+    assert sd["n"] == 3
+
+
+def test_the_staging_buffer_is_reused_and_grows_with_the_state(shared_dir):
+    from hpcfsdp.distributed.checkpoint import _async
+
+    model, opt = _trained()
+    dcp.async_save(_state(model, opt, 1), checkpoint_id=os.path.join(shared_dir, "a")).result(timeout=60)
+    buf = _async._STAGING["buf"]
+    addr = _async._STAGING["arr"].ctypes.data
+    assert addr % _async._ALIGN == 0
+    for step in (2, 3):  # training changed the values, not the sizes: the same buffer, no new memory
+        for x, y in gpt_batches(1, 4 * world()[0] + 1, seed=step):
+            _step(model, opt, x, y)
+        dcp.async_save(_state(model, opt, step), checkpoint_id=os.path.join(shared_dir, "a")).result(timeout=60)
+        assert _async._STAGING["buf"] is buf and _async._STAGING["arr"].ctypes.data == addr
+    # and each of those saves holds the values of its own step, like a synchronous save
+    dcp.save(_state(model, opt, 3), checkpoint_id=os.path.join(shared_dir, "s"))
+    assert _shard_bytes(os.path.join(shared_dir, "a")) == _shard_bytes(os.path.join(shared_dir, "s"))
+    big = {"x": hp.tensor(np.ones(len(_async._STAGING["arr"]) // 4 + 1, np.float32))}
+    dcp.async_save(big, checkpoint_id=os.path.join(shared_dir, "big")).result(timeout=60)
+    if MPI.COMM_WORLD.rank == 0:  # rank 0 writes the replicated tensor: its buffer had to grow
+        assert len(_async._STAGING["arr"]) >= 4 * big["x"].numel()
+    sd = {"x": hp.zeros(big["x"].numel())}
+    dcp.load(sd, checkpoint_id=os.path.join(shared_dir, "big"))
+    assert np.all(np.asarray(sd["x"]._data) == 1.0)
+
+
+def test_the_writer_thread_runs_at_a_lower_priority(shared_dir, hook):
+    from hpcfsdp.distributed.checkpoint import _async
+
+    seen = {}
+
+    def record(stage):
+        if stage == "write":
+            tid = threading.get_native_id()
+            seen["thread"] = threading.current_thread().name
+            seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
+
+    hook(record)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    dcp.async_save({"w": hp.ones(4)}, checkpoint_id=os.path.join(shared_dir, "ck")).result(timeout=60)
+    assert seen["thread"] == "hpcfsdp-async-save"
+    assert seen["nice"] == min(19, mine + _async._NICE) and os.getpriority(
+        os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's own priority is untouched
+
+
+def test_a_staging_error_is_raised_at_result_on_every_rank(shared_dir, monkeypatch):
+    from hpcfsdp.distributed.checkpoint import _async
+
+    path = os.path.join(shared_dir, "ck")
+    dcp.save({"w": hp.ones(4), "rank": hp.ones(2)}, checkpoint_id=path)
+    before = os.path.realpath(path)
+    if MPI.COMM_WORLD.rank == 1:
+        def boom(*a, **k):
+            raise MemoryError("cannot allocate the staging buffer")
+
+        monkeypatch.setattr(_async, "_staging", boom)
+    state = {"w": hp.ones(4), f"r{MPI.COMM_WORLD.rank}": hp.ones(2)}  # every rank has something to stage
+    fut = dcp.async_save(state, checkpoint_id=path)
+    with pytest.raises(RuntimeError, match=r"rank 1: MemoryError: cannot allocate the staging buffer"):
+        fut.result(timeout=60)
+    assert os.path.realpath(path) == before
+    MPI.COMM_WORLD.Barrier()
+    assert glob.glob(os.path.join(shared_dir, "ck.tmp-*")) == []
+
+
+def test_direct_and_ordinary_writes_give_the_same_file(shared_dir, monkeypatch):
+    """The image is written with O_DIRECT where the file system takes it; where it refuses (EINVAL at open,
+    or at a write), ordinary writes of the same bytes. Every path gives the same file, of its exact size."""
+    from hpcfsdp.distributed.checkpoint import _async
+
+    rank = MPI.COMM_WORLD.rank
+    size = 3 * _async._ALIGN + 123 + (5 << 20)
+    img = _async._staging(size)
+    img[:size] = np.random.default_rng(rank).integers(0, 256, size, dtype=np.uint8)
+    want = img[:size].tobytes()
+    real_open, real_pwrite = os.open, os.pwrite
+    o_direct = getattr(os, "O_DIRECT", 0)
+
+    def check(name, direct=True):
+        p = os.path.join(shared_dir, f"{name}-{rank}.bin")
+        used = _async._write_image(p, img, size, True, direct=direct)
+        assert os.path.getsize(p) == size and open(p, "rb").read() == want, name
+        return used
+
+    check("plain", direct=False)
+    check("direct")  # O_DIRECT on the repository's disk, or ordinary writes where it is refused
+
+    def open_refusing_direct(path, flags, *a):
+        if flags & o_direct:
+            raise OSError(22, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", open_refusing_direct)
+    assert check("refused-at-open") is False
+    monkeypatch.setattr(os, "open", real_open)
+    calls = []
+
+    def pwrite_refusing_second(fd, data, off):
+        calls.append(off)
+        if len(calls) == 2 and o_direct:
+            raise OSError(22, "Invalid argument")
+        return real_pwrite(fd, data, off)
+
+    monkeypatch.setattr(_async, "_CHUNK", 1 << 20)
+    monkeypatch.setattr(os, "pwrite", pwrite_refusing_second)
+    assert check("refused-at-write") is False
+
+
+class _DeviceArray:
+    """Stands for a CuPy array: shape, dtype and get(out=) (a device-to-host copy into ``out``)."""
+
+    def __init__(self, host):
+        self._host, self.shape, self.dtype = host, host.shape, host.dtype
+        self.copies = 0
+
+    def get(self, out=None):
+        assert out is not None and out.shape == self.shape and out.dtype == self.dtype
+        out[...] = self._host
+        self.copies += 1
+        return out
+
+
+def test_device_arrays_are_copied_once_into_the_staging_image():
+    from hpcfsdp.distributed.checkpoint import _async, _storage
+
+    rng = np.random.default_rng(0)
+    host = [rng.standard_normal((3, 700)).astype(np.float32), rng.integers(0, 9, 5).astype(np.int8)]
+    arrays = [_DeviceArray(host[0]), host[1], _DeviceArray(host[0][:, ::2].copy())]
+    plan = [("w", (3, 700), "float32", (0, 0), (3, 700)), ("b", (5,), "int8", (0,), (5,)),
+            ("v", (6, 350), "float32", (3, 0), (3, 350))]
+    img, size, placed = _async._stage(plan, arrays, [0, 1, 2], 1024)
+    prefix, starts = _storage.shard_file_header(
+        [("w|0,0", (3, 700), np.float32), ("b|0", (5,), np.int8), ("v|3,0", (3, 350), np.float32)])
+    want = prefix + host[0].tobytes() + host[1].tobytes() + host[0][:, ::2].tobytes()
+    assert size == len(want) and img[:size].tobytes() == want
+    assert [p[:3] for p in placed] == [("w|0,0", starts[0], 8400), ("b|0", starts[1], 5),
+                                       ("v|3,0", starts[2], 4200)]
+    for (_, start, n, crcs) in placed:  # the CRCs of the staged bytes, per 1024-byte block
+        assert crcs == _storage.block_crcs(np.frombuffer(want, np.uint8)[start:start + n], 1024)
+    assert arrays[0].copies == 1 and arrays[2].copies == 1
+
+
+def test_a_write_failing_half_way_keeps_the_previous_checkpoint(shared_dir, monkeypatch):
+    """Disk full after the first chunk of rank 0's file: nothing is committed, on any rank, and the
+    previous checkpoint stays, whole and readable."""
+    from hpcfsdp.distributed.checkpoint import _async
+
+    model, opt = _trained()
+    path = os.path.join(shared_dir, "ck")
+    dcp.save(_state(model, opt, 2), checkpoint_id=path)
+    before = os.path.realpath(path)
+    real_pwrite, calls = os.pwrite, []
+
+    def pwrite_full_disk(fd, data, off):
+        calls.append(off)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, off)
+
+    monkeypatch.setattr(_async, "_CHUNK", 4096)  # several write calls even for the tiny model
+    if MPI.COMM_WORLD.rank == 0:
+        monkeypatch.setattr(os, "pwrite", pwrite_full_disk)
+    fut = dcp.async_save(_state(model, opt, 3), checkpoint_id=path)
+    with pytest.raises(RuntimeError, match=r"rank 0: OSError.*No space left"):
+        fut.result(timeout=60)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert os.path.realpath(path) == before
+    dcp.verify_checkpoint(path)
+    assert dcp.read_metadata(path).extras["skeleton"]["step"] == 2
+    MPI.COMM_WORLD.Barrier()
+    assert glob.glob(os.path.join(shared_dir, "ck.tmp-*")) == []

@@ -92,18 +92,10 @@ def _local_views(t: Tensor):
     return [((0,) * t.ndim, t._data)]
 
 
-def _boxes(t: Tensor):
-    """[(global shape, offsets, local host array)] of a tensor leaf, one per box of its piece."""
-    return [(tuple(t.shape), off, _backend.to_numpy(v)) for off, v in _local_views(t)]
-
-
-def _box(t: Tensor):
-    """(global shape, offsets, local host array) of a tensor leaf whose piece is one box (ValueError otherwise)."""
-    boxes = _boxes(t)
-    if len(boxes) != 1:
-        raise ValueError(f"a DTensor with placements {t.placements} holds {len(boxes)} boxes of the global tensor "
-                         "on this rank; this save path writes one box per tensor (use save)")
-    return boxes[0]
+def _boxes(t: Tensor, host: bool = True):
+    """[(global shape, offsets, local array)] of a tensor leaf, one per box of its piece: host arrays, or
+    (host=False) views of the arrays where they live (NumPy or CuPy)."""
+    return [(tuple(t.shape), off, _backend.to_numpy(v) if host else v) for off, v in _local_views(t)]
 
 
 _comms: dict = {}
@@ -140,37 +132,11 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None, process_group=None,
                async_checkpointer_type=None, async_stager=None, no_dist: bool = False, use_collectives: bool = True):
     """``save`` in the background: returns a ``concurrent.futures.Future`` once this rank's pieces are copied
-    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective.
-
-    A state dict holding a DTensor whose local piece is several boxes of the global tensor (a fused q/k/v
-    weight split by heads) is saved synchronously (the background writer takes one box per tensor) and the
-    Future returned is already done; a warning says so."""
-    plain = (checkpoint_id is not None and storage_writer is None and planner is None and async_stager is None
-             and async_checkpointer_type is None and not no_dist and use_collectives)
-    if plain and isinstance(state_dict, dict):
-        tensors: dict = {}
-        _walk(state_dict, "", tensors, None)
-        local = any(len(_local_views(t)) > 1 for t in tensors.values())
-        if _comm(process_group).allreduce(int(local), op=_mpi_max()):
-            import warnings
-            from concurrent.futures import Future
-
-            warnings.warn("async_save: some DTensors hold several boxes of their global tensor on a rank; "
-                          "saving synchronously", RuntimeWarning, stacklevel=2)
-            save(state_dict, checkpoint_id=checkpoint_id, process_group=process_group)
-            done: Future = Future()
-            done.set_result(None)
-            return done
+    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective."""
     return _async.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=storage_writer,
                              planner=planner, process_group=process_group,
                              async_checkpointer_type=async_checkpointer_type, async_stager=async_stager,
-                             no_dist=no_dist, use_collectives=use_collectives, _walk=_walk, _box=_box)
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
+                             no_dist=no_dist, use_collectives=use_collectives, _walk=_walk, _boxes=_boxes)
 
 
 def _fill(skel, dest, path):

@@ -22,6 +22,7 @@ __all__ = [
     "intersect",
     "check_disjoint_cover",
     "loads_strict",
+    "shard_file_header",
     "write_shard_file",
     "read_header",
     "pread_exact",
@@ -182,27 +183,33 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_shard_file(path: str, tensors: Sequence[tuple[str, np.ndarray]], block_size: int,
-                     fsync: bool = True) -> tuple[int, list[tuple[int, int, list[int]]]]:
-    """Write C-contiguous host arrays as one safetensors file; return (file size, [(byte_offset, byte_length, crcs)]).
-
-    Layout (safetensors): 8-byte little-endian header length N, N bytes of JSON header padded with spaces to a
-    multiple of 8, then the tensors' bytes back to back in header order. byte_offset is absolute in the file.
-    """
+def shard_file_header(specs: Sequence[tuple[str, Sequence[int], Any]]) -> tuple[bytes, list[int]]:
+    """The first bytes of a shard file holding tensors (name, shape, dtype) in this order, and the absolute
+    byte offset of each tensor's data. Layout (safetensors): 8-byte little-endian header length N, N bytes
+    of JSON header padded with spaces to a multiple of 8, then the tensors' bytes back to back in order."""
     header: dict[str, Any] = {}
-    pos = 0
-    for name, arr in tensors:
-        header[name] = {"dtype": SAFETENSORS_CODES[arr.dtype.name], "shape": list(arr.shape),
-                        "data_offsets": [pos, pos + arr.nbytes]}
-        pos += arr.nbytes
+    pos, starts = 0, []
+    for name, shape, dtype in specs:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": SAFETENSORS_CODES[np.dtype(dtype).name], "shape": [int(n) for n in shape],
+                        "data_offsets": [pos, pos + nbytes]}
+        starts.append(pos)
+        pos += nbytes
     header["__metadata__"] = {"format": "hpcfsdp"}
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
-    start = 8 + len(hb)
+    return struct.pack("<Q", len(hb)) + hb, [8 + len(hb) + p for p in starts]
+
+
+def write_shard_file(path: str, tensors: Sequence[tuple[str, np.ndarray]], block_size: int,
+                     fsync: bool = True) -> tuple[int, list[tuple[int, int, list[int]]]]:
+    """Write C-contiguous host arrays as one safetensors file (see shard_file_header); return (file size,
+    [(byte_offset, byte_length, crcs)]), byte_offset absolute in the file."""
+    prefix, starts = shard_file_header([(name, arr.shape, arr.dtype) for name, arr in tensors])
     out = []
     with open(path, "wb", buffering=0) as f:
-        _write_all(f, memoryview(struct.pack("<Q", len(hb)) + hb))
-        for (_, arr), (name, h) in zip(tensors, (kv for kv in header.items() if kv[0] != "__metadata__")):
+        _write_all(f, memoryview(prefix))
+        for (_, arr), start in zip(tensors, starts):
             u8 = arr.reshape(-1).view(np.uint8)
             crcs = []
             step = max(block_size, WRITE_CHUNK // block_size * block_size)
@@ -210,10 +217,10 @@ def write_shard_file(path: str, tensors: Sequence[tuple[str, np.ndarray]], block
                 chunk = u8[i:i + step]
                 crcs += block_crcs(chunk, block_size)
                 _write_all(f, memoryview(chunk))
-            out.append((start + h["data_offsets"][0], arr.nbytes, crcs))
+            out.append((start, arr.nbytes, crcs))
         if fsync:
             os.fsync(f.fileno())
-    return start + pos, out
+    return (starts[-1] + tensors[-1][1].nbytes) if tensors else len(prefix), out
 
 
 def read_header(fd: int, file_size: int, source: str) -> tuple[int, dict[str, tuple[str, tuple[int, ...], int, int]]]:
