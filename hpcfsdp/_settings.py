@@ -105,6 +105,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "how the communication thread drives MPI: blocking calls, or test = MPI_Test polling with back-off"),
     Setting("HPCFSDP_COMM_INLINE", parse_bool, True,
             "blocking collectives may run on the calling thread when the communication thread is idle"),
+    Setting("HPCFSDP_COMM_SWITCH_INTERVAL", _parse_seconds, 0.0005,
+            "seconds: the interpreter's thread switch interval (sys.setswitchinterval) is lowered to this when "
+            "the communication thread starts, so it picks up queued collectives promptly; 0 leaves it alone"),
     Setting("HPCFSDP_COMM_HIERARCHY", _choice("auto", "flat", "hierarchical"), "auto",
             "all-gather/reduce-scatter of a group spanning several nodes: auto = node-aware (intra-node, then "
             "once per node across) when every node holds the same number (>1) of the group's ranks; flat; or "

@@ -5,16 +5,18 @@ from __future__ import annotations
 import atexit
 import collections
 import datetime
+import sys
 import threading
 import time
 import traceback
 from typing import Any, Callable
 
-from hpcfsdp import _backend, _trace
+from hpcfsdp import _backend, _settings, _trace
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, inline_enabled, thread_level
 
-__all__ = ["Work", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submit", "call_sync"]
+__all__ = ["Work", "Pending", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submit", "call_sync",
+           "independent"]
 
 # [Note: Communication thread]
 # One thread per process runs every MPI call of the comm layer, in the order the main thread
@@ -57,11 +59,64 @@ __all__ = ["Work", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submi
 # communication thread watches its deadline (see [Note: Watchdog]). HPCFSDP_COMM_INLINE=0
 # sends every call through the thread.
 
+#
+# [Note: Collectives left in flight]
+# A Work whose function returns ``Pending(request, finish)`` has started a nonblocking MPI call and is
+# left in flight: the thread moves on to the next queued Work and completes this one (``finish()``, then
+# done) when MPI_Test says so. It tests the requests in flight whenever it is otherwise idle (a sleeping
+# back-off from 50 us to 1 ms, so it gives the core away) and the MPI library progresses them inside every
+# other call the thread makes. FSDP leaves HSDP's cross-host all-reduce in flight, so the next unit's
+# intra-host reduce-scatter (and the all-gathers) run while the slow link is busy, and the link never
+# idles between two units' all-reduces. Memory safety: a queued Work starts while others are in flight
+# only when it was issued inside ``independent()`` (its buffers are not those of any Work in flight, as
+# FSDP's freshly allocated buffers); any other Work first completes everything in flight, so user code
+# that issues two collectives on one buffer sees them in order. Inline calls are refused while anything
+# is in flight, so one thread at a time is inside MPI and MPI_THREAD_SERIALIZED still suffices.
+#
+# [Note: Thread switch interval]
+# The communication thread needs the GIL for the few Python lines between two MPI calls. When it is
+# woken (a collective queued) while the main thread runs Python (autograd bookkeeping between NumPy
+# kernels), CPython hands the GIL over only after the switch interval, 5 ms by default: a prefetched
+# all-gather then starts up to 5 ms late (seen in timelines on the simulated cluster: 5-8 ms between
+# an issue and its start). HPCFSDP_COMM_SWITCH_INTERVAL (default 0.5 ms) lowers the interval when the
+# thread starts; the cost is more frequent GIL hand-offs only while both threads want it.
+
+
+class Pending:
+    """What a Work's function returns to stay in flight: an MPI request and the completion to run after it."""
+
+    __slots__ = ("request", "finish")
+
+    def __init__(self, request, finish: Callable[[], Any] | None = None):
+        self.request = request
+        self.finish = finish
+
+
+_INDEPENDENT = threading.local()
+
+
+class independent:
+    """Context: the Works issued inside may start while earlier Works are in flight (their buffers are
+    disjoint from those). See [Note: Collectives left in flight]."""
+
+    def __enter__(self):
+        _INDEPENDENT.depth = getattr(_INDEPENDENT, "depth", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _INDEPENDENT.depth -= 1
+        return False
+
+
+def _is_independent() -> bool:
+    return getattr(_INDEPENDENT, "depth", 0) > 0
+
 
 class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
-    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept")
+    __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept",
+                 "_independent", "_pending", "_t0")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -74,6 +129,9 @@ class Work:
         self._tb = ""
         self._device = None  # the issuing thread's CUDA device; see [Note: Device arrays] in _buffers.py
         self._kept = True  # False: a blocking call's Work, dropped on completion (see _run)
+        self._independent = False  # may start while others are in flight; see [Note: Collectives left in flight]
+        self._pending = None  # the Pending while in flight
+        self._t0 = 0.0
 
     @property
     def desc(self) -> str:
@@ -90,23 +148,51 @@ class Work:
         return w
 
     def _run(self) -> None:
+        """Run the function; a Pending result leaves the Work in flight (completed later by ``_test``)."""
         rec = _trace.RECORDER  # see [Note: Timeline] in hpcfsdp/_trace.py
-        t0 = rec.now() if rec is not None else 0.0
+        self._t0 = rec.now() if rec is not None else 0.0
         try:
-            self._result = self._fn()
+            res = self._fn()
+            if isinstance(res, Pending):
+                self._pending = res
+                self._fn = None
+                return
+            self._result = res
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
-            self._exc = e
-            self._tb = traceback.format_exc()
-            F.UNREPORTED[id(self)] = (self, time.monotonic())
-        finally:
-            self._fn = None
-            # the lazy description captures the buffers: format it and free them where the Work outlives
-            # the call (async) or failed; a blocking call's Work is dropped, so it skips the formatting
-            if callable(self._desc) and (self._kept or self._exc is not None):
-                self._desc = self._desc()
-            if rec is not None:
-                rec.comm_event(self, t0)
-            self._done.set()
+            self._fail(e)
+        self._finish()
+
+    def _fail(self, e: BaseException) -> None:
+        self._exc = e
+        self._tb = traceback.format_exc()
+        F.UNREPORTED[id(self)] = (self, time.monotonic())
+
+    def _test(self, block: bool = False) -> bool:
+        """In flight: whether the request completed (then the Work is done); ``block`` waits for it."""
+        try:
+            req = self._pending.request
+            if block:
+                req.Wait()
+            elif not req.Test():
+                return False
+            if self._pending.finish is not None:
+                self._pending.finish()
+        except BaseException as e:
+            self._fail(e)
+        self._pending = None
+        self._finish()
+        return True
+
+    def _finish(self) -> None:
+        self._fn = None
+        # the lazy description captures the buffers: format it and free them where the Work outlives
+        # the call (async) or failed; a blocking call's Work is dropped, so it skips the formatting
+        if callable(self._desc) and (self._kept or self._exc is not None):
+            self._desc = self._desc()
+        rec = _trace.RECORDER
+        if rec is not None:
+            rec.comm_event(self, self._t0)
+        self._done.set()
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -162,7 +248,14 @@ class CommThread:
         self._q: collections.deque[Work] = collections.deque()
         self._cv = threading.Condition()
         self.current: Work | None = None
+        self._inflight: list[Work] = []  # Works left in flight (only this thread touches it)
+        self._n_inflight = 0  # len(self._inflight), read by other threads under the lock
         self._inline_since: float | None = None
+        interval = _settings.get("HPCFSDP_COMM_SWITCH_INTERVAL")
+        if interval < 0:
+            raise ValueError(f"HPCFSDP_COMM_SWITCH_INTERVAL={interval}: expected seconds >= 0 (0 leaves it alone)")
+        if 0 < interval < sys.getswitchinterval():  # see [Note: Thread switch interval]
+            sys.setswitchinterval(interval)
         self._thread = threading.Thread(target=self._loop, name="hpcfsdp-comm", daemon=True)
         self._thread.start()
         atexit.register(self.drain)  # runs before MPI_Finalize and _report_unreported_at_exit
@@ -171,7 +264,7 @@ class CommThread:
         """Wait until everything queued has run (at exit: no MPI call may outlive MPI_Finalize)."""
         end = time.monotonic() + timeout
         with self._cv:
-            while self._q or (self.current is not None and self._inline_since is None):
+            while self._q or self._n_inflight or (self.current is not None and self._inline_since is None):
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
@@ -186,12 +279,12 @@ class CommThread:
 
     def idle(self) -> bool:
         with self._cv:
-            return not self._q and self.current is None
+            return not self._q and self.current is None and not self._n_inflight
 
     def begin_inline(self, work: Work) -> bool:
-        """Claim MPI for the calling thread if nothing is queued or running. See [Note: Inline calls]."""
+        """Claim MPI for the calling thread if nothing is queued, running or in flight. See [Note: Inline calls]."""
         with self._cv:
-            if self._q or self.current is not None:
+            if self._q or self.current is not None or self._n_inflight:
                 return False
             self.current = work
             self._inline_since = time.monotonic()  # watched by the thread's periodic check
@@ -205,8 +298,10 @@ class CommThread:
                 self._cv.notify()
 
     def _loop(self) -> None:
+        delay = 0.0  # back-off between two tests of the Works in flight
         while True:
             fire = None
+            work = None
             with self._cv:
                 while not self._q or self.current is not None:
                     # no wake-up per inline call (each costs ~100 us on a busy VM): poll instead
@@ -218,6 +313,8 @@ class CommThread:
                     if stale is not None:
                         fire = (F.abort_unretrieved, stale, limit)
                         break
+                    if self._inflight and self.current is None:
+                        break  # test them (outside the lock), then wait a little
                     self._cv.wait(min(0.25, limit / 4) if limit > 0 else None)
                 else:
                     work = self._q.popleft()
@@ -226,12 +323,39 @@ class CommThread:
                 abort, stuck, limit = fire
                 abort(stuck, limit)
                 continue
+            if work is None:  # idle with Works in flight: see [Note: Collectives left in flight]
+                if self._test_inflight():
+                    delay = 0.0
+                    continue
+                delay = min(max(delay * 2, 5e-5), 1e-3)
+                with self._cv:
+                    if not self._q:
+                        self._cv.wait(delay)
+                continue
+            if self._inflight:
+                if work._independent:
+                    self._test_inflight()
+                else:  # its buffers may be theirs: complete them first
+                    self._test_inflight(block=True)
             if work._device is not None:  # CUDA's current device is per host thread
                 _backend.use_cuda_device(work._device)
             work._run()
             with self._cv:
+                if work._pending is not None:
+                    self._inflight.append(work)
+                    self._n_inflight = len(self._inflight)
                 self.current = None
                 self._cv.notify_all()  # drain() waiters
+
+    def _test_inflight(self, block: bool = False) -> bool:
+        """Complete the Works in flight that finished (all of them, in order, with ``block``); whether any did."""
+        done = [w for w in self._inflight if w._test(block)]
+        if done:
+            with self._cv:
+                self._inflight = [w for w in self._inflight if w._pending is not None]
+                self._n_inflight = len(self._inflight)
+                self._cv.notify_all()
+        return bool(done)
 
 
 COMM_THREAD: CommThread | None = None
@@ -265,6 +389,7 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
     """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
     work._kept = async_op
+    work._independent = _is_independent()
     work._device = _issuer_device()
     if meta is not None:
         work._meta = meta

@@ -146,7 +146,8 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
                 if var and var in os.environ and not (k is not None and key.startswith("LOCAL")):
                     found[key] = (var, os.environ[var].strip())
             break
-    if os.environ.get(_RANK_ENV_PID, str(os.getpid())) != str(os.getpid()):  # a parent's: stale here
+    marker = os.environ.get(_RANK_ENV_PID)
+    if marker is not None:  # a parent's are stale here; ours may be refined (e.g. HPCFSDP_RANKS_PER_NODE set since)
         for key in (*_RANK_VARS, _RANK_ENV_PID):
             os.environ.pop(key, None)
     values = {}

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hpcfsdp import _settings
+from hpcfsdp import _backend, _settings
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
@@ -346,9 +346,16 @@ class ProcessGroup:
         ev = B.record_event(arr)
         a1 = arr.reshape(-1)
         comm, mode = self.comm, self._mode
+        # left in flight (see [Note: Collectives left in flight] in _comm_thread.py): a host array reduced
+        # as it is, issued asynchronously inside CT.independent()
+        in_flight = (async_op and CT._is_independent() and work_dtype is None and a1.size > 0
+                     and not B.is_cupy_array(a1) and _backend.MPI_BUFFER_CHECK is None)
 
         def fn():
             MPI = get_mpi()
+            if in_flight:
+                req = comm.Iallreduce(MPI.IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
+                return CT.Pending(req, lambda: B.finish_reduce(a1, a1, op is ReduceOp.AVG, n))
             if ev is not None:
                 ev.synchronize()
             staged = B.needs_staging(a1)
