@@ -15,7 +15,7 @@ from hpcfsdp import _backend, _settings, _trace
 from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, inline_enabled, thread_level
 
-__all__ = ["Work", "Pending", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submit", "call_sync",
+__all__ = ["Work", "Staged", "CommThread", "COMM_THREAD", "comm_thread", "execute", "submit", "call_sync",
            "independent"]
 
 # [Note: Communication thread]
@@ -61,17 +61,24 @@ __all__ = ["Work", "Pending", "CommThread", "COMM_THREAD", "comm_thread", "execu
 
 #
 # [Note: Collectives left in flight]
-# A Work whose function returns ``Pending(request, finish)`` has started a nonblocking MPI call and is
-# left in flight: the thread moves on to the next queued Work and completes this one (``finish()``, then
-# done) when MPI_Test says so. It tests the requests in flight whenever it is otherwise idle (a sleeping
-# back-off from 50 us to 1 ms, so it gives the core away) and the MPI library progresses them inside every
-# other call the thread makes. FSDP leaves HSDP's cross-host all-reduce in flight, so the next unit's
-# intra-host reduce-scatter (and the all-gathers) run while the slow link is busy, and the link never
-# idles between two units' all-reduces. Memory safety: a queued Work starts while others are in flight
-# only when it was issued inside ``independent()`` (its buffers are not those of any Work in flight, as
-# FSDP's freshly allocated buffers); any other Work first completes everything in flight, so user code
-# that issues two collectives on one buffer sees them in order. Inline calls are refused while anything
-# is in flight, so one thread at a time is inside MPI and MPI_THREAD_SERIALIZED still suffices.
+# A Work's function may return ``Staged(resources, generator)`` instead of a result: a collective made of
+# stages, each one nonblocking MPI call on one resource ("intra": the node's shared memory, "inter": the
+# node's network link), listed up front. The generator yields each stage's request; it is resumed to start
+# the next stage once the previous request completed (MPI_Test), and its code after the last yield finishes
+# the collective. The thread keeps such Works in flight, oldest first, and moves on to the next queued
+# Work. A stage starts only when no older Work in flight runs a stage on that resource or has one still to
+# start there. So each resource serves the Works in issue order, which keeps every communicator's
+# collectives started in the same order on every rank (a communicator's stages all use one resource), and
+# the awaited all-gather is never slowed down by the next one; while the two resources work at once: the
+# intra-host stage of one collective runs beside the cross-host stage of the next, and HSDP's cross-host
+# all-reduce of one unit beside the next unit's reduce-scatter. Idle with Works in flight, the thread tests
+# them with a sleeping back-off from 50 us to 1 ms (the MPI library progresses requests only inside MPI
+# calls), and it tests them between the Works it runs.
+# Memory safety: a Work starts while others are in flight only when it was issued inside
+# ``independent()`` (its buffers are none of theirs, as FSDP's freshly allocated buffers), and after the
+# Work given as ``after`` (whose output it reads) completed; any other Work first completes everything in
+# flight, so user code that issues two collectives on one buffer sees them in order. Inline calls are
+# refused while anything is in flight, so one thread at a time is inside MPI (MPI_THREAD_SERIALIZED).
 #
 # [Note: Thread switch interval]
 # The communication thread needs the GIL for the few Python lines between two MPI calls. When it is
@@ -82,14 +89,15 @@ __all__ = ["Work", "Pending", "CommThread", "COMM_THREAD", "comm_thread", "execu
 # thread starts; the cost is more frequent GIL hand-offs only while both threads want it.
 
 
-class Pending:
-    """What a Work's function returns to stay in flight: an MPI request and the completion to run after it."""
+class Staged:
+    """What a Work's function returns to run staged: the resource of each stage, and the generator yielding
+    each stage's MPI request. See [Note: Collectives left in flight]."""
 
-    __slots__ = ("request", "finish")
+    __slots__ = ("resources", "gen")
 
-    def __init__(self, request, finish: Callable[[], Any] | None = None):
-        self.request = request
-        self.finish = finish
+    def __init__(self, resources, gen):
+        self.resources = list(resources)
+        self.gen = gen
 
 
 _INDEPENDENT = threading.local()
@@ -97,26 +105,38 @@ _INDEPENDENT = threading.local()
 
 class independent:
     """Context: the Works issued inside may start while earlier Works are in flight (their buffers are
-    disjoint from those). See [Note: Collectives left in flight]."""
+    disjoint from those), once ``after`` (a Work whose output they read) completed.
+    See [Note: Collectives left in flight]."""
+
+    def __init__(self, after: "Work | None" = None):
+        self.after = after
 
     def __enter__(self):
-        _INDEPENDENT.depth = getattr(_INDEPENDENT, "depth", 0) + 1
+        stack = getattr(_INDEPENDENT, "stack", None)
+        if stack is None:
+            stack = _INDEPENDENT.stack = []
+        stack.append(self)
         return self
 
     def __exit__(self, *exc):
-        _INDEPENDENT.depth -= 1
+        _INDEPENDENT.stack.pop()
         return False
 
 
 def _is_independent() -> bool:
-    return getattr(_INDEPENDENT, "depth", 0) > 0
+    return bool(getattr(_INDEPENDENT, "stack", None))
+
+
+def _independent_after() -> "Work | None":
+    stack = getattr(_INDEPENDENT, "stack", None)
+    return stack[-1].after if stack else None
 
 
 class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
     __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept",
-                 "_independent", "_pending", "_t0")
+                 "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -130,7 +150,11 @@ class Work:
         self._device = None  # the issuing thread's CUDA device; see [Note: Device arrays] in _buffers.py
         self._kept = True  # False: a blocking call's Work, dropped on completion (see _run)
         self._independent = False  # may start while others are in flight; see [Note: Collectives left in flight]
-        self._pending = None  # the Pending while in flight
+        self._after = None  # the Work that must complete before this one starts (independent only)
+        self._gen = None  # a staged collective in flight: its generator, the running request and its
+        self._req = None  # resource, and the resources of the stages still to start
+        self._running = None
+        self._todo: list = []
         self._t0 = 0.0
 
     @property
@@ -148,14 +172,16 @@ class Work:
         return w
 
     def _run(self) -> None:
-        """Run the function; a Pending result leaves the Work in flight (completed later by ``_test``)."""
+        """Run the function; a staged one stays in flight, advanced by ``_step``."""
         rec = _trace.RECORDER  # see [Note: Timeline] in hpcfsdp/_trace.py
         self._t0 = rec.now() if rec is not None else 0.0
         try:
             res = self._fn()
-            if isinstance(res, Pending):
-                self._pending = res
-                self._fn = None
+            self._fn = None
+            if isinstance(res, Staged):
+                if not res.resources:
+                    raise RuntimeError(f"staged collective {self.desc}: no stages")
+                self._gen, self._todo = res.gen, res.resources
                 return
             self._result = res
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
@@ -166,22 +192,52 @@ class Work:
         self._exc = e
         self._tb = traceback.format_exc()
         F.UNREPORTED[id(self)] = (self, time.monotonic())
+        self._gen = self._req = self._running = None
+        self._todo = []
 
-    def _test(self, block: bool = False) -> bool:
-        """In flight: whether the request completed (then the Work is done); ``block`` waits for it."""
+    def _step(self, busy: set, block: bool = False) -> bool:
+        """Advance a staged Work: test its running stage; start the next when its resource is not in ``busy``
+        (used by older Works); with ``block``, run it to the end. Adds the resources it still uses to
+        ``busy``; returns whether anything changed (when it is done, the Work is completed)."""
+        changed = False
         try:
-            req = self._pending.request
-            if block:
-                req.Wait()
-            elif not req.Test():
-                return False
-            if self._pending.finish is not None:
-                self._pending.finish()
+            while self._gen is not None:
+                if self._req is not None:
+                    if block:
+                        self._req.Wait()
+                    elif not self._req.Test():
+                        break
+                    self._req = self._running = None
+                    changed = True
+                    if not self._todo:  # the code after the last stage
+                        for _ in self._gen:
+                            raise RuntimeError(f"staged collective {self.desc}: more requests than stages")
+                        self._gen = None
+                    continue
+                after = self._after
+                if after is not None and not after._done.is_set():
+                    if not block:
+                        break
+                    after._done.wait()
+                self._after = None
+                if not block and self._todo[0] in busy:
+                    break
+                self._running = self._todo.pop(0)
+                self._req = next(self._gen, None)
+                changed = True
+                if self._req is None:
+                    raise RuntimeError(f"staged collective {self.desc}: fewer requests than stages")
         except BaseException as e:
             self._fail(e)
-        self._pending = None
-        self._finish()
-        return True
+            changed = True
+        if self._gen is None:
+            if changed:
+                self._finish()
+            return changed
+        if self._running is not None:
+            busy.add(self._running)
+        busy.update(self._todo)
+        return changed
 
     def _finish(self) -> None:
         self._fn = None
@@ -333,29 +389,35 @@ class CommThread:
                         self._cv.wait(delay)
                 continue
             if self._inflight:
-                if work._independent:
+                after = work._after
+                if work._independent and (after is None or after._done.is_set()):
                     self._test_inflight()
-                else:  # its buffers may be theirs: complete them first
+                else:  # its buffers (or its input) may be theirs: complete them first
                     self._test_inflight(block=True)
             if work._device is not None:  # CUDA's current device is per host thread
                 _backend.use_cuda_device(work._device)
             work._run()
             with self._cv:
-                if work._pending is not None:
+                if work._gen is not None:
                     self._inflight.append(work)
                     self._n_inflight = len(self._inflight)
                 self.current = None
                 self._cv.notify_all()  # drain() waiters
+            if work._gen is not None:
+                self._test_inflight()  # its first stage starts now if its resource is free
 
     def _test_inflight(self, block: bool = False) -> bool:
-        """Complete the Works in flight that finished (all of them, in order, with ``block``); whether any did."""
-        done = [w for w in self._inflight if w._test(block)]
-        if done:
+        """Advance the Works in flight, oldest first (to completion with ``block``); whether any changed."""
+        busy: set = set()
+        changed = False
+        for w in self._inflight:
+            changed |= w._step(busy, block)
+        if changed:
             with self._cv:
-                self._inflight = [w for w in self._inflight if w._pending is not None]
+                self._inflight = [w for w in self._inflight if w._gen is not None]
                 self._n_inflight = len(self._inflight)
                 self._cv.notify_all()
-        return bool(done)
+        return changed
 
 
 COMM_THREAD: CommThread | None = None
@@ -389,7 +451,9 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
     """Run ``fn`` as the next MPI operation of this process; return its Work (completed unless async)."""
     work = Work(desc, fn)
     work._kept = async_op
-    work._independent = _is_independent()
+    if _is_independent():
+        work._independent = True
+        work._after = _independent_after()
     work._device = _issuer_device()
     if meta is not None:
         work._meta = meta

@@ -194,9 +194,15 @@ def node_comm(comm=None):
 
 
 def node_split(comm) -> tuple[Any, Any, list[int]] | None:
-    """Node-aware split of ``comm`` for hierarchical collectives (collective; caller frees the comms).
+    """The node-aware split of ``comm``: ``node_split_info(comm)[1]``."""
+    return node_split_info(comm)[1]
 
-    Returns None unless every node holds the same number L of ``comm``'s ranks and there are
+
+def node_split_info(comm) -> tuple[int, tuple[Any, Any, list[int]] | None]:
+    """(H, split): the number H of nodes holding ``comm``'s ranks, and the node-aware split of ``comm`` for
+    hierarchical collectives (collective; caller frees the comms).
+
+    split is None unless every node holds the same number L of ``comm``'s ranks and there are
     H > 1 nodes; else ``(local, cross, perm)``: ``local`` holds this node's ranks (ordered by
     ``comm`` rank), ``cross`` the ranks with the same local index on every node (ordered by
     node), and ``perm[j*H + h]`` is the ``comm`` rank of local index j on node h.
@@ -213,14 +219,14 @@ def node_split(comm) -> tuple[Any, Any, list[int]] | None:
     members = [[r for r, h in enumerate(node_of) if h == i] for i in range(hosts)]
     per = {len(m) for m in members}
     if hosts < 2 or len(per) != 1:
-        return None
+        return hosts, None
     size = per.pop()
     rank = comm.Get_rank()
     h, j = node_of[rank], members[node_of[rank]].index(rank)
     local = comm.Split(h, rank)
     cross = comm.Split(j, h)
     perm = [members[hh][jj] for jj in range(size) for hh in range(hosts)]
-    return local, cross, perm
+    return hosts, (local, cross, perm)
 
 
 def node_layout(comm=None) -> dict[str, Any]:

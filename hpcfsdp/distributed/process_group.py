@@ -56,7 +56,7 @@ from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
     comm_timeout,
     get_mpi,
     inline_enabled,
-    node_split,
+    node_split_info,
     progress_mode,
     set_default_timeout,
     thread_level,
@@ -180,9 +180,12 @@ class ProcessGroup:
         self.name = name
         self.stats: collections.Counter = collections.Counter()
         self._hier = None  # (local comm, cross comm, perm) when node-aware; see [Note: Node-aware collectives]
-        if self._size > 1 and hier_mode != "flat":
-            split = _call_sync("node_split", lambda: node_split(self.comm))
-            if split is not None and hier_mode == "auto" and split[0].Get_size() == 1:
+        self._link = "inter"  # what a flat collective uses: "intra" when the group lies in one node
+        if self._size > 1:
+            hosts, split = _call_sync("node_split", lambda: node_split_info(self.comm))
+            if hosts == 1:
+                self._link = "intra"
+            if split is not None and (hier_mode == "flat" or (hier_mode == "auto" and split[0].Get_size() == 1)):
                 _call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
                 split = None
             if split is not None:
@@ -242,6 +245,15 @@ class ProcessGroup:
             fn = F.debug_checked(self, fn, meta)
         return _submit(desc, fn, async_op, meta)
 
+    def _staged_ok(self, async_op: bool, *arrays) -> bool:
+        """Whether a collective runs staged, left in flight: see [Note: Collectives left in flight] in
+        _comm_thread.py. Only asynchronous ones issued inside ``CT.independent()`` on host arrays, and only
+        across nodes (node-aware, or over a group spanning nodes): inside one node there is no second
+        resource to overlap with, and a blocking call returns sooner than a polled request."""
+        return (async_op and (self._hier is not None or self._link == "inter") and CT._is_independent()
+                and _backend.MPI_BUFFER_CHECK is None and not any(B.is_cupy_array(a) for a in arrays)
+                and all(a.size for a in arrays))
+
     # -- collectives on raw arrays -----------------------------------------------------------
     def all_gather_into(self, out_flat, in_flat, async_op: bool = False):
         """Gather every rank's ``in_flat`` into ``out_flat`` (rank-major). See module docstring."""
@@ -263,6 +275,16 @@ class ProcessGroup:
                 in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, hier = self.comm, self._hier
+        if self._staged_ok(async_op, in1, out1):
+            if hier is not None:
+                src = out1[rank * k:(rank + 1) * k] if in_place else in1
+                return self._issue(desc, lambda: CT.Staged(["inter", "intra"], _hier_all_gather_staged(
+                    hier, src, out1, k)), async_op, None, meta)
+
+            def staged():
+                yield comm.Iallgather(get_mpi().IN_PLACE if in_place else B.byte_spec(in1), B.byte_spec(out1))
+
+            return self._issue(desc, lambda: CT.Staged([self._link], staged()), async_op, None, meta)
 
         def fn():
             if ev is not None:
@@ -306,6 +328,19 @@ class ProcessGroup:
             in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, mode, hier = self.comm, self._mode, self._hier
+        if work_dtype is None and self._staged_ok(async_op, in1, out1):
+            mop = B.mpi_op_for(op.name)
+            avg = op is ReduceOp.AVG
+
+            def staged():
+                if hier is not None:
+                    yield from _hier_reduce_scatter_staged(hier, in1, out1, k, mpi_type, mop)
+                else:
+                    yield comm.Ireduce_scatter_block([in1, mpi_type], [out1, mpi_type], mop)
+                B.finish_reduce(out1, out1, avg, n)
+
+            stages = ["intra", "inter"] if hier is not None else [self._link]
+            return self._issue(desc, lambda: CT.Staged(stages, staged()), async_op, None, meta)
 
         def fn():
             if ev is not None:
@@ -346,16 +381,15 @@ class ProcessGroup:
         ev = B.record_event(arr)
         a1 = arr.reshape(-1)
         comm, mode = self.comm, self._mode
-        # left in flight (see [Note: Collectives left in flight] in _comm_thread.py): a host array reduced
-        # as it is, issued asynchronously inside CT.independent()
-        in_flight = (async_op and CT._is_independent() and work_dtype is None and a1.size > 0
-                     and not B.is_cupy_array(a1) and _backend.MPI_BUFFER_CHECK is None)
+        if work_dtype is None and self._staged_ok(async_op, a1):
+            def staged():
+                yield comm.Iallreduce(get_mpi().IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
+                B.finish_reduce(a1, a1, op is ReduceOp.AVG, n)
+
+            return self._issue(desc, lambda: CT.Staged([self._link], staged()), async_op, None, meta)
 
         def fn():
             MPI = get_mpi()
-            if in_flight:
-                req = comm.Iallreduce(MPI.IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
-                return CT.Pending(req, lambda: B.finish_reduce(a1, a1, op is ReduceOp.AVG, n))
             if ev is not None:
                 ev.synchronize()
             staged = B.needs_staging(a1)
@@ -590,3 +624,38 @@ def _hier_reduce_scatter(hier, src, dst, k: int, mpi_type, mpi_op, mode: str) ->
                mpi_op)
     B.call_mpi(mode, cross.Reduce_scatter_block, cross.Ireduce_scatter_block, [mid, mpi_type], [dst, mpi_type],
                mpi_op)
+
+
+def _hier_all_gather_staged(hier, src, dst, k: int):
+    """``_hier_all_gather`` as the generator of a staged collective: across nodes ("inter"), then inside the
+    node ("intra"). See [Note: Collectives left in flight] in _comm_thread.py."""
+    local, cross, perm, node_major = hier
+    hosts, per = cross.Get_size(), local.Get_size()
+    mid = np.empty(hosts * k, dst.dtype)
+    yield cross.Iallgather(B.byte_spec(src), B.byte_spec(mid))
+    if node_major:  # see _hier_all_gather
+        MPI = get_mpi()
+        blk = k * dst.dtype.itemsize
+        vec = MPI.BYTE.Create_vector(hosts, blk, per * blk)
+        rtype = vec.Create_resized(0, blk)
+        rtype.Commit()
+        try:
+            yield local.Iallgather(B.byte_spec(mid), [dst.reshape(-1).view(np.uint8), 1, rtype])
+        finally:
+            rtype.Free()
+            vec.Free()
+        return
+    tmp = np.empty(per * hosts * k, dst.dtype)
+    yield local.Iallgather(B.byte_spec(mid), B.byte_spec(tmp))
+    dst.reshape(-1, k)[perm] = tmp.reshape(-1, k)
+
+
+def _hier_reduce_scatter_staged(hier, src, dst, k: int, mpi_type, mpi_op):
+    """``_hier_reduce_scatter`` as the generator of a staged collective: inside the node ("intra"), then
+    across nodes ("inter")."""
+    local, cross, perm, _ = hier
+    hosts = cross.Get_size()
+    tmp = src.reshape(-1, k)[perm].reshape(-1)  # (local index, node) order
+    mid = np.empty(hosts * k, src.dtype)
+    yield local.Ireduce_scatter_block([tmp, mpi_type], [mid, mpi_type], mpi_op)
+    yield cross.Ireduce_scatter_block([mid, mpi_type], [dst, mpi_type], mpi_op)

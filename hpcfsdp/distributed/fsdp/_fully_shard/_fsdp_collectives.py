@@ -13,10 +13,12 @@ factor and writes (or accumulates) the sharded gradients. The results in flight 
 context shared by every state of a root (``FSDPStateContext.reductions``), oldest first.
 
 [Note: HSDP all-reduce]
-HSDP's cross-replica all-reduce of a unit is issued right after its reduce-scatter and left in flight on the
-communication thread (see [Note: Collectives left in flight] in _comm_thread.py): the next unit's
-reduce-scatter, issued when that unit's backward ends, starts at once over shared memory while the slow link
-still carries this all-reduce, and its own all-reduce follows without a gap. The main thread waits only for
+FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
+_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
+inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
+reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
+all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
+shared memory, and the next all-reduce follows on the link without a gap. The main thread waits only for
 reduce-scatters before issuing another (``wait_reduce_input``: at most ``reduce_scatter_max_input_buffers``
 inputs alive); the all-reduces are waited for at the end of backward, or when more than
 ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are outstanding (their outputs are shard-sized).
@@ -190,10 +192,12 @@ def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> N
 def get_gradient_divide_factors(reduce_scatter_size: int, all_reduce_size: Optional[int], reduce_dtype,
                                 factor: Optional[float] = None, force_sum_reduction_for_comms: bool = False):
     """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: HSDP all-reduce]
-HSDP's cross-replica all-reduce of a unit is issued right after its reduce-scatter and left in flight on the
-communication thread (see [Note: Collectives left in flight] in _comm_thread.py): the next unit's
-reduce-scatter, issued when that unit's backward ends, starts at once over shared memory while the slow link
-still carries this all-reduce, and its own all-reduce follows without a gap. The main thread waits only for
+FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
+_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
+inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
+reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
+all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
+shared memory, and the next all-reduce follows on the link without a gap. The main thread waits only for
 reduce-scatters before issuing another (``wait_reduce_input``: at most ``reduce_scatter_max_input_buffers``
 inputs alive); the all-reduces are waited for at the end of backward, or when more than
 ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are outstanding (their outputs are shard-sized).
@@ -264,18 +268,19 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             layout.scatter_into(inp, total, p.to_front(g._data))
     _divide_if_needed(inp, pre)
     out_t = comm.allocate((total,), dtype=reduce_dtype, device=device)
-    with CT.independent():  # fresh buffers; the all-reduce is left in flight, see [Note: HSDP all-reduce]
+    with CT.independent():  # fresh buffers: left in flight, see [Note: HSDP all-reduce]
         works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
-        input_work = works[0]
-        out = _array(out_t, "reduce-scatter output")
-        if all_reduce_group is not None:
-            if not all_reduce_grads:
-                _wait(works)
-                return None, (out if partial is None else partial + out)
-            if partial is not None:
-                _wait(works)
-                works = []
-                out += partial
+    input_work = works[0]
+    out = _array(out_t, "reduce-scatter output")
+    if all_reduce_group is not None:
+        if not all_reduce_grads:
+            _wait(works)
+            return None, (out if partial is None else partial + out)
+        if partial is not None:
+            _wait(works)
+            works = []
+            out += partial
+        with CT.independent(after=works[0] if works else None):  # reads the reduce-scatter's output
             works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
     return ReduceResult(group, works, out, list(params), had_grad, post, None, reduce_scatter_group,
                         group.reduce_steps, input_work), None
