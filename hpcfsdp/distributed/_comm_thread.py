@@ -136,7 +136,7 @@ class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
     __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept",
-                 "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0")
+                 "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0", "_ts", "_t_first")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -155,6 +155,8 @@ class Work:
         self._req = None  # resource, and the resources of the stages still to start
         self._running = None
         self._todo: list = []
+        self._ts = 0.0  # trace: start of the running stage, and of the first
+        self._t_first = None
         self._t0 = 0.0
 
     @property
@@ -207,6 +209,10 @@ class Work:
                         self._req.Wait()
                     elif not self._req.Test():
                         break
+                    rec = _trace.RECORDER
+                    if rec is not None:  # each stage as a "stage" event of its resource; see [Note: Timeline]
+                        rec.complete(f"{rec._kind(self)} [{self._running}]", "stage", self._ts, rec.now(),
+                                     {"resource": self._running, "seq": getattr(self._meta, "seq", None)})
                     self._req = self._running = None
                     changed = True
                     if not self._todo:  # the code after the last stage
@@ -222,6 +228,11 @@ class Work:
                 self._after = None
                 if not block and self._todo[0] in busy:
                     break
+                rec = _trace.RECORDER
+                if rec is not None:
+                    self._ts = rec.now()
+                    if self._t_first is None:  # the comm event spans the stages, not the queueing before
+                        self._t_first = self._t0 = self._ts
                 self._running = self._todo.pop(0)
                 self._req = next(self._gen, None)
                 changed = True
