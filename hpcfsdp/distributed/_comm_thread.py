@@ -74,6 +74,10 @@ __all__ = ["Work", "Staged", "CommThread", "COMM_THREAD", "comm_thread", "execut
 # all-reduce of one unit beside the next unit's reduce-scatter. Idle with Works in flight, the thread tests
 # them with a sleeping back-off from 50 us to 1 ms (the MPI library progresses requests only inside MPI
 # calls), and it tests them between the Works it runs.
+# FSDP uses it only with HPCFSDP_COMM_STAGED=1 (off by default): on the 2-core simulated cluster the
+# timelines show the overlap as designed, but step times were no better (HYBRID_SHARD at 1 Gbit/s slightly
+# worse: the all-reduces progress only at the polls, where a blocking call keeps MPI driving the socket);
+# see BENCHMARKS.md, "After overlap tuning".
 # Memory safety: a Work starts while others are in flight only when it was issued inside
 # ``independent()`` (its buffers are none of theirs, as FSDP's freshly allocated buffers), and after the
 # Work given as ``after`` (whose output it reads) completed; any other Work first completes everything in
@@ -101,6 +105,7 @@ class Staged:
 
 
 _INDEPENDENT = threading.local()
+_POLL_MIN, _POLL_MAX = 5e-5, 1e-3  # seconds between two tests of the Works in flight, when idle
 
 
 class independent:
@@ -394,7 +399,7 @@ class CommThread:
                 if self._test_inflight():
                     delay = 0.0
                     continue
-                delay = min(max(delay * 2, 5e-5), 1e-3)
+                delay = min(max(delay * 2, _POLL_MIN), _POLL_MAX)
                 with self._cv:
                     if not self._q:
                         self._cv.wait(delay)

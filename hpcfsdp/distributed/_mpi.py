@@ -147,8 +147,11 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
                     found[key] = (var, os.environ[var].strip())
             break
     marker = os.environ.get(_RANK_ENV_PID)
-    if marker is not None:  # a parent's are stale here; ours may be refined (e.g. HPCFSDP_RANKS_PER_NODE set since)
+    if marker is not None and marker != str(os.getpid()):  # a parent's: stale here
         for key in (*_RANK_VARS, _RANK_ENV_PID):
+            os.environ.pop(key, None)
+    elif marker is not None and k is not None:  # ours: simulated nodes (set since?) decide the local values
+        for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(key, None)
     values = {}
     for key in _RANK_VARS:

@@ -23,7 +23,8 @@ group*; every call returns ``Work`` when ``async_op`` is true, else None after c
     Work.is_completed(); Work.exception(); Work.result()
 
 Async calls run on the communication thread in issue order (all groups share it); do not touch
-their buffers until wait(). AVG = SUM then divide by the group size (floor division for integers).
+their buffers until wait(). Issued inside ``_comm_thread.independent()``, async collectives that cross
+nodes run staged, left in flight beside later ones (see [Note: Collectives left in flight] there). AVG = SUM then divide by the group size (floor division for integers).
 float16/bfloat16 reductions use MPI.FLOAT16_T/BFLOAT16_T when usable, else float32 on the wire.
 
 Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
@@ -181,6 +182,7 @@ class ProcessGroup:
         self.stats: collections.Counter = collections.Counter()
         self._hier = None  # (local comm, cross comm, perm) when node-aware; see [Note: Node-aware collectives]
         self._link = "inter"  # what a flat collective uses: "intra" when the group lies in one node
+        self._staged = _settings.get("HPCFSDP_COMM_STAGED")
         if self._size > 1:
             hosts, split = _call_sync("node_split", lambda: node_split_info(self.comm))
             if hosts == 1:
@@ -250,7 +252,7 @@ class ProcessGroup:
         _comm_thread.py. Only asynchronous ones issued inside ``CT.independent()`` on host arrays, and only
         across nodes (node-aware, or over a group spanning nodes): inside one node there is no second
         resource to overlap with, and a blocking call returns sooner than a polled request."""
-        return (async_op and (self._hier is not None or self._link == "inter") and CT._is_independent()
+        return (async_op and self._staged and (self._hier is not None or self._link == "inter") and CT._is_independent()
                 and _backend.MPI_BUFFER_CHECK is None and not any(B.is_cupy_array(a) for a in arrays)
                 and all(a.size for a in arrays))
 
