@@ -105,6 +105,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "how the communication thread drives MPI: blocking calls, or test = MPI_Test polling with back-off"),
     Setting("HPCFSDP_COMM_INLINE", parse_bool, True,
             "blocking collectives may run on the calling thread when the communication thread is idle"),
+    Setting("HPCFSDP_COMM_SWITCH_INTERVAL", _parse_seconds, 0.0,
+            "seconds: when > 0, the interpreter's thread switch interval (sys.setswitchinterval) is lowered to "
+            "this when the communication thread starts, so it picks up queued collectives sooner; 0 (default) "
+            "leaves it alone"),
+    Setting("HPCFSDP_COMM_STAGED", parse_bool, False,
+            "FSDP's collectives that cross nodes run staged, left in flight on the communication thread, so "
+            "the intra-node stage of one overlaps the inter-node stage of the next; off: one at a time"),
     Setting("HPCFSDP_COMM_HIERARCHY", _choice("auto", "flat", "hierarchical"), "auto",
             "all-gather/reduce-scatter of a group spanning several nodes: auto = node-aware (intra-node, then "
             "once per node across) when every node holds the same number (>1) of the group's ranks; flat; or "

@@ -10,6 +10,11 @@ PyTorch peer, benchmarks/peer/torch_fsdp2_bench.py, on the same model right afte
 `torchrun --nnodes H --node-rank i` per host inside that host's namespace, rendezvous at host 0's address on
 the cluster bridge, gloo over the shaped links (FULL_SHARD -> FSDP2 on a 1-D mesh, HYBRID_SHARD -> HSDP with
 replicate = hosts). A second table then sets the two side by side.
+
+With `--compare NAME:VAR=VALUE[,VAR=VALUE...]` (repeatable) every configuration also runs with those
+environment variables, right after the plain run on the same cluster (e.g. `--compare
+unstaged:HPCFSDP_COMM_STAGED=0`): the rows of each variant are named in the strategy column, and the ratios
+of one round are measured minutes apart at most, so that a loaded machine moves all of them alike.
 """
 import argparse
 import json
@@ -43,29 +48,43 @@ def main() -> int:
     ap.add_argument("--ppn", type=int, default=2, help="ranks per host")
     ap.add_argument("--peer", default=None, metavar="PYTHON",
                     help="also run the PyTorch FSDP2 peer with this Python (torch installed) on the same cluster")
+    ap.add_argument("--compare", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
+                    help="also run every configuration with these environment variables (repeatable)")
     a = ap.parse_args()
+    variants = [("", {})]
+    for spec in a.compare:
+        name, _, assigns = spec.partition(":")
+        pairs = [x.partition("=") for x in assigns.split(",") if x]
+        if not name or not pairs or any(not k or not eq for k, eq, _ in pairs):
+            ap.error(f"--compare {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE...]")
+        variants.append((name, {k: v for k, _, v in pairs}))
     runs, peer_runs = {}, {}
     for rep in range(a.repeats):
         for rate in a.rates.split(","):
             with Cluster(a.hosts, rate=rate) as c:
-                for strategy in a.strategies.split(","):
+                for strategy, (vname, venv) in [(s_, v) for s_ in a.strategies.split(",") for v in variants]:
                     mesh = ["--mesh", f"{a.hosts}x{a.ppn}"] if strategy == "HYBRID_SHARD" else []
                     cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "bench", "train", *MODEL, "--strategy", strategy,
                            *mesh, "--warmup", str(a.warmup), "--steps", str(a.steps), "--link", "eth0",
                            "--link-rate", rate, "--compute-only", "--json", "-"]
-                    out, _ = c.launch(a.hosts, a.ppn, cmd, timeout=900, env=dict(os.environ, HPCFSDP_NO_PROGRESS="1"))
+                    out, _ = c.launch(a.hosts, a.ppn, cmd, timeout=900,
+                                      env=dict(os.environ, HPCFSDP_NO_PROGRESS="1", **venv))
                     if out.returncode != 0:
                         print(out.stdout[-3000:], out.stderr[-3000:], file=sys.stderr)
                         return 1
                     res = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
                     res["rate"], res["hosts"], res["ppn"] = rate, a.hosts, a.ppn
-                    runs.setdefault((rate, strategy), []).append(res)
-                    print(f"# {rate} {strategy} round {rep}: step {res['step_time_s']:.3f} s, compute-only "
-                          f"{res['compute_only_s']:.3f} s, wire bound {res['wire_bound_s']:.3f} s", file=sys.stderr)
+                    if vname:
+                        res["variant"], res["variant_env"] = vname, venv
+                    label = f"{strategy} {vname}" if vname else strategy
+                    runs.setdefault((rate, label), []).append(res)
+                    print(f"# {rate} {label} round {rep}: step {res['step_time_s']:.3f} s, compute-only "
+                          f"{res['compute_only_s']:.3f} s, wire bound {res['wire_bound_s']:.3f} s, ratio "
+                          f"{res['step_over_bound']:.2f}", file=sys.stderr)
                     if a.json:
                         with open(a.json, "a") as f:
                             f.write(json.dumps(res) + "\n")
-                    if a.peer:
+                    if a.peer and not vname:
                         pres = run_peer(c, a, strategy)
                         pres["rate"] = rate
                         peer_runs.setdefault((rate, strategy), []).append(pres)
@@ -75,8 +94,8 @@ def main() -> int:
                             with open(a.json, "a") as f:
                                 f.write(json.dumps(pres) + "\n")
     print("| link per host | strategy | step (s) | compute-only (s) | wire bound (s) | step / max(compute, wire) "
-          "| sent per host per step (MiB) | wire minimum (MiB) | sent / minimum |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| sent per host per step (MiB) | wire minimum (MiB) | sent / minimum | per-round ratio, median |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (rate, strategy), rs in runs.items():
         def med(key):
             return statistics.median(r[key] for r in rs)
@@ -85,7 +104,7 @@ def main() -> int:
         sent = statistics.median(max(r["bytes_sent_per_host_per_step"]) for r in rs)
         least = rs[0]["wire_min_bytes_per_host"]
         print(f"| {rate} | {strategy} | {step:.3f} | {comp:.3f} | {wire:.3f} | {step / max(comp, wire):.2f} "
-              f"| {sent / 2**20:.2f} | {least / 2**20:.2f} | {sent / least:.2f} |")
+              f"| {sent / 2**20:.2f} | {least / 2**20:.2f} | {sent / least:.2f} | {med('step_over_bound'):.2f} |")
     if peer_runs:
         print("\n| link per host | strategy | hpcfsdp step (s) | PyTorch FSDP2 step (s) | PyTorch / hpcfsdp |")
         print("|---|---|---|---|---|")

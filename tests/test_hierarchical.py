@@ -184,3 +184,119 @@ def test_one_rank_per_node_forced_matches_numpy(monkeypatch):
     exp = np.arange(5 * n, dtype=np.float64) * sum(range(1, n + 1)) / n
     assert np.allclose(red, exp[r * 5:(r + 1) * 5])
     pg.destroy()
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("order", [None, _interleaved], ids=["node_major", "interleaved"])
+def test_staged_in_flight_match_numpy(monkeypatch, order):
+    """Collectives left in flight (issued inside independent()): node-aware and flat all-gathers and
+    reduce-scatters, and all-reduces over a cross-node subgroup started after the reduce-scatter whose
+    output they read, all outstanding at once, every result equal to NumPy's; a dependent collective
+    issued outside independent() on an in-flight buffer sees it finished."""
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed import _comm_thread as CT
+
+    staged = []
+
+    class Counted(CT.Staged):
+        def __init__(self, resources, gen):
+            staged.append(list(resources))
+            super().__init__(resources, gen)
+
+    monkeypatch.setattr(CT, "Staged", Counted)
+    monkeypatch.setenv("HPCFSDP_COMM_STAGED", "1")
+    hier, flat = _pair(monkeypatch, order)
+    n, r = hier.size(), hier.rank()
+    monkeypatch.setenv("HPCFSDP_COMM_HIERARCHY", "auto")
+    # ranks with the same index on each simulated node (the HSDP replicate group), and one node's ranks
+    w = MPI.COMM_WORLD.Get_rank()
+    rep = ProcessGroup(MPI.COMM_WORLD.Split(w % 2, w), dup=False, name="rep")
+    shard = ProcessGroup(MPI.COMM_WORLD.Split(w // 2, w), dup=False, name="shard")
+    assert rep._link == "inter" and shard._link == "intra"
+    k = 4099
+    pending = []
+    for i in range(6):
+        pg = hier if i % 2 == 0 else flat
+        ins = [_data(wr, k, np.dtype(np.float32), i, True) for wr in pg.world_ranks]
+        out = np.full(k * n, -1, np.float32)
+        full = [_data(wr, k * n, np.dtype(np.float32), 50 + i, True) for wr in pg.world_ranks]
+        red = np.full(k, -1, np.float32)
+        sfull = [_data(wr, k * shard.size(), np.dtype(np.float32), 90 + i, True) for wr in shard.world_ranks]
+        sred = np.full(k, -1, np.float32)
+        with CT.independent():
+            ag = pg.all_gather_into(out, ins[r], async_op=True)
+            rs = pg.reduce_scatter_into(red, full[r], ReduceOp.SUM, async_op=True)
+            srs = shard.reduce_scatter_into(sred, sfull[shard.rank()], ReduceOp.AVG, async_op=True)
+        with CT.independent(after=srs):
+            ar = rep.all_reduce_(sred, ReduceOp.SUM, async_op=True)
+        pending.append((ag, out, np.concatenate(ins)))
+        pending.append((rs, red, np.sum(full, axis=0)[r * k:(r + 1) * k]))
+        # the shard-group average of this node, summed over the nodes: every rank's data, averaged per node
+        node_avg = {}
+        for wr in range(MPI.COMM_WORLD.Get_size()):
+            d = _data(wr, k * 2, np.dtype(np.float32), 90 + i, True).astype(np.float64)
+            node_avg.setdefault(wr // 2, []).append(d)
+        exp = sum(np.mean(v, axis=0) for v in node_avg.values())
+        pending.append((ar, sred, exp[shard.rank() * k:(shard.rank() + 1) * k]))
+    assert CT.COMM_THREAD is not None
+    # outside independent(): waits for everything in flight before it reads the last all-reduce's buffer
+    last = pending[-1][1]
+    rep.all_reduce_(last, ReduceOp.SUM)
+    pending[-1] = (pending[-1][0], last, pending[-1][2] * rep.size())
+    for work, got, exp in pending:
+        work.wait()
+        np.testing.assert_allclose(got, exp, rtol=1e-6)
+    # every collective issued inside independent() ran staged, with the stages of its path
+    # (the shard group's reduce-scatter lies inside a node: not staged, a blocking call on the thread)
+    assert staged == [["inter", "intra"], ["intra", "inter"], ["inter"], ["inter"], ["inter"], ["inter"]] * 3
+    for pg in (hier, flat, rep, shard):
+        pg.destroy()
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "HYBRID_SHARD"])
+def test_fsdp_staged_matches_unsharded_reference(monkeypatch, strategy):
+    """FSDP training with HPCFSDP_COMM_STAGED=1 across 2 simulated nodes (node-aware all-gathers and
+    reduce-scatters, HSDP's all-reduces left in flight) follows the unsharded model step for step."""
+    import hpcfsdp as hp
+    from hpcfsdp.distributed import _comm_thread as CT
+    from hpcfsdp.distributed.fsdp import FSDP, ShardingStrategy
+    from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy
+    from hpcfsdp.models.gpt import Block
+
+    from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
+
+    staged = []
+
+    class Counted(CT.Staged):
+        def __init__(self, resources, gen):
+            staged.append(tuple(resources))
+            super().__init__(resources, gen)
+
+    monkeypatch.setattr(CT, "Staged", Counted)
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
+    monkeypatch.setenv("HPCFSDP_COMM_STAGED", "1")
+    w, _ = world()
+    ref = tiny_gpt()
+    fsdp = FSDP(tiny_gpt(), sharding_strategy=ShardingStrategy[strategy], auto_wrap_policy=ModuleWrapPolicy({Block}))
+    opt = hp.optim.AdamW(fsdp.parameters(), lr=1e-2, weight_decay=0.1)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    for x, y in gpt_batches(6, 4 * w + 1, B_per_rank=2):
+        _, loss = fsdp(hp.tensor(local(x)), hp.tensor(local(y)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        _, rl = ref(hp.tensor(x), hp.tensor(y))
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        np.testing.assert_allclose(global_mean(loss.item()), rl.item(), rtol=1e-5, atol=1e-6)
+    refp = dict(ref.named_parameters())
+    for name, p in fsdp.named_parameters():
+        np.testing.assert_allclose(full(p), refp[name].detach().numpy(), atol=2e-5, rtol=2e-4, err_msg=name)
+    # FULL_SHARD: node-aware all-gathers and reduce-scatters; HSDP: the cross-node all-reduces
+    expect = {("inter", "intra"), ("intra", "inter")} if strategy == "FULL_SHARD" else {("inter",)}
+    assert staged and set(staged) == expect

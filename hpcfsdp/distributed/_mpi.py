@@ -146,8 +146,12 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
                 if var and var in os.environ and not (k is not None and key.startswith("LOCAL")):
                     found[key] = (var, os.environ[var].strip())
             break
-    if os.environ.get(_RANK_ENV_PID, str(os.getpid())) != str(os.getpid()):  # a parent's: stale here
+    marker = os.environ.get(_RANK_ENV_PID)
+    if marker is not None and marker != str(os.getpid()):  # a parent's: stale here
         for key in (*_RANK_VARS, _RANK_ENV_PID):
+            os.environ.pop(key, None)
+    elif marker is not None and k is not None:  # ours: simulated nodes (set since?) decide the local values
+        for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(key, None)
     values = {}
     for key in _RANK_VARS:
@@ -193,9 +197,15 @@ def node_comm(comm=None):
 
 
 def node_split(comm) -> tuple[Any, Any, list[int]] | None:
-    """Node-aware split of ``comm`` for hierarchical collectives (collective; caller frees the comms).
+    """The node-aware split of ``comm``: ``node_split_info(comm)[1]``."""
+    return node_split_info(comm)[1]
 
-    Returns None unless every node holds the same number L of ``comm``'s ranks and there are
+
+def node_split_info(comm) -> tuple[int, tuple[Any, Any, list[int]] | None]:
+    """(H, split): the number H of nodes holding ``comm``'s ranks, and the node-aware split of ``comm`` for
+    hierarchical collectives (collective; caller frees the comms).
+
+    split is None unless every node holds the same number L of ``comm``'s ranks and there are
     H > 1 nodes; else ``(local, cross, perm)``: ``local`` holds this node's ranks (ordered by
     ``comm`` rank), ``cross`` the ranks with the same local index on every node (ordered by
     node), and ``perm[j*H + h]`` is the ``comm`` rank of local index j on node h.
@@ -212,14 +222,14 @@ def node_split(comm) -> tuple[Any, Any, list[int]] | None:
     members = [[r for r, h in enumerate(node_of) if h == i] for i in range(hosts)]
     per = {len(m) for m in members}
     if hosts < 2 or len(per) != 1:
-        return None
+        return hosts, None
     size = per.pop()
     rank = comm.Get_rank()
     h, j = node_of[rank], members[node_of[rank]].index(rank)
     local = comm.Split(h, rank)
     cross = comm.Split(j, h)
     perm = [members[hh][jj] for jj in range(size) for hh in range(hosts)]
-    return local, cross, perm
+    return hosts, (local, cross, perm)
 
 
 def node_layout(comm=None) -> dict[str, Any]:

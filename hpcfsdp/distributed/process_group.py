@@ -23,7 +23,8 @@ group*; every call returns ``Work`` when ``async_op`` is true, else None after c
     Work.is_completed(); Work.exception(); Work.result()
 
 Async calls run on the communication thread in issue order (all groups share it); do not touch
-their buffers until wait(). AVG = SUM then divide by the group size (floor division for integers).
+their buffers until wait(). Issued inside ``_comm_thread.independent()``, async collectives that cross
+nodes run staged, left in flight beside later ones (see [Note: Collectives left in flight] there). AVG = SUM then divide by the group size (floor division for integers).
 float16/bfloat16 reductions use MPI.FLOAT16_T/BFLOAT16_T when usable, else float32 on the wire.
 
 Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
@@ -47,16 +48,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hpcfsdp import _settings
+from hpcfsdp import _backend, _settings
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
+from hpcfsdp.distributed._hier import (
+    _hier_all_gather,
+    _hier_all_gather_staged,
+    _hier_reduce_scatter,
+    _hier_reduce_scatter_staged,
+    _node_major,
+)
 from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
 from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
     comm_timeout,
     get_mpi,
     inline_enabled,
-    node_split,
+    node_split_info,
     progress_mode,
     set_default_timeout,
     thread_level,
@@ -179,10 +187,14 @@ class ProcessGroup:
             wg.Free()
         self.name = name
         self.stats: collections.Counter = collections.Counter()
-        self._hier = None  # (local comm, cross comm, perm) when node-aware; see [Note: Node-aware collectives]
-        if self._size > 1 and hier_mode != "flat":
-            split = _call_sync("node_split", lambda: node_split(self.comm))
-            if split is not None and hier_mode == "auto" and split[0].Get_size() == 1:
+        self._hier = None  # (local comm, cross comm, perm) when node-aware: [Note: Node-aware collectives], _hier.py
+        self._link = "inter"  # what a flat collective uses: "intra" when the group lies in one node
+        self._staged = _settings.get("HPCFSDP_COMM_STAGED")
+        if self._size > 1:
+            hosts, split = _call_sync("node_split", lambda: node_split_info(self.comm))
+            if hosts == 1:
+                self._link = "intra"
+            if split is not None and (hier_mode == "flat" or (hier_mode == "auto" and split[0].Get_size() == 1)):
                 _call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
                 split = None
             if split is not None:
@@ -242,6 +254,15 @@ class ProcessGroup:
             fn = F.debug_checked(self, fn, meta)
         return _submit(desc, fn, async_op, meta)
 
+    def _staged_ok(self, async_op: bool, *arrays) -> bool:
+        """Whether a collective runs staged, left in flight: see [Note: Collectives left in flight] in
+        _comm_thread.py. Only asynchronous ones issued inside ``CT.independent()`` on host arrays, and only
+        across nodes (node-aware, or over a group spanning nodes): inside one node there is no second
+        resource to overlap with, and a blocking call returns sooner than a polled request."""
+        return (async_op and self._staged and (self._hier is not None or self._link == "inter") and CT._is_independent()
+                and _backend.MPI_BUFFER_CHECK is None and not any(B.is_cupy_array(a) for a in arrays)
+                and all(a.size for a in arrays))
+
     # -- collectives on raw arrays -----------------------------------------------------------
     def all_gather_into(self, out_flat, in_flat, async_op: bool = False):
         """Gather every rank's ``in_flat`` into ``out_flat`` (rank-major). See module docstring."""
@@ -263,6 +284,16 @@ class ProcessGroup:
                 in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, hier = self.comm, self._hier
+        if self._staged_ok(async_op, in1, out1):
+            if hier is not None:
+                src = out1[rank * k:(rank + 1) * k] if in_place else in1
+                return self._issue(desc, lambda: CT.Staged(["inter", "intra"], _hier_all_gather_staged(
+                    hier, src, out1, k)), async_op, None, meta)
+
+            def staged():
+                yield comm.Iallgather(get_mpi().IN_PLACE if in_place else B.byte_spec(in1), B.byte_spec(out1))
+
+            return self._issue(desc, lambda: CT.Staged([self._link], staged()), async_op, None, meta)
 
         def fn():
             if ev is not None:
@@ -306,6 +337,19 @@ class ProcessGroup:
             in1 = in1.copy()
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, mode, hier = self.comm, self._mode, self._hier
+        if work_dtype is None and self._staged_ok(async_op, in1, out1):
+            mop = B.mpi_op_for(op.name)
+            avg = op is ReduceOp.AVG
+
+            def staged():
+                if hier is not None:
+                    yield from _hier_reduce_scatter_staged(hier, in1, out1, k, mpi_type, mop)
+                else:
+                    yield comm.Ireduce_scatter_block([in1, mpi_type], [out1, mpi_type], mop)
+                B.finish_reduce(out1, out1, avg, n)
+
+            stages = ["intra", "inter"] if hier is not None else [self._link]
+            return self._issue(desc, lambda: CT.Staged(stages, staged()), async_op, None, meta)
 
         def fn():
             if ev is not None:
@@ -346,6 +390,12 @@ class ProcessGroup:
         ev = B.record_event(arr)
         a1 = arr.reshape(-1)
         comm, mode = self.comm, self._mode
+        if work_dtype is None and self._staged_ok(async_op, a1):
+            def staged():
+                yield comm.Iallreduce(get_mpi().IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
+                B.finish_reduce(a1, a1, op is ReduceOp.AVG, n)
+
+            return self._issue(desc, lambda: CT.Staged([self._link], staged()), async_op, None, meta)
 
         def fn():
             MPI = get_mpi()
@@ -516,7 +566,7 @@ class ProcessGroup:
 
     @property
     def hierarchical(self) -> bool:
-        """Whether all-gather/reduce-scatter take the node-aware path. See [Note: Node-aware collectives]."""
+        """Whether all-gather/reduce-scatter take the node-aware path ([Note: Node-aware collectives], _hier.py)."""
         return self._hier is not None
 
     def _check_rank(self, r: Any, what: str) -> int:
@@ -525,61 +575,3 @@ class ProcessGroup:
         if not 0 <= int(r) < self._size:
             raise ValueError(f"{what}={r}: outside the {self._gdesc()}, expected 0 <= rank < {self._size}")
         return int(r)
-
-
-# [Note: Node-aware collectives]
-# A group spanning H nodes with L of its ranks on each (L > 1; HPCFSDP_COMM_HIERARCHY=auto) runs
-# all-gather and reduce-scatter in two stages over sub-communicators made once at construction
-# (_mpi.node_split): "cross" joins the ranks with the same local index on every node, "local"
-# the ranks of one node. All-gather: cross all-gather of the k-element inputs (H*k, by node),
-# local all-gather of those (L*H*k, by local index, then node), then one permuting copy into the
-# rank-major output: block (j, h) is group rank perm[j*H + h] (when the group's ranks are node-major
-# the local all-gather receives straight into place through a strided datatype). Reduce-scatter is the mirror:
-# permute the input into (local index, node) order, reduce-scatter locally (H*k per rank) and
-# then across nodes (k per rank). Each node's link carries (H-1)/H of the buffer once, where a
-# flat ring over node-major ranks crosses it with (n-1)/n (3/4 at 2x2 against 1/2). The layout
-# equals the flat collective's; a reduction's summation order differs (two stages), so float
-# results agree to rounding, and exactly where the sums are exact. The whole collective is one
-# Work on the communication thread, so ordering, debug checks and the watchdog are unchanged.
-
-
-def _hier_all_gather(hier, src, dst, k: int, mode: str) -> None:
-    local, cross, perm, node_major = hier
-    hosts, per = cross.Get_size(), local.Get_size()
-    mid = np.empty(hosts * k, dst.dtype)
-    B.call_mpi(mode, cross.Allgather, cross.Iallgather, B.byte_spec(src), B.byte_spec(mid))
-    if node_major:
-        # node-major ranks: local index j's H blocks land k*itemsize apart from j-1's, every per*k
-        # elements: a strided receive type puts them in place (no full-size scratch, no copy)
-        MPI = get_mpi()
-        blk = k * dst.dtype.itemsize
-        vec = MPI.BYTE.Create_vector(hosts, blk, per * blk)
-        rtype = vec.Create_resized(0, blk)
-        rtype.Commit()
-        try:
-            B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid),
-                       [dst.reshape(-1).view(np.uint8), 1, rtype])
-        finally:
-            rtype.Free()
-            vec.Free()
-        return
-    tmp = np.empty(per * hosts * k, dst.dtype)
-    B.call_mpi(mode, local.Allgather, local.Iallgather, B.byte_spec(mid), B.byte_spec(tmp))
-    dst.reshape(-1, k)[perm] = tmp.reshape(-1, k)
-
-
-def _node_major(perm, hosts: int, per: int) -> bool:
-    """Whether group rank h*per + j is local index j of node h (``perm[j*hosts + h]``)."""
-    j, h = np.divmod(np.arange(perm.size), hosts)
-    return bool(np.array_equal(perm, h * per + j))
-
-
-def _hier_reduce_scatter(hier, src, dst, k: int, mpi_type, mpi_op, mode: str) -> None:
-    local, cross, perm, _ = hier
-    hosts = cross.Get_size()
-    tmp = src.reshape(-1, k)[perm].reshape(-1)  # (local index, node) order
-    mid = np.empty(hosts * k, src.dtype)
-    B.call_mpi(mode, local.Reduce_scatter_block, local.Ireduce_scatter_block, [tmp, mpi_type], [mid, mpi_type],
-               mpi_op)
-    B.call_mpi(mode, cross.Reduce_scatter_block, cross.Ireduce_scatter_block, [mid, mpi_type], [dst, mpi_type],
-               mpi_op)

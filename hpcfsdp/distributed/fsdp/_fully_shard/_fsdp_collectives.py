@@ -12,6 +12,17 @@ factor, issues the reduce-scatter (then, for HSDP, the all-reduce across replica
 factor and writes (or accumulates) the sharded gradients. The results in flight are queued in the state
 context shared by every state of a root (``FSDPStateContext.reductions``), oldest first.
 
+[Note: HSDP all-reduce]
+FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
+_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
+inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
+reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
+all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
+shared memory, and the next all-reduce follows on the link without a gap. The main thread waits only for
+reduce-scatters before issuing another (``wait_reduce_input``: at most ``reduce_scatter_max_input_buffers``
+inputs alive); the all-reduces are waited for at the end of backward, or when more than
+``MAX_REDUCTIONS_IN_FLIGHT`` reductions are outstanding (their outputs are shard-sized).
+
 [Note: Gradient divide factors]
 The gradient of the data-parallel mean is the sum of the N per-rank gradients divided by N (N = shard
 size x replicate size, or the user's ``set_gradient_divide_factor``). In float32 and bfloat16 the
@@ -31,6 +42,7 @@ import numpy as np
 
 from .... import _backend, _settings
 from ...._tensor import Tensor
+from ... import _comm_thread as CT
 from ...process_group import ProcessGroup, ReduceOp
 from ._fsdp_api import AllGather, ReduceScatter
 
@@ -46,6 +58,7 @@ __all__ = [
     "foreach_all_gather_copy_out",
     "foreach_reduce",
     "finish_reduce",
+    "wait_reduce_input",
     "raise_finite_errors",
     "get_gradient_divide_factors",
 ]
@@ -161,7 +174,8 @@ def foreach_all_gather(all_gather_input, group: ProcessGroup, comm: AllGather, l
                        device) -> AllGatherResult:
     """Issue the all-gather of one group's flat input (asynchronously); see [Note: One group's collectives]."""
     output = comm.allocate((group.size() * total,), dtype=all_gather_input.dtype, device=device)
-    work = comm(output, Tensor._wrap(all_gather_input), group, async_op=True)
+    with CT.independent():  # fresh buffers: may run beside a reduction in flight
+        work = comm(output, Tensor._wrap(all_gather_input), group, async_op=True)
     return AllGatherResult(work, _array(output, "all-gather output"), layouts, total)
 
 
@@ -177,7 +191,18 @@ def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> N
 # -- gradient reduction ------------------------------------------------------------------------------
 def get_gradient_divide_factors(reduce_scatter_size: int, all_reduce_size: Optional[int], reduce_dtype,
                                 factor: Optional[float] = None, force_sum_reduction_for_comms: bool = False):
-    """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: Gradient divide factors].
+    """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: HSDP all-reduce]
+FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
+_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
+inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
+reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
+all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
+shared memory, and the next all-reduce follows on the link without a gap. The main thread waits only for
+reduce-scatters before issuing another (``wait_reduce_input``: at most ``reduce_scatter_max_input_buffers``
+inputs alive); the all-reduces are waited for at the end of backward, or when more than
+``MAX_REDUCTIONS_IN_FLIGHT`` reductions are outstanding (their outputs are shard-sized).
+
+[Note: Gradient divide factors].
 
     ``all_reduce_size`` is the replicate group's size for HSDP, else None. A factor of None means no division.
     """
@@ -217,6 +242,7 @@ class ReduceResult:
     hook: Any = None  # the all-reduce hook to run on ``output`` before the post-divide
     check_group: Optional[ProcessGroup] = None  # the ranks that share these gradients (HPCFSDP_CHECK_FINITE)
     step: int = 0  # the gradient synchronisation this reduction belongs to, the first being 1
+    input_work: Any = None  # the reduce-scatter, whose completion frees its input buffer
 
 
 def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_group: ProcessGroup,
@@ -242,7 +268,9 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             layout.scatter_into(inp, total, p.to_front(g._data))
     _divide_if_needed(inp, pre)
     out_t = comm.allocate((total,), dtype=reduce_dtype, device=device)
-    works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
+    with CT.independent():  # fresh buffers: left in flight, see [Note: HSDP all-reduce]
+        works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
+    input_work = works[0]
     out = _array(out_t, "reduce-scatter output")
     if all_reduce_group is not None:
         if not all_reduce_grads:
@@ -252,9 +280,17 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             _wait(works)
             works = []
             out += partial
-        works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
+        with CT.independent(after=works[0] if works else None):  # reads the reduce-scatter's output
+            works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
     return ReduceResult(group, works, out, list(params), had_grad, post, None, reduce_scatter_group,
-                        group.reduce_steps), None
+                        group.reduce_steps, input_work), None
+
+
+def wait_reduce_input(result: ReduceResult) -> None:
+    """Wait until ``result``'s reduce-scatter completed (its input buffer is free); its all-reduce may still run."""
+    if result.input_work is not None:
+        _wait([result.input_work])
+        result.input_work = None
 
 
 def finish_reduce(result: ReduceResult) -> None:

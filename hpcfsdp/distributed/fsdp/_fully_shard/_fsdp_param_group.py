@@ -31,11 +31,14 @@ from ._fsdp_collectives import (
     foreach_all_gather,
     foreach_all_gather_copy_out,
     foreach_reduce,
+    wait_reduce_input,
 )
 from ._fsdp_common import ShardedState, TrainingState, check_transition
 from ._fsdp_param import FSDPParam
 
 __all__ = ["FSDPParamGroup", "exposed_comm_seconds"]
+
+MAX_REDUCTIONS_IN_FLIGHT = 4  # reductions (HSDP: all-reduces) outstanding before the oldest is finished
 
 
 class FSDPParamGroup:
@@ -243,20 +246,27 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.SHARDED_POST_FORWARD
 
     # -- forward / backward transitions ---------------------------------------------------------------
-    def pre_forward(self):
+    def pre_forward(self, prefetch=None):
+        """Unshard for forward. ``prefetch`` (the next units' all-gathers) is issued before the wait, so the
+        communication thread finds it queued behind this group's; see [Note: Prefetch before the wait]."""
         self.training_state = check_transition(self.training_state, TrainingState.FORWARD, "pre-forward")
-        self.unshard(self.unshard_async_op)
+        self.unshard(async_op=True)
+        if prefetch is not None:
+            prefetch()
         self.wait_for_unshard()
 
     def post_forward(self):
         self.reshard_post_forward()
         self.training_state = check_transition(self.training_state, TrainingState.IDLE, "post-forward")
 
-    def pre_backward(self):
+    def pre_backward(self, prefetch=None):
         self.training_state = check_transition(self.training_state, TrainingState.PRE_BACKWARD, "pre-backward")
         self.needs_post_backward = True
         if self.unshard_in_backward:
-            self.unshard()
+            self.unshard(async_op=True)
+        if prefetch is not None:
+            prefetch()
+        if self.unshard_in_backward:
             self.wait_for_unshard()
 
     def post_backward(self, reductions):
@@ -295,9 +305,12 @@ class FSDPParamGroup:
 
     # -- gradient reduction ---------------------------------------------------------------------------
     def _reduce(self, reductions):
-        # Finish the oldest reductions first, so that their input buffers are freed before this one's is
-        # allocated: at most reduce_scatter_max_input_buffers reductions in flight.
-        while len(reductions) >= self.reduce_scatter_max_input_buffers:
+        # At most reduce_scatter_max_input_buffers reduce-scatter inputs alive: wait for the oldest reduce-scatters
+        # (not their all-reduces) before this one's input is allocated. See [Note: HSDP all-reduce].
+        live = [r for r in reductions if r.input_work is not None]
+        while live and len(live) >= self.reduce_scatter_max_input_buffers:
+            wait_reduce_input(live.pop(0))
+        while len(reductions) >= MAX_REDUCTIONS_IN_FLIGHT:
             finish_reduce(reductions.popleft())
         grads = [p.unsharded_param.grad for p in self.reduce_scatter_params]
         for p in self.reduce_scatter_params:

@@ -11,6 +11,14 @@ end of backward (root callback): reduce what did not run (unused parameters, inp
     every reduction, write sharded gradients, reset.
 Every rank runs the same modules in the same order, so every rank issues the same collectives in the same
 order on its communication thread; prefetch only changes when they are issued, never their order.
+
+[Note: Prefetch before the wait]
+A unit's pre-forward (and pre-backward) issues its own all-gather, then the prefetch of the next unit's,
+and only then waits for its own. Waiting first would leave the communication thread idle from the end of
+this unit's all-gather until the main thread wakes up and issues the next one (on a GPU the wait is a
+stream wait and the CPU issues the next all-gather at once; here the wait blocks the CPU). Issued first,
+the next all-gather is queued right behind, so a slow link carries the all-gathers back to back. The order
+of the collectives, and so the result, is unchanged; at most two units are gathered at a time, as before.
 """
 
 import collections
@@ -164,8 +172,9 @@ class FSDPState:
             ctx.forward_order.append(self)
         g = self._param_group
         if g is not None:
-            g.pre_forward()
-        self._prefetch_forward()
+            g.pre_forward(self._prefetch_forward)
+        else:
+            self._prefetch_forward()
         if is_grad_enabled():
             ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
             if ts and g is not None:
@@ -243,10 +252,11 @@ class FSDPState:
         if _trace.RECORDER is not None:
             _trace_begin(self, "backward")
         g = self._param_group
+        prefetch = None if self._backward_prefetch_post else self._prefetch_backward
         if g is not None:
-            g.pre_backward()
-        if not self._backward_prefetch_post:
-            self._prefetch_backward()
+            g.pre_backward(prefetch)
+        elif prefetch is not None:
+            prefetch()
         return None
 
     def _prefetch_backward(self):
