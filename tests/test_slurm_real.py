@@ -111,22 +111,22 @@ def _stop_line(log, sig):
 
 @pytest.mark.timeout(600)  # the first test also installs (if missing) and starts Slurm
 def test_usr1_warning_checkpoints_requeues_and_resumes_losing_no_step(slurm, tmp_path):
-    steps = 300
+    steps = 1000  # long enough that the signal sent after 5 steps cannot lose a race with the job's end
     ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "run")
     text = open(_render(run_dir, "--template", "single-node", "--ntasks-per-node", "4", "--mpi", "pmi2",
                         "--requeue", "--signal-seconds", "60", *TINY, "--steps", str(steps))).read()
     assert "#SBATCH --signal=B:USR1@60" in text and "#SBATCH --requeue" in text
     assert "srun --mpi=pmi2 " in text and f'PYTHON="${{PYTHON:-{sys.executable}}}"' in text
-    ref = _train_job(slurm, ref_dir, steps, "--mpi", "pmi2")
     job = _train_job(slurm, run_dir, steps, "--mpi", "pmi2", "--requeue", "--signal-seconds", "60")
     _until(lambda: len(_metrics(run_dir)) >= 5, 150, slurm, job, "5 steps trained")
     slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@60 does at the time
+    ref = _train_job(slurm, ref_dir, steps, "--mpi", "pmi2")  # after the signal: no CPU taken from the race
     info = slurm.wait(job, lambda i: int(i.get("Restarts", 0)) >= 1 or i.get("JobState") in FINAL_STATES, 120)
     assert int(info["Restarts"]) == 1, (info, _log(run_dir, job))
     if info["JobState"] == "PENDING":  # requeued, not started again yet: the final checkpoint of the first run
         stopped_at = _ckpt_step(run_dir)
         assert len(_metrics(run_dir)) == stopped_at
-    info = slurm.wait(job, timeout=180)
+    info = slurm.wait(job, timeout=300)
     log = _log(run_dir, job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["Restarts"] == "1", (info, log)
     at = _stop_line(log, "SIGUSR1")
@@ -135,7 +135,7 @@ def test_usr1_warning_checkpoints_requeues_and_resumes_losing_no_step(slurm, tmp
     assert re.search(rf"resumed from \S+/latest at step {at}\n", log), log
     assert f"over steps {at + 1}..{steps}" in log, log  # the second run trained only the rest
     assert _ckpt_step(run_dir) == steps
-    ref_info = slurm.wait(ref, timeout=120)
+    ref_info = slurm.wait(ref, timeout=300)
     assert ref_info["JobState"] == "COMPLETED", (ref_info, _log(ref_dir, ref))
     expected = _metrics(ref_dir)
     assert [s for s, _, _ in expected] == list(range(1, steps + 1))
