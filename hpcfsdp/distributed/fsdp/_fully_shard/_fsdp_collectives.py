@@ -13,8 +13,8 @@ factor and writes (or accumulates) the sharded gradients. The results in flight 
 context shared by every state of a root (``FSDPStateContext.reductions``), oldest first.
 
 [Note: HSDP all-reduce]
-FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
-_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
+With HPCFSDP_COMM_STAGED=1 FSDP's collectives run staged on the communication thread (see [Note:
+Collectives left in flight] in _comm_thread.py; off by default, it measured slower here): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
 inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
 reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
 all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
@@ -191,18 +191,7 @@ def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> N
 # -- gradient reduction ------------------------------------------------------------------------------
 def get_gradient_divide_factors(reduce_scatter_size: int, all_reduce_size: Optional[int], reduce_dtype,
                                 factor: Optional[float] = None, force_sum_reduction_for_comms: bool = False):
-    """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: HSDP all-reduce]
-FSDP's collectives run staged on the communication thread (see [Note: Collectives left in flight] in
-_comm_thread.py): the all-gathers and reduce-scatters use freshly allocated buffers, so they are issued
-inside ``independent()``, and HSDP's cross-replica all-reduce of a unit is issued right after its
-reduce-scatter, to start when that completed (``after``). While the slow link carries one unit's
-all-reduce (or the cross-host stage of a node-aware collective), the next unit's reduce-scatter runs over
-shared memory, and the next all-reduce follows on the link without a gap. The main thread waits only for
-reduce-scatters before issuing another (``wait_reduce_input``: at most ``reduce_scatter_max_input_buffers``
-inputs alive); the all-reduces are waited for at the end of backward, or when more than
-``MAX_REDUCTIONS_IN_FLIGHT`` reductions are outstanding (their outputs are shard-sized).
-
-[Note: Gradient divide factors].
+    """(pre-divide factor, post-divide factor, reduce-scatter op, all-reduce op); see [Note: Gradient divide factors].
 
     ``all_reduce_size`` is the replicate group's size for HSDP, else None. A factor of None means no division.
     """
