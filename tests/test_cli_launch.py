@@ -166,4 +166,6 @@ def test_successful_job_prints_no_exit_codes_line():
     r = subprocess.run([*HPC, "launch", "-n", "2", "--", sys.executable, "-c", "print('rank output')"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["rank output", "rank output"], r.stdout
+    # Hydra may interleave the two ranks' writes ("rank outputrank output\n\n"): count, don't split lines
+    assert r.stdout.count("rank output") == 2 and r.stdout.count("\n") == 2, r.stdout
+    assert "Exit codes" not in r.stdout and "Exit codes" not in r.stderr, r.stdout + r.stderr

@@ -70,7 +70,7 @@ _COMMON_DOC = """\
 #   --launcher mpiexec, the mpiexec next to it if there is one);
 #   PYTHON=/path/to/venv/bin/python sbatch <this file> runs another.
 # Preemption: Slurm sends USR1 to this batch shell {signal_seconds} s before the time limit
-#   (--signal=B:USR1@{signal_seconds}); the trap below forwards it (and TERM) to the job step,
+#   (--signal=B:USR1@{signal_seconds}); the trap below forwards it (and TERM, as USR1) to the job step,
 #   whose ranks agree to stop at the next step boundary, write CHECKPOINT_DIR/latest and
 #   exit {stopped}. {requeue_doc}
 #   The job resumes from CHECKPOINT_DIR/latest by itself (--resume; none yet: step 0).
@@ -199,10 +199,14 @@ def render_script(
 # signal from the moment `hpcfsdp train` has parsed its flags and ignores it once training has ended;
 # only a rank still starting (Python loading) dies of it, before training anything since the last
 # checkpoint, so a step that ended of the very signal forwarded counts as stopped.
+# The shell forwards USR1 whatever it received: a TERM reaching the batch shell comes from scancel or the
+# time limit, which signal srun as well, and srun ends its step at once (SIGKILL) on a second TERM within
+# a second; USR1 is the same stop to `hpcfsdp train` (seen on a real Slurm: without this a plain scancel
+# often lost the final checkpoint).
 _RUN_STEP = """\
 step=$!
 got=
-forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; got=$1; kill -s "$1" "$step" 2>/dev/null || true; }}
+forward() {{ echo "hpcfsdp: $1 received: the job step checkpoints at its next step and stops"; got=USR1; kill -s USR1 "$step" 2>/dev/null || true; }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 set +e
