@@ -8,7 +8,9 @@ config_overrides``) so a 4-rank job fits on a 2-core machine, free TCP ports, st
 directories inside the same directory. No cgroups (``proctrack/linuxproc``, ``task/none``), no
 accounting, ``MpiDefault=none`` (a site that does not choose an MPI plugin for its users).
 ``AuthInfo=cred_expire`` is short (10 s), because it is also how long a requeued job waits before
-it may start again, and the scheduler runs every 2 s. Every command reaches this Slurm through
+it may start again, and the scheduler runs every 2 s. munged and slurmctld run at nice -10 (their
+sessions too: autogroup) and ``MessageTimeout`` is 30 s: the jobs' ranks keep every core busy, and a
+starved controller made `scancel` time out on a 2-core machine. Every command reaches this Slurm through
 ``SLURM_CONF`` in the environment `Slurm.env` returns; nothing under /etc is read or written.
 
 [Note: MPICH segments and job ids]
@@ -76,6 +78,17 @@ def preflight() -> str | None:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "the Slurm daemons run as root (SlurmUser=root); run as root, e.g. in CI"
     return install()
+
+
+def _renice(nice):
+    """Nice this process and, where the kernel groups the CPU by session (autogroup: a task's nice then weighs
+    only inside its session), its session too. Runs in the child after setsid."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroup in this kernel: the task's own nice is what counts
+        pass
 
 
 def _tool(name):
@@ -197,6 +210,7 @@ SchedulerParameters=sched_interval=2
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=30
+MessageTimeout=30
 MinJobAge=3600
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=2000 State=UNKNOWN
 PartitionName=sim Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
@@ -243,9 +257,9 @@ class Slurm:
         m = os.path.join(self.dir, "munge")
         self._start("munged", [_tool("munged"), "-F", f"--socket={m}/munge.socket", f"--key-file={key}",
                                f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log",
-                               f"--seed-file={m}/munged.seed"])
+                               f"--seed-file={m}/munged.seed"], nice=-10)
         self._until(lambda: os.path.exists(f"{m}/munge.socket"), 20, "munged made no socket")
-        self._start("slurmctld", [_tool("slurmctld"), "-D", "-i"])
+        self._start("slurmctld", [_tool("slurmctld"), "-D", "-i"], nice=-10)
         self._start("slurmd", [_tool("slurmd"), "-D", "-N", self.node])
         self._until(lambda: self.node_state() == "idle", timeout, "the node did not become idle")
         return self
@@ -255,10 +269,13 @@ class Slurm:
         with open(os.path.join(self.dir, "jobids"), "w") as f:
             f.write(f"{self.first_job} {max(int(job), self.first_job)}")
 
-    def _start(self, name, argv):
+    def _start(self, name, argv, nice=0):
+        """Start a daemon in a session of its own; ``nice`` < 0 keeps it answering while the jobs' ranks hold
+        every core (slurmd stays at 0: the jobs it starts inherit its priority)."""
         log = open(os.path.join(self.dir, "log", f"{name}.out"), "w")
         self._procs.append((name, subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True)))
+                                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                                   preexec_fn=(lambda: _renice(nice)) if nice else None)))
         log.close()
 
     def _until(self, cond, timeout, what):
