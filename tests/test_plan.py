@@ -65,6 +65,24 @@ def test_collective_times_hand_computed():
         sm.collective_times(1000, "SHARD_GRAD_OP", 2, 2, lk)
 
 
+def test_call_inter_is_charged_once_per_cross_host_collective():
+    lk = sm.Links(inter_rate=100.0, alpha_inter=0.1, bw_intra=1000.0, alpha_intra=0.01)
+    called = dataclasses.replace(lk, call_inter=0.7)
+    for hosts, g in ((2, 2), (4, 1), (8, 4)):
+        for hier in (True, False):  # the same 0.7 s whatever the ring length or the bytes
+            plain = sm.collective_times(1000, "FULL_SHARD", hosts, g, lk, hier)
+            assert sm.collective_times(1000, "FULL_SHARD", hosts, g, called, hier) == (
+                pytest.approx(plain[0] + 0.7), 0.0)
+        ag, ar = sm.collective_times(5000, "HYBRID_SHARD", hosts, g, lk)
+        assert sm.collective_times(5000, "HYBRID_SHARD", hosts, g, called) == (pytest.approx(ag),
+                                                                               pytest.approx(ar + 0.7))
+    # nothing crosses hosts on one host
+    assert sm.collective_times(1000, "FULL_SHARD", 1, 4, called) == sm.collective_times(1000, "FULL_SHARD", 1, 4, lk)
+    assert sm.collective_times(1000, "HYBRID_SHARD", 1, 4, called)[1] == 0.0
+    with pytest.raises(ValueError, match="call_inter must be >= 0"):
+        dataclasses.replace(lk, call_inter=-1e-3)
+
+
 def test_simulate_without_communication_is_the_compute():
     fwd, bwd = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0]
     step, compute, comm = sm.simulate(fwd, bwd, [0.0] * 3, [0.0] * 3, [0.0] * 3, opt=0.5)
@@ -107,14 +125,14 @@ def test_predict_step_splits_compute_by_flops_and_adds_tcp_cpu():
         dataclasses.replace(cpu, cpu_scope="node")
 
 
-def _synthetic_runs(shape, truth):
+def _synthetic_runs(shape, truth, hierarchical=False):
     runs = []
     for hosts, g in ((2, 2), (4, 1)):
         for rate in (25e6, 125e6):
             for strategy, compute in (("FULL_SHARD", 0.14), ("HYBRID_SHARD", 0.16)):
                 lk = dataclasses.replace(truth, inter_rate=rate)
                 runs.append(dict(strategy=strategy, hosts=hosts, per_host=g, rate=rate, compute_s=compute,
-                                 step_s=sm.predict_step(shape, strategy, hosts, g, lk, compute, hierarchical=False)))
+                                 step_s=sm.predict_step(shape, strategy, hosts, g, lk, compute, hierarchical)))
     return runs
 
 
@@ -130,6 +148,20 @@ def test_fit_recovers_known_parameters_from_synthetic_runs():
     assert max(abs(e) for e in errors) < 0.005
     with pytest.raises(ValueError, match="cannot fit 'rate'"):
         sm.fit(runs, shape, base, params=("rate",))
+
+
+def test_fit_separates_the_per_call_cost_from_the_ring_latency():
+    """Node-aware rings of 1 step (2 hosts) and 3 (4 hosts) tell a per-collective cost from alpha (per step)."""
+    shape = sm.gpt_shape(1024, 64, 2, 256, 2)
+    truth = sm.Links(inter_rate=25e6, alpha_inter=400e-6, eff_inter=0.9, cpu_per_byte=1e-9, call_inter=2.5e-3)
+    runs = _synthetic_runs(shape, truth, hierarchical=True)
+    base = sm.Links(inter_rate=25e6, alpha_inter=100e-6, eff_inter=1.0)
+    got, errors = sm.fit(runs, shape, base, params=("alpha_inter", "eff_inter", "cpu_per_byte", "call_inter"),
+                         hierarchical=True, rounds=300)
+    assert got.call_inter == pytest.approx(2.5e-3, rel=0.05)
+    assert got.alpha_inter == pytest.approx(400e-6, rel=0.15)
+    assert got.eff_inter == pytest.approx(0.9, rel=0.02)
+    assert max(abs(e) for e in errors) < 0.005
 
 
 def test_memory_per_rank_hand_computed():

@@ -3,7 +3,9 @@
 [Note: Step-time model]
 Ranks: H hosts of G ranks each (N = H * G). Two link levels, each alpha-beta: inside a host (shared memory or
 NVLink: ``alpha_intra`` seconds per ring step, ``bw_intra`` bytes/s per rank) and between hosts (``alpha_inter``
-per ring step, the host link's nominal rate times ``eff_inter``, shared by the host's G ranks).
+per ring step, the host link's nominal rate times ``eff_inter``, shared by the host's G ranks), plus
+``call_inter`` seconds once per collective that crosses hosts, whatever its size or ring length: the fixed
+cost of starting one (the comm thread's hand-off, Python between MPI calls, TCP leaving its idle state).
 
 Collectives of a unit whose full (unsharded) size is B bytes:
 - FULL_SHARD all-gather / reduce-scatter over the N ranks. Node-aware ("hier"): across hosts once per host
@@ -65,6 +67,7 @@ class Links:
     flat_excess: float | None = None  # host-link bytes of a flat collective over the node-aware minimum
     cpu_per_byte: float = 0.0  # compute-stream seconds per byte a host sends (kernel TCP work on shared cores)
     cpu_scope: str = "host"  # "machine": every simulated host's TCP work lands on the same cores (one machine)
+    call_inter: float = 0.0  # seconds per collective that crosses hosts, independent of its size and ring length
 
     def __post_init__(self):
         for name in ("inter_rate", "bw_intra", "eff_inter"):
@@ -72,7 +75,7 @@ class Links:
                 raise ValueError(f"Links.{name} must be > 0, got {getattr(self, name)}")
         if self.cpu_scope not in ("host", "machine"):
             raise ValueError(f"Links.cpu_scope must be 'host' or 'machine', got {self.cpu_scope!r}")
-        for name in ("alpha_inter", "alpha_intra", "cpu_per_byte"):
+        for name in ("alpha_inter", "alpha_intra", "cpu_per_byte", "call_inter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Links.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -127,13 +130,14 @@ def collective_times(nbytes, strategy, hosts, per_host, links, hierarchical=True
     h, g = hosts, per_host
     beta_e = 1.0 / (links.inter_rate * links.eff_inter)
     intra = (g - 1) * links.alpha_intra + (g - 1) / g * nbytes / links.bw_intra if g > 1 else 0.0
+    call = links.call_inter if h > 1 else 0.0
     if strategy == "HYBRID_SHARD" or h == 1:
-        ar = 2 * (h - 1) * links.alpha_inter + 2 * (h - 1) / h * nbytes * beta_e if h > 1 else 0.0
+        ar = call + 2 * (h - 1) * links.alpha_inter + 2 * (h - 1) / h * nbytes * beta_e if h > 1 else 0.0
         return intra, (ar if strategy == "HYBRID_SHARD" else 0.0)
     wire = (h - 1) / h * nbytes * beta_e
     if hierarchical:
-        return (h - 1) * links.alpha_inter + wire + intra, 0.0
-    return (h * g - 1) * links.alpha_inter + _flat_excess(links, h, g) * wire, 0.0
+        return call + (h - 1) * links.alpha_inter + wire + intra, 0.0
+    return call + (h * g - 1) * links.alpha_inter + _flat_excess(links, h, g) * wire, 0.0
 
 
 def wire_bound(shape, strategy, hosts, links_or_rate):
@@ -223,6 +227,10 @@ def predict_step(shape, strategy, hosts, per_host, links, compute_s, hierarchica
     return simulate(fwd, bwd, ag, rs, ar, opt=compute_s * opt_frac, overlap=overlap)[0]
 
 
+FITTABLE = ("alpha_inter", "eff_inter", "alpha_intra", "bw_intra", "cpu_per_byte", "call_inter")
+_FIT_START = {"cpu_per_byte": 1e-12, "call_inter": 1e-4}  # where a parameter that is 0 starts (log space)
+
+
 def fit(runs, shape, base, params=("alpha_inter", "eff_inter"), hierarchical=False, rounds=60):
     """Fit ``params`` of ``base`` (a Links) to runs: dicts with strategy, hosts, per_host, rate (bytes/s),
     compute_s, step_s. Minimises the sum of squared relative errors with a Nelder-Mead simplex over logarithms.
@@ -232,9 +240,8 @@ def fit(runs, shape, base, params=("alpha_inter", "eff_inter"), hierarchical=Fal
     if not runs:
         raise ValueError("fit needs at least one run")
     for p in params:
-        if p not in ("alpha_inter", "eff_inter", "alpha_intra", "bw_intra", "cpu_per_byte"):
-            raise ValueError(f"cannot fit {p!r}: expected alpha_inter, eff_inter, alpha_intra, bw_intra or "
-                             "cpu_per_byte")
+        if p not in FITTABLE:
+            raise ValueError(f"cannot fit {p!r}: expected one of {', '.join(FITTABLE)}")
 
     def errors(links):
         out = []
@@ -250,7 +257,7 @@ def fit(runs, shape, base, params=("alpha_inter", "eff_inter"), hierarchical=Fal
     start = []
     for p in params:  # log space: every parameter stays positive; start from a value that is never zero
         v = getattr(base, p)
-        start.append(math.log(v if v > 0 else (1e-12 if p == "cpu_per_byte" else 1e-6)))
+        start.append(math.log(v if v > 0 else _FIT_START.get(p, 1e-6)))
 
     def at(x):
         links = dataclasses.replace(base)

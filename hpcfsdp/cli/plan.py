@@ -42,6 +42,8 @@ def add_parser(subparsers):
     n.add_argument("--link-rate", default="200gbit", help="network rate per node (e.g. 200gbit, 1gbit, 200mbit)")
     n.add_argument("--eff-inter", type=float, default=0.8, help="fraction of the link rate collectives reach")
     n.add_argument("--alpha-inter", type=float, default=20e-6, help="seconds per ring step between nodes")
+    n.add_argument("--call-inter", type=float, default=0.0,
+                   help="seconds per collective that crosses nodes, whatever its size (software start-up)")
     n.add_argument("--intra-bw", type=float, default=150e9, help="bytes/s per rank inside a node")
     n.add_argument("--alpha-intra", type=float, default=5e-6, help="seconds per ring step inside a node")
     n.add_argument("--tflops", type=float, default=989.0, help="peak dense TFLOP/s per rank")
@@ -53,7 +55,8 @@ def add_parser(subparsers):
                    help="JSON lines of `bench train --link --compute-only` runs to fit alpha-inter and eff-inter on")
     p.add_argument("--fit-rate", default=None, help="fit only on the runs at this link rate (e.g. 200mbit)")
     p.add_argument("--fit-params", default="alpha_inter,eff_inter",
-                   help="Links fields to fit (also cpu_per_byte: seconds of compute per byte sent, TCP on shared cores)")
+                   help=f"Links fields to fit, of {','.join(sm.FITTABLE)} (cpu_per_byte: seconds of compute per byte "
+                   "sent, TCP on shared cores; call_inter: seconds per collective across hosts)")
     p.add_argument("--cpu-scope", choices=["host", "machine"], default="host",
                    help="cpu_per_byte counts one host's bytes (host) or every host's (machine: simulated hosts "
                    "sharing one machine's cores)")
@@ -152,7 +155,7 @@ def plan_table(a):
     shape = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
                          param_bytes=2 if a.precision == "bf16" else 4, grad_bytes=2 if a.precision == "bf16" else 4)
     links = sm.Links(inter_rate=sm.parse_rate(a.link_rate), alpha_inter=a.alpha_inter, eff_inter=a.eff_inter,
-                     bw_intra=a.intra_bw, alpha_intra=a.alpha_intra)
+                     bw_intra=a.intra_bw, alpha_intra=a.alpha_intra, call_inter=a.call_inter)
     compute = 3 * sum(shape.flops) / (a.tflops * 1e12 * a.efficiency)
     rows = []
     for ranks in [int(x) for x in a.ranks.split(",")]:
@@ -187,7 +190,8 @@ def run(a) -> int:
             links, _, _ = fit_runs(fit, hierarchical=hier, params=tuple(a.fit_params.split(",")),
                                    cpu_scope=a.cpu_scope)
             out["fit"] = {"alpha_inter_s": links.alpha_inter, "eff_inter": links.eff_inter,
-                          "cpu_per_byte": links.cpu_per_byte, "flat_excess": links.flat_excess,
+                          "cpu_per_byte": links.cpu_per_byte, "call_inter_s": links.call_inter,
+                          "flat_excess": links.flat_excess,
                           "runs": _predict_grouped(fit, links, hier)}
             if a.check:
                 out["check"] = _predict_grouped(load_runs(a.check), links, hier)
@@ -218,6 +222,7 @@ def run(a) -> int:
     f = out["fit"]
     print(f"fit: alpha_inter {f['alpha_inter_s'] * 1e6:.0f} us per ring step, link efficiency {f['eff_inter']:.3f}, "
           f"TCP CPU {f['cpu_per_byte'] * 1e9:.2f} ns per byte sent ({a.cpu_scope}), "
+          f"{f['call_inter_s'] * 1e3:.2f} ms per cross-host collective, "
           f"flat collective bytes {f['flat_excess'] or 0:.2f}x the node-aware minimum\n")
     print("| set | hosts x ranks | link | strategy | runs | compute-only (s) | measured step (s) | predicted (s) | error |")
     print("|---|---|---|---|---|---|---|---|---|")
