@@ -177,6 +177,11 @@ def _world() -> tuple[int, int]:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+# Hydra's proxy forwards a rank's output when it next polls the rank's pipes; an MPI_Abort reaching it first
+# tears the job down with the report still unread (seen in CI: the output held only the launcher's exit line).
+_REPORT_S = 0.3
+
+
 def abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1, linger: float = 0.0) -> None:
     """Print ``what`` (and the traceback ``printer`` writes) naming this rank, then MPI_Abort the job
     (after ``linger`` seconds, to let other ranks print their own report)."""
@@ -200,7 +205,7 @@ def abort_job(what: str, printer: Callable[[], Any] | None = None, code: int = 1
         except Exception:
             pass
         write_line(text.rstrip("\n"))
-        time.sleep(linger)
+        time.sleep(max(linger, _REPORT_S))
     finally:
         if MPI.Is_initialized() and not MPI.Is_finalized():
             MPI.COMM_WORLD.Abort(code)
