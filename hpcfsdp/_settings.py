@@ -116,6 +116,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "all-gather/reduce-scatter of a group spanning several nodes: auto = node-aware (intra-node, then "
             "once per node across) when every node holds the same number (>1) of the group's ranks; flat; or "
             "hierarchical also with one rank per node"),
+    Setting("HPCFSDP_COMM_ALLREDUCE", _choice("auto", "library"), "auto",
+            "all-reduce of 64 KiB or more over a group whose size is not a power of two (> 2): auto = "
+            "reduce-scatter + all-gather ((p-1)/p of the buffer each way per rank); library = the MPI library's"),
     Setting("HPCFSDP_PROGRESS", _parse_auto_bool, None,
             "progress bar of `hpcfsdp train` on rank 0: on, off, or unset = only when stdout is a terminal"),
     Setting("HPCFSDP_CUDA_SIM", parse_bool, False,

@@ -143,6 +143,49 @@ def test_all_reduce_matches_numpy():
                         assert _close(a, _reference(op, ins), dt, n), (pg, dt, op, k)
 
 
+@pytest.mark.mpi(min_size=3)
+def test_all_reduce_of_three_ranks_as_reduce_scatter_all_gather(monkeypatch):
+    """A group of 3 (not a power of two) all-reduces 64 KiB and more as reduce-scatter + all-gather: the same
+    values as NumPy and as the library's all-reduce, the same bits on every rank, any size (padded)."""
+    from mpi4py import MPI
+
+    from hpcfsdp.distributed import _hier
+
+    world = ProcessGroup(MPI.COMM_WORLD)
+    three = world.split(0 if world.rank() < 3 else 1)
+    monkeypatch.setenv("HPCFSDP_COMM_ALLREDUCE", "library")
+    lib = world.split(0 if world.rank() < 3 else 1)
+    monkeypatch.delenv("HPCFSDP_COMM_ALLREDUCE")
+    calls = []
+    monkeypatch.setattr(_hier, "_rsag_buffers", lambda w, p, f=_hier._rsag_buffers: calls.append(w.size) or f(w, p))
+    if world.rank() < 3:
+        assert three.size() == 3
+        small, big = _hier.RSAG_MIN_BYTES // 4 - 1, _hier.RSAG_MIN_BYTES // 4
+        for dt in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)):
+            for op in OPS:
+                for k in (small, big, big + 1, 3 * big + 2):
+                    ins = _all_inputs(three, k, dt, 11)
+                    a, b = ins[three.rank()].copy(), ins[three.rank()].copy()
+                    for async_op in (False, True):
+                        a[...] = ins[three.rank()]
+                        w = three.all_reduce_(a, op, async_op=async_op)
+                        if async_op:
+                            w.wait()
+                        assert _close(a, _reference(op, ins), dt, 3), (dt, op, k)
+                    lib.all_reduce_(b, op)
+                    assert _close(b, _reference(op, ins), dt, 3), (dt, op, k)
+                    # every replica holds the same bits (HSDP's replicas must not drift apart)
+                    got = np.empty((3, k), dt)
+                    three.all_gather_into(got.reshape(-1), a)
+                    assert all(np.array_equal(got[0].view(np.uint8), g.view(np.uint8)) for g in got), (dt, op, k)
+        # it ran for each buffer of 64 KiB or more, twice (blocking, async), and never for the library's group
+        sizes = [k for dt in (4, 8, 8) for _ in OPS for k in (small, big, big + 1, 3 * big + 2)
+                 for _ in range(2) if k * dt >= _hier.RSAG_MIN_BYTES]
+        assert calls == sizes, (len(calls), len(sizes))
+    for g in (three, lib, world):
+        g.destroy()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_half_reduction_float32_fallback(monkeypatch):
     # Force the float32 path for float16 too (bfloat16 takes it already on MPICH 5).

@@ -1,4 +1,5 @@
-"""Node-aware (two-stage) all-gather and reduce-scatter over a group's local and cross communicators."""
+"""Collectives built of MPI collectives: node-aware (two-stage) all-gather and reduce-scatter over a group's local
+and cross communicators, and the all-reduce of groups whose size is not a power of two."""
 
 from __future__ import annotations
 
@@ -101,3 +102,50 @@ def _hier_reduce_scatter_staged(hier, src, dst, k: int, mpi_type, mpi_op):
     mid = np.empty(hosts * k, src.dtype)
     yield local.Ireduce_scatter_block([tmp, mpi_type], [mid, mpi_type], mpi_op)
     yield cross.Ireduce_scatter_block([mid, mpi_type], [dst, mpi_type], mpi_op)
+
+
+# [Note: All-reduce of a group whose size is not a power of two]
+# MPICH's all-reduce of a large buffer over p ranks, p not a power of two, first folds the extra ranks
+# into a power of two (each sends its whole buffer to a partner and gets the whole result back), so a
+# rank moves 2x the buffer where 2(p-1)/p suffices: HSDP's replicate all-reduce over 3 hosts sent 1.50x
+# the minimum per host and the step ran 2.5x its wire bound (BENCHMARKS.md). For such groups, at
+# RSAG_MIN_BYTES and above (HPCFSDP_COMM_ALLREDUCE=auto), the all-reduce is a reduce-scatter of equal
+# blocks (the buffer padded to a multiple of p) and an all-gather of the reduced blocks, each of which
+# MPI libraries run at (p-1)/p of the buffer per rank for large messages (pairwise exchange, ring). Every
+# element is reduced once, by one rank, and broadcast: all ranks hold the same bits, as replicas must.
+RSAG_MIN_BYTES = 64 * 1024
+
+
+def use_rsag_allreduce(size: int, nbytes: int, setting: str) -> bool:
+    """Whether an all-reduce of ``nbytes`` over ``size`` ranks runs as reduce-scatter + all-gather."""
+    return setting == "auto" and size > 2 and size & (size - 1) != 0 and nbytes >= RSAG_MIN_BYTES
+
+
+def _rsag_buffers(w, p: int):
+    """(padded buffer holding ``w``'s elements, this rank's block); the padded one is ``w`` when p divides it."""
+    n = w.size
+    k = -(-n // p)
+    if k * p == n:
+        return w, np.empty(k, w.dtype)
+    full = np.zeros(k * p, w.dtype)
+    full[:n] = w
+    return full, np.empty(k, w.dtype)
+
+
+def rsag_allreduce(comm, w, mpi_type, mpi_op, mode: str) -> None:
+    """In-place all-reduce of the 1-D host array ``w`` as reduce-scatter + all-gather (see the Note above)."""
+    full, part = _rsag_buffers(w, comm.Get_size())
+    B.call_mpi(mode, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, [full, mpi_type], [part, mpi_type],
+               mpi_op)
+    B.call_mpi(mode, comm.Allgather, comm.Iallgather, [part, mpi_type], [full, mpi_type])
+    if full is not w:
+        w[...] = full[:w.size]
+
+
+def rsag_allreduce_staged(comm, w, mpi_type, mpi_op):
+    """`rsag_allreduce` as stages for the communication thread: yields each nonblocking request."""
+    full, part = _rsag_buffers(w, comm.Get_size())
+    yield comm.Ireduce_scatter_block([full, mpi_type], [part, mpi_type], mpi_op)
+    yield comm.Iallgather([part, mpi_type], [full, mpi_type])
+    if full is not w:
+        w[...] = full[:w.size]

@@ -58,6 +58,9 @@ from hpcfsdp.distributed._hier import (
     _hier_reduce_scatter,
     _hier_reduce_scatter_staged,
     _node_major,
+    rsag_allreduce,
+    rsag_allreduce_staged,
+    use_rsag_allreduce,
 )
 from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
 from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
@@ -168,6 +171,7 @@ class ProcessGroup:
             raise TypeError(f"comm: expected an mpi4py Intracomm, got {comm!r}")
         self._mode = progress_mode()  # settings validated before the (collective) Dup
         hier_mode = _settings.get("HPCFSDP_COMM_HIERARCHY")
+        self._allreduce_mode = _settings.get("HPCFSDP_COMM_ALLREDUCE")
         self._debug = debug_enabled()
         comm_timeout()
         self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
@@ -390,9 +394,13 @@ class ProcessGroup:
         ev = B.record_event(arr)
         a1 = arr.reshape(-1)
         comm, mode = self.comm, self._mode
+        rsag = use_rsag_allreduce(n, a1.nbytes, self._allreduce_mode)
         if work_dtype is None and self._staged_ok(async_op, a1):
             def staged():
-                yield comm.Iallreduce(get_mpi().IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
+                if rsag:
+                    yield from rsag_allreduce_staged(comm, a1, mpi_type, B.mpi_op_for(op.name))
+                else:
+                    yield comm.Iallreduce(get_mpi().IN_PLACE, [a1, mpi_type], B.mpi_op_for(op.name))
                 B.finish_reduce(a1, a1, op is ReduceOp.AVG, n)
 
             return self._issue(desc, lambda: CT.Staged([self._link], staged()), async_op, None, meta)
@@ -405,7 +413,9 @@ class ProcessGroup:
             buf = B.stager().to_host(a1, "send") if staged else a1
             with B.device_stream(buf) as stream:
                 w = B.to_work_dtype(buf, work_dtype, stream) if work_dtype is not None else buf
-                if buf.size:
+                if buf.size and rsag and not B.is_cupy_array(w):
+                    rsag_allreduce(comm, w, mpi_type, B.mpi_op_for(op.name), mode)
+                elif buf.size:
                     B.call_mpi(mode, comm.Allreduce, comm.Iallreduce, MPI.IN_PLACE, [w, mpi_type],
                           B.mpi_op_for(op.name))
                 B.finish_reduce(w, buf, op is ReduceOp.AVG, n)
