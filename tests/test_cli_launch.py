@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -151,6 +152,22 @@ def _relayed(chunks) -> bytes:
         return f.read()
 
 
+@pytest.mark.parametrize("split", [1, 5, 64, 100000])
+def test_relay_stderr_passes_everything_on_and_reports_killed_ranks(split):
+    data = (b"rank 0 warning\nhpcfsdp: rank 3 (host h1, pid 77) killed by SIGKILL (signal 9) without a Python "
+            b"traceback\nhpcfsdp: rank 2: cannot start 'x': no such file\n"
+            b"hpcfsdp: rank 12 (host node-7.cluster, pid 9) killed by SIGSEGV (signal 11) without a Python traceback\n"
+            b"tail without newline: hpcfsdp: rank 5 (host h, pid 1) killed by SIGKILL (signal 9)")
+    chunks = iter([data[i:i + split] for i in range(0, len(data), split)])
+    dst_r, dst_w = os.pipe()
+    got = []
+    launch.relay_stderr(lambda: next(chunks, b""), dst_w, lambda rank, sig: got.append((rank, sig)))
+    os.close(dst_w)
+    with os.fdopen(dst_r, "rb") as f:
+        assert f.read() == data  # unchanged, nothing held back
+    assert got == [(3, 9), (12, 11)]  # whole lines only: the unterminated last one is not a report yet
+
+
 @pytest.mark.parametrize("split", [1, 3, 7, 1000])
 def test_relay_drops_only_a_successful_exit_codes_line(split):
     ok = b"[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0\n"
@@ -169,3 +186,34 @@ def test_successful_job_prints_no_exit_codes_line():
     # Hydra may interleave the two ranks' writes ("rank outputrank output\n\n"): count, don't split lines
     assert r.stdout.count("rank output") == 2 and r.stdout.count("\n") == 2, r.stdout
     assert "Exit codes" not in r.stdout and "Exit codes" not in r.stderr, r.stdout + r.stderr
+
+
+def test_a_killed_rank_ends_a_job_mpiexec_keeps_waiting_on(tmp_path):
+    """What Hydra does across hosts when it loses the dead rank's proxy: a rank's wrapper reports it killed,
+    and mpiexec (here a stand-in that ignores SIGINT and waits, with a child of its own) never ends the job.
+    The launcher ends it: after LOST_RANK_GRACE it interrupts mpiexec, then kills the whole tree."""
+    pidfile = tmp_path / "child.pid"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "--version" ]; then echo "HYDRA build details: stand-in"; exit 0; fi
+        trap '' INT
+        sleep 300 &
+        echo $! > {pidfile}
+        echo "hpcfsdp: rank 3 (host h1, pid 4242) killed by SIGKILL (signal 9) without a Python traceback" >&2
+        wait
+        """))
+    fake.chmod(0o755)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "launch", "--mpiexec", str(fake), "-n", "2", "--",
+                          "true"], capture_output=True, text=True, timeout=60, env=_clean_env())
+    took = time.monotonic() - t0
+    assert out.returncode == 128 + 9, (out.returncode, out.stderr)
+    assert launch.LOST_RANK_GRACE <= took < 3 * launch.LOST_RANK_GRACE + 5, took
+    assert "rank 3 (host h1, pid 4242) killed by SIGKILL" in out.stderr  # the report passed on
+    assert "hpcfsdp launch: rank 3 was killed by signal 9 and mpiexec has not ended the job" in out.stderr
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"

@@ -24,6 +24,15 @@ rank wrapper), and `hpcfsdp train` answers SIGTERM and SIGUSR1 with a final chec
 or SIGINT the job has --grace seconds to end; then, or at a second SIGTERM/SIGINT, the launcher
 SIGKILLs mpiexec's process group and every process below mpiexec (each rank has a process group of
 its own), so no rank outlives the launcher. The launcher does the same when mpiexec exits.
+
+[Note: A rank lost across hosts]
+When a rank dies by a signal (kill -9, the OOM killer) its wrapper writes one line naming it and exits, and
+Hydra should then end the whole job. Across hosts it often does not: in 3 of 4 runs on simulated hosts the
+dead rank's host proxy ended, mpiexec kept waiting and the other hosts' ranks spun in their collective
+until the watchdog (HPCFSDP_COMM_TIMEOUT, 10 minutes by default). So the launcher reads the job's stderr
+as it passes it on, and when a wrapper's line says a rank was killed and mpiexec is still running
+LOST_RANK_GRACE seconds later, it interrupts mpiexec (SIGINT: Hydra tears down every host's proxy), and
+SIGKILLs what is left after LOST_RANK_GRACE more. The exit status is then the dead rank's (128 + signal).
 """
 
 import argparse
@@ -38,10 +47,14 @@ import time
 
 from .rankwrap import describe_status
 
-__all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper"]
+__all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper", "relay_stdout",
+           "relay_stderr"]
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 60.0  # seconds the job has to end after SIGTERM/SIGINT before it is killed
+LOST_RANK_GRACE = 5.0  # seconds mpiexec has to end the job after a rank was killed (see [Note: A rank lost ...])
+# the rank wrapper's line for a rank killed by a signal (rankwrap.main)
+_KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host [^\n]*, pid \d+\) killed by \S+ \(signal (\d+)\)")
 
 _EXTRAS_HINT = (
     "no `mpiexec` found next to {python} or on PATH; install an MPI: "
@@ -168,13 +181,19 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
     relay = "-print-all-exitcodes" in argv
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None)
-    relay_thread = None
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
+                            stderr=subprocess.PIPE)
+    relays = []
     if relay:
-        src = proc.stdout.fileno()
-        relay_thread = threading.Thread(target=relay_stdout, args=(lambda: os.read(src, 65536), _stdout_fd()),
-                                        daemon=True)
-        relay_thread.start()
+        out = proc.stdout.fileno()
+        relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536), _stdout_fd()),
+                                       daemon=True))
+    killed = []  # (when, rank, signal) of ranks their wrappers reported killed
+    err = proc.stderr.fileno()
+    relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
+        lambda: os.read(err, 65536), _stderr_fd(), lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
+    for t in relays:
+        t.start()
     received, stopped = [], []
 
     def forward(sig, frame):  # See [Note: Signals]
@@ -200,6 +219,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
                 code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
                 break
             except subprocess.TimeoutExpired:
+                if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
+                    return _end_lost_rank(proc, *killed[0][1:])
                 if limit is not None and time.monotonic() >= limit:
                     if stopped:
                         print(f"hpcfsdp launch: the job did not end within --grace {grace:g} s of the "
@@ -213,8 +234,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
         for sig, handler in old.items():
             signal.signal(sig, handler)
     _kill_tree(proc)  # nothing of the job outlives mpiexec
-    if relay_thread is not None:
-        relay_thread.join(timeout=5)
+    for t in relays:
+        t.join(timeout=5)
     if code != 0:
         print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
     if code < 0:
@@ -234,6 +255,45 @@ def _stdout_fd() -> int:
         return sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
         return 1
+
+
+def _end_lost_rank(proc, rank: int, sig: int) -> int:
+    """End a job mpiexec did not end after rank ``rank`` was killed by signal ``sig``; returns 128 + sig."""
+    print(f"hpcfsdp launch: rank {rank} was killed by signal {sig} and mpiexec has not ended the job "
+          f"{LOST_RANK_GRACE:g} s later (Hydra lost its host's proxy?): ending it", file=sys.stderr, flush=True)
+    try:
+        os.kill(proc.pid, signal.SIGINT)  # Hydra's own teardown reaches every host
+        proc.wait(timeout=LOST_RANK_GRACE)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    _kill_tree(proc)
+    return 128 + sig
+
+
+def relay_stderr(read, fd: int, on_killed) -> None:
+    """Copy the job's stderr (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as it
+    arrives, calling ``on_killed(rank, signal)`` for each rank wrapper's line reporting a rank killed."""
+    line = b""
+    while True:
+        chunk = read()
+        if not chunk:
+            return
+        _write_all(fd, chunk)
+        *done, line = (line + chunk).split(b"\n")
+        line = line[-4096:]  # the start of a line longer than any wrapper's is of no interest
+        for text in done:
+            m = _KILLED.search(text)
+            if m:
+                on_killed(int(m[1]), int(m[2]))
+
+
+def _stderr_fd() -> int:
+    """The file descriptor behind sys.stderr (2 where sys.stderr is not a file)."""
+    try:
+        sys.stderr.flush()
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
 
 
 def relay_stdout(read, fd: int) -> None:
