@@ -186,12 +186,12 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
     relays = []
     if relay:
         out = proc.stdout.fileno()
-        relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536), _stdout_fd()),
+        relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536), _fd_of(sys.stdout, 1)),
                                        daemon=True))
     killed = []  # (when, rank, signal) of ranks their wrappers reported killed
     err = proc.stderr.fileno()
     relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
-        lambda: os.read(err, 65536), _stderr_fd(), lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
+        lambda: os.read(err, 65536), _fd_of(sys.stderr, 2), lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
     for t in relays:
         t.start()
     received, stopped = [], []
@@ -220,7 +220,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
                 break
             except subprocess.TimeoutExpired:
                 if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
-                    return _end_lost_rank(proc, *killed[0][1:])
+                    code = _end_lost_rank(proc, *killed[0][1:])
+                    break
                 if limit is not None and time.monotonic() >= limit:
                     if stopped:
                         print(f"hpcfsdp launch: the job did not end within --grace {grace:g} s of the "
@@ -248,13 +249,14 @@ _EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes:(?P<codes>( \[[^\]]*\]
 _PREFIX = b"[mpiexec@"
 
 
-def _stdout_fd() -> int:
-    """The file descriptor behind sys.stdout (1 where sys.stdout is not a file, e.g. captured)."""
+def _fd_of(stream, default: int) -> int:
+    """The file descriptor behind ``stream`` (sys.stdout, sys.stderr), flushed; ``default`` where it is not a
+    file (e.g. captured)."""
     try:
-        sys.stdout.flush()
-        return sys.stdout.fileno()
+        stream.flush()
+        return stream.fileno()
     except (AttributeError, OSError, ValueError):
-        return 1
+        return default
 
 
 def _end_lost_rank(proc, rank: int, sig: int) -> int:
@@ -285,15 +287,6 @@ def relay_stderr(read, fd: int, on_killed) -> None:
             m = _KILLED.search(text)
             if m:
                 on_killed(int(m[1]), int(m[2]))
-
-
-def _stderr_fd() -> int:
-    """The file descriptor behind sys.stderr (2 where sys.stderr is not a file)."""
-    try:
-        sys.stderr.flush()
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return 2
 
 
 def relay_stdout(read, fd: int) -> None:
