@@ -217,3 +217,56 @@ def test_a_killed_rank_ends_a_job_mpiexec_keeps_waiting_on(tmp_path):
     while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+
+
+def test_remove_stale_keeps_old_and_mapped_segments(tmp_path):
+    from hpcfsdp.cli import _shm
+
+    d = str(tmp_path)
+    (tmp_path / "mpich_shm_old_0").write_bytes(b"x" * 4096)
+    before = _shm.segments(d)
+    for name in ("mpich_shm_dead_0", "mpich_shm_live_0", "vader_segment.n1.2", "unrelated_file"):
+        (tmp_path / name).write_bytes(b"x" * 4096)
+    live = tmp_path / "mpich_shm_live_0"
+    mapper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import mmap, sys, time
+        f = open({str(live)!r}, "r+b")
+        m = mmap.mmap(f.fileno(), 4096)
+        print("mapped", flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert mapper.stdout.readline().strip() == "mapped"
+        assert _shm.remove_stale(before, d) == ["mpich_shm_dead_0", "vader_segment.n1.2"]
+        assert sorted(os.listdir(d)) == ["mpich_shm_live_0", "mpich_shm_old_0", "unrelated_file"]
+    finally:
+        mapper.kill()
+        mapper.wait()
+    assert _shm.remove_stale(before, d) == ["mpich_shm_live_0"]  # its job is gone now
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
+def test_launch_removes_the_segments_a_failed_job_left(tmp_path):
+    """A job killed before MPI_Finalize leaves MPICH's /dev/shm segment behind; the launcher removes it."""
+    tag = f"hpcfsdptest{os.getpid()}"
+    old = f"/dev/shm/mpich_shm_{tag}old_0"
+    with open(old, "wb") as f:
+        f.write(b"x")
+    fake = tmp_path / "mpiexec"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "--version" ]; then echo "HYDRA build details: stand-in"; exit 0; fi
+        head -c 4096 /dev/zero > /dev/shm/mpich_shm_{tag}new_0
+        exit 3
+        """))
+    fake.chmod(0o755)
+    try:
+        out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "launch", "--mpiexec", str(fake), "-n", "2",
+                              "--", "true"], capture_output=True, text=True, timeout=60, env=_clean_env())
+        assert out.returncode == 3, out.stderr
+        assert not os.path.exists(f"/dev/shm/mpich_shm_{tag}new_0")
+        assert os.path.exists(old)  # there before the job: not the launcher's to judge
+    finally:
+        for path in (old, f"/dev/shm/mpich_shm_{tag}new_0"):
+            if os.path.exists(path):
+                os.unlink(path)

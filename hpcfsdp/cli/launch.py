@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 
+from . import _shm
 from .rankwrap import describe_status
 
 __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper", "relay_stdout",
@@ -173,6 +174,16 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
 
 
 def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grace=DEFAULT_GRACE) -> int:
+    """Run ``cmd`` on ``nprocs`` ranks; returns the job's exit status. The job's leftover shared-memory
+    segments are removed when it has ended (see [Note: Stale shared-memory segments] in _shm.py)."""
+    before = _shm.segments()
+    try:
+        return _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=timeout, mpiexec=mpiexec, grace=grace)
+    finally:
+        _shm.remove_stale(before)
+
+
+def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     exe = find_mpiexec(mpiexec)
     env = dict(os.environ)
     if ranks_per_node is not None:
