@@ -8,6 +8,7 @@ from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import (
     DataParallelMeshDims,
     FSDPModule,
+    MixedPrecisionPolicy,
     UnshardHandle,
     disable_fsdp_module_new_init,
     fully_shard,
@@ -119,6 +120,37 @@ def test_meta_device_init_never_materialises_the_full_model():
     assert np.isfinite(loss.item())
     ln = model.transformer.ln_f.weight
     np.testing.assert_array_equal(full(ln), np.ones(ln.shape, dtype=np.float32))
+
+
+def test_unshard_on_meta_moves_nothing_and_gives_meta_params_in_param_dtype():
+    # pytorch/examples' FSDP2 script inspects its MixedPrecisionPolicy with unshard()/reshard() before
+    # to_empty(): PyTorch's collectives have meta kernels, so the full parameters come back on meta.
+    w, _ = world()
+    cfg = GPTConfig(vocab_size=8 * w, block_size=8, n_layer=2, n_head=2, n_embd=8 * w)
+    with hp.device("meta"):
+        model = GPT(cfg)
+    mp = MixedPrecisionPolicy(param_dtype=hp.bfloat16, reduce_dtype=hp.float32)
+    for b in model.blocks:
+        fully_shard(b, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    block = model.blocks[0]
+    block.unshard()
+    for name, p in block.named_parameters():
+        assert not isinstance(p, DTensor) and p.device.type == "meta", name
+        assert p.dtype == hp.bfloat16, name
+    assert tuple(block.attn.c_attn.weight.shape) == (3 * cfg.n_embd, cfg.n_embd)
+    block.reshard()
+    assert all(isinstance(p, DTensor) and p.dtype == hp.float32 for p in block.parameters())
+    x = hp.tensor(np.zeros((1, 8), dtype=np.int64))
+    with pytest.raises(RuntimeError, match="meta device.*to_empty"):
+        model(x, x)
+    model.to_empty(device="cpu")
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    _, loss = model(x, x)
+    loss.backward()
+    assert np.isfinite(loss.item())
 
 
 def test_clip_grad_norm_sharded_matches_reference():

@@ -357,6 +357,19 @@ def test_meta_device_context_builds_meta_modules():
     assert np.all(np.isfinite(lin2.weight.detach().numpy()))
 
 
+def test_to_empty_storage_is_zero_filled_not_garbage():
+    # PyTorch leaves it uninitialised; scripts that forget to re-initialise a submodule (pytorch/examples'
+    # FSDP2 Transformer.reset_parameters skips its blocks) get whatever the allocator held, NaN included.
+    # Zeros are one valid "uninitialised" content and make such a script deterministic and finite.
+    junk = [np.full(n, np.nan, dtype=np.float32) for n in (16, 256, 4096)]  # freed below: recycled memory
+    del junk
+    with hp.device("meta"):
+        net = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 64))
+    net.to_empty(device="cpu")
+    for name, p in net.named_parameters():
+        assert np.array_equal(p.detach().numpy(), np.zeros(tuple(p.shape), np.float32)), name
+
+
 def test_repr_matches_pytorch_layout():
     net = Net()
     assert repr(net) == (

@@ -515,15 +515,18 @@ class Module(StateDictMixin):
         return self._apply(lambda t: t.to(dtype=dst_type))
 
     def to_empty(self, *, device, recurse: bool = True) -> "Module":
-        """Move parameters and buffers to ``device`` without copying storage (values are uninitialised).
+        """Move parameters and buffers to ``device`` without copying their values, as PyTorch's.
 
         The new storage has the shape of each tensor's local array, so a sharded parameter (DTensor,
-        whose ``_data`` is the local piece) gets a local piece of the same size.
+        whose ``_data`` is the local piece) gets a local piece of the same size. PyTorch leaves it
+        uninitialised; here it is zero-filled (calloc'd pages cost no more than empty ones), so a script
+        that forgets to re-initialise some submodule gets the same finite values on every run and rank
+        instead of recycled memory that may hold NaN.
         """
         import hpcfsdp
 
         def make(t):
-            return hpcfsdp.empty(tuple(t._data.shape), dtype=t.dtype, device=device)
+            return hpcfsdp.zeros(tuple(t._data.shape), dtype=t.dtype, device=device)
 
         return self._apply(make, recurse=recurse)
 

@@ -177,8 +177,12 @@ class FSDPParamGroup:
     def unshard(self, async_op: bool = False):
         if self.sharded_state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
             return
-        self._check_not_meta("unshard")
         self.lazy_init()
+        if self.is_meta:  # as PyTorch's collectives' meta kernels: nothing moves, the full parameters are meta
+            for p in self.fsdp_params:
+                p.set_on_modules(p.unsharded_param)
+            self.sharded_state = ShardedState.UNSHARDED
+            return
         if _trace.RECORDER is not None:  # the unit these collectives belong to; see [Note: Timeline]
             _trace.RECORDER.label = _trace.RECORDER.units.get(id(self))
         if self.sharded_state == ShardedState.SHARDED_POST_FORWARD:
@@ -249,6 +253,7 @@ class FSDPParamGroup:
     def pre_forward(self, prefetch=None):
         """Unshard for forward. ``prefetch`` (the next units' all-gathers) is issued before the wait, so the
         communication thread finds it queued behind this group's; see [Note: Prefetch before the wait]."""
+        self._check_not_meta("run forward with")
         self.training_state = check_transition(self.training_state, TrainingState.FORWARD, "pre-forward")
         self.unshard(async_op=True)
         if prefetch is not None:
