@@ -34,4 +34,28 @@ __all__ = [
 from . import nn, optim, models, accelerator  # noqa: E402,F401
 from .serialization import load, save  # noqa: E402
 from . import utils  # noqa: E402,F401
+from .random import Generator, get_rng_state, initial_seed, seed, set_rng_state  # noqa: E402,F401
 from .utils import checkpoint as _checkpoint  # noqa: E402,F401  (hp.utils.checkpoint, as torch.utils.checkpoint)
+
+# PyTorch's names beyond the core, so a script ported by its import lines finds them.
+from ._runtime import (are_deterministic_algorithms_enabled, compile, get_float32_matmul_precision,  # noqa: E402,F401,A004
+                       get_num_interop_threads, get_num_threads, is_deterministic_algorithms_warn_only_enabled,
+                       set_float32_matmul_precision, set_num_interop_threads, set_num_threads,
+                       use_deterministic_algorithms)
+from ._ops_extra import (isfinite, isnan, isinf, logical_not, logical_and, logical_or, logical_xor, cumsum, prod,  # noqa: E402,F401,A004
+                         logsumexp, std, count_nonzero, all, any, norm, sort, argsort, topk, multinomial, chunk, split,
+                         tensor_split, unbind, squeeze, unsqueeze, flatten, unflatten, reshape, transpose, swapaxes,
+                         permute, t, narrow, gather, index_select, masked_fill, dot, mm, bmm, outer, einsum, square, pow,
+                         neg, negative, cos, sin, erf, exp2, sign, round, floor, ceil, clone)
+from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as torch.utils.data)
+
+# Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
+# with no `import torch.distributed`), imported on first use: hpcfsdp.distributed loads mpi4py.
+_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,14 +91,14 @@ def new_array(device, shape, dtype, kind):
         return getattr(xp, kind)(shape, dtype=dtype)
 
 
-def random_array(kind, shape, dtype, device, low=0, high=None):
-    """Random values from the device's generator (NumPy Generator or CuPy RandomState).
+def random_array(kind, shape, dtype, device, low=0, high=None, gen=None):
+    """Random values from ``gen`` or the device's generator (NumPy Generator or CuPy RandomState).
 
     kind: 'randn' (standard normal), 'rand' (uniform on [0, 1)) or 'randint' (integers in [low, high)).
     """
     if device.type == "meta":
         return meta_array(shape, dtype)
-    device_generator = generator(device)
+    device_generator = generator(device) if gen is None else gen
     float_dtype = np.float64 if dtype == np.float64 else np.float32
     if kind == "randint":
         if isinstance(device_generator, np.random.Generator):

@@ -14,7 +14,7 @@ __all__ = [
     "double", "float", "half", "long", "int",
     "to_dtype", "is_floating_dtype", "default_float_dtype", "device", "to_device", "default_device",
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
-    "cupy_available", "generator", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
+    "cupy_available", "generator", "generator_for", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
     "pinned_bytes", "is_pinned", "host_empty", "current_cuda_device", "use_cuda_device", "cuda_simulated",
     "cupy_bfloat16", "MPI_BUFFER_CHECK",
 ]
@@ -406,6 +406,7 @@ def to_numpy(a):
 # ---------------------------------------------------------------------------------------------
 # random generators (one per backend, reseeded by manual_seed)
 _np_gen = np.random.default_rng(0)
+_initial_seed = 0  # the seed _np_gen was made from (hp.initial_seed())
 
 
 def generator(dev=None):
@@ -418,11 +419,34 @@ def generator(dev=None):
     return _np_gen
 
 
+def generator_for(gen, dev=None):
+    """The generator to draw from for ``generator=gen`` on ``dev``: the device's when gen is None, an
+    hp.Generator's own (its device type must match), or gen itself (a NumPy or CuPy generator)."""
+    if gen is None:
+        return generator(dev)
+    own = getattr(gen, "_backend_rng", None)
+    if own is not None:
+        return own(to_device(dev) if dev is not None else _CPU)
+    if not hasattr(gen, "standard_normal"):
+        raise TypeError(f"generator must be an hp.Generator, got {type(gen).__name__}")
+    return gen
+
+
+def _seed_cpu(seed):
+    """Replace the CPU generator by one seeded with ``seed`` (PyTorch's range; negative seeds wrap to uint64)."""
+    global _np_gen, _initial_seed
+    seed = builtins.int(seed)
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError(f"Seed must be within the range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff], got {seed}")
+    seed &= (1 << 64) - 1
+    _np_gen = np.random.default_rng(seed)
+    _initial_seed = seed
+    return seed
+
+
 def manual_seed(seed):
     """Seed NumPy's generator used by hp.randn/rand/randint/dropout, and CuPy's when present."""
-    global _np_gen
-    seed = builtins.int(seed)
-    _np_gen = np.random.default_rng(seed)
+    seed = _seed_cpu(seed)
     cp = _try_cupy()
     if cp is not None:
         try:

@@ -62,14 +62,20 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
+def _random(kind, shape, dtype, device, generator, low=0, high=None):
+    """random_array drawing from ``generator`` (an hp.Generator) when given."""
+    gen = None if generator is None else _backend.generator_for(generator, device)
+    return random_array(kind, shape, dtype, device, low, high, gen=gen)
+
+
 def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(random_array("randn", parse_shape(size), dt, _backend.to_device(device)), requires_grad)
+    return Tensor._wrap(_random("randn", parse_shape(size), dt, _backend.to_device(device), generator), requires_grad)
 
 
 def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
     dt = _backend.to_dtype(dtype) if dtype is not None else float32
-    return Tensor._wrap(random_array("rand", parse_shape(size), dt, _backend.to_device(device)), requires_grad)
+    return Tensor._wrap(_random("rand", parse_shape(size), dt, _backend.to_device(device), generator), requires_grad)
 
 
 def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False, generator=None):
@@ -81,13 +87,13 @@ def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad
     if not low < high:
         raise ValueError(f"randint: expected low < high, got low={low} and high={high}")
     dt = _backend.to_dtype(dtype) if dtype is not None else int64
-    return Tensor._wrap(random_array("randint", parse_shape((size,)), dt, _backend.to_device(device), low, high),
+    return Tensor._wrap(_random("randint", parse_shape((size,)), dt, _backend.to_device(device), generator, low, high),
                         requires_grad)
 
 
-def randperm(n, *, dtype=None, device=None):
+def randperm(n, *, generator=None, dtype=None, device=None):
     dev = _backend.to_device(device)
-    gen = _backend.generator(dev)
+    gen = _backend.generator_for(generator, dev)
     p = gen.permutation(n)
     return Tensor._wrap(p.astype(_backend.to_dtype(dtype) if dtype else int64))
 
@@ -149,14 +155,14 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def randn_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
+def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(random_array("randn", tuple(input.shape), dt, dev), requires_grad)
+    return Tensor._wrap(_random("randn", tuple(input.shape), dt, dev, generator), requires_grad)
 
 
-def rand_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
+def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(random_array("rand", tuple(input.shape), dt, dev), requires_grad)
+    return Tensor._wrap(_random("rand", tuple(input.shape), dt, dev, generator), requires_grad)
 
 
 def from_numpy(a):

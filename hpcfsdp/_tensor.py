@@ -1,4 +1,4 @@
-"""Tensor: TensorBase plus the math, shape and in-place mixins and the methods that build the autograd graph."""
+"""Tensor: TensorBase plus the math, shape, in-place and extra mixins and the methods that build the autograd graph."""
 import builtins
 import weakref
 
@@ -8,6 +8,7 @@ from . import _backend
 from ._array import new_array, promote_types, result_type_scalar
 from ._backend import bfloat16, float16, float32
 from ._tensor_base import Size, TensorBase, as_array, parse_shape
+from ._tensor_extra import TensorExtraMixin
 from ._tensor_inplace import TensorInplaceMixin
 from ._tensor_math import TensorMathMixin
 from ._tensor_shape import TensorShapeMixin
@@ -30,7 +31,7 @@ __all__ = ["Tensor", "Size", "promote_types", "result_type_scalar"]
 # load the ops and function.py while Tensor is not yet defined, so function.py imports this module as a
 # module object and reads ``_tensor.Tensor`` only when called. tests/test_layering.py checks that no
 # other cycle exists (See [Note: Import cycles] there).
-class Tensor(TensorBase, TensorMathMixin, TensorShapeMixin, TensorInplaceMixin):
+class Tensor(TensorBase, TensorMathMixin, TensorShapeMixin, TensorInplaceMixin, TensorExtraMixin):
     """An n-dimensional array on a device with autograd support (PyTorch's torch.Tensor).
 
     Storage is ``_data`` (a NumPy, CuPy or meta array). Library code builds tensors from arrays with

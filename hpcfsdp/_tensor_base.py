@@ -263,6 +263,12 @@ class TensorBase:
     def __dlpack_device__(self):
         return self._data.__dlpack_device__()
 
+    def __format__(self, format_spec):
+        """A 0-dim tensor formats as its Python number (f"{loss:.4f}"), as PyTorch's; others as objects."""
+        if self.ndim == 0 and not self.is_meta:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self):
         if self.is_meta:
             body = f"..., size={tuple(self.shape)}"

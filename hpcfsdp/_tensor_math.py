@@ -255,10 +255,12 @@ class TensorMathMixin:
         return ops.Mean.apply(a, _wrap_dims(dim, a.ndim), keepdim)
 
     def amax(self, dim=(), keepdim=False):
-        return ops.Amax.apply(self, _wrap_dims(dim, self.ndim) or None, keepdim, False)
+        d = _wrap_dims(dim, self.ndim)
+        return ops.Amax.apply(self, None if d == () else d, keepdim, False)  # () reduces all dims; 0 is a dim
 
     def amin(self, dim=(), keepdim=False):
-        return ops.Amax.apply(self, _wrap_dims(dim, self.ndim) or None, keepdim, True)
+        d = _wrap_dims(dim, self.ndim)
+        return ops.Amax.apply(self, None if d == () else d, keepdim, True)
 
     def max(self, dim=None, keepdim=False, *, other=None):
         return _max_or_min(self, dim, keepdim, other, False)

@@ -62,8 +62,7 @@ def synchronize(device=None) -> None:
     """Wait for all work on the accelerator device (the current one by default)."""
     cp = _need_device("synchronize")
     idx = _index(device)
-    with cp.cuda.Device(idx if idx is not None else cp.cuda.runtime.getDevice()):
-        cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.Device(idx if idx is not None else cp.cuda.runtime.getDevice()).synchronize()
 
 
 def _index(device):

@@ -101,3 +101,13 @@ def test_init_process_group_accepts_pytorch_keywords():
         assert dist.group.WORLD.bound_device_id == hp.device("cpu")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_synchronize_waits_for_the_device():
+    """On the device hpcfsdp uses (the simulated one in CI): synchronize() of the current and of a named device."""
+    x = hp.ones(4, device="cuda") * 2
+    accelerator.synchronize()
+    accelerator.synchronize(0)
+    accelerator.synchronize("cuda:0")
+    assert x.cpu().tolist() == [2.0] * 4

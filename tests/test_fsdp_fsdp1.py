@@ -337,3 +337,56 @@ def test_clip_grad_norm_returns_the_full_norm_as_a_plain_tensor():
     np.testing.assert_allclose(total.item(), expected, rtol=1e-5)
     clipped = np.sqrt(sum(float((full(p.grad).astype(np.float64) ** 2).sum()) for p in fsdp.parameters()))
     np.testing.assert_allclose(clipped, 0.5, rtol=1e-4)
+
+
+def test_transformer_lambda_and_custom_policies_pick_the_same_units_and_train_like_the_reference():
+    import functools
+
+    from hpcfsdp.distributed.fsdp.wrap import (CustomPolicy, lambda_auto_wrap_policy, select_units,
+                                                transformer_auto_wrap_policy)
+    model = _blocks()
+    want = [id(b) for b in model.blocks]
+    policies = [functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.Sequential}),
+                functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, nn.Sequential)),
+                CustomPolicy(lambda m: isinstance(m, nn.Sequential))]
+    for policy in policies:
+        assert [id(u) for u in select_units(model, policy)] == want, policy
+    _train_parity(FSDP(_blocks(), auto_wrap_policy=policies[0]), _blocks(), steps=2)
+    with pytest.raises(NotImplementedError, match="per-unit FSDP arguments"):
+        select_units(model, CustomPolicy(lambda m: {"sharding_strategy": ShardingStrategy.NO_SHARD}
+                                         if isinstance(m, nn.Sequential) else False))
+    with pytest.raises(ValueError, match="should return False/True or a kwarg dict"):
+        select_units(model, CustomPolicy(lambda m: 1))
+
+
+def _wrapped_by_hand(seed=0):
+    from hpcfsdp.distributed.fsdp.wrap import enable_wrap, wrap
+    model = _blocks(seed)
+    with enable_wrap(wrapper_cls=FSDP, sharding_strategy=ShardingStrategy.FULL_SHARD):
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = wrap(block)
+        return wrap(model)
+
+
+def test_enable_wrap_and_wrap_nest_units_by_hand_and_train_like_the_reference():
+    from hpcfsdp.distributed.fsdp.wrap import enable_wrap, wrap
+    model = _blocks()
+    assert wrap(model.blocks[0]) is model.blocks[0]  # outside enable_wrap: unchanged
+    with enable_wrap(wrapper_cls=FSDP):
+        with pytest.raises(NotImplementedError, match="nested autowrap"):
+            with enable_wrap(wrapper_cls=FSDP):
+                pass
+    assert wrap(nn.Linear(2, 2)).__class__ is nn.Linear  # the context has ended
+    fsdp = _wrapped_by_hand()
+    assert isinstance(fsdp, FSDP) and all(isinstance(b, FSDP) for b in fsdp.module.blocks)
+    ref = _blocks()
+    _train_parity(fsdp, ref, steps=3)
+    # the state dict holds every parameter under the unwrapped model's names (inner wrappers are transparent)
+    sd, rsd = fsdp.state_dict(), ref.state_dict()
+    assert list(sd) == list(rsd)
+    for k in rsd:
+        np.testing.assert_allclose(sd[k].numpy(), rsd[k].numpy(), atol=2e-5, rtol=2e-4, err_msg=k)
+    other = _wrapped_by_hand(seed=5)
+    other.load_state_dict(sd)
+    for k, v in other.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), sd[k].numpy(), err_msg=k)

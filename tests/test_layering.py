@@ -13,16 +13,19 @@ LEVELS = {
     "hpcfsdp._trace": 0,  # the timeline recorder: _settings only; the comm layer and FSDP call it
     "hpcfsdp._array": 0,  # array and dtype helpers of the tensor core: NumPy and _backend only
     "hpcfsdp.testing": 0,  # the simulated CUDA device: NumPy only
+    "hpcfsdp.testing._comparison": 1,  # assert_close: compares Tensors (hpcfsdp.testing loads it lazily)
     "hpcfsdp.data": 0,
     "hpcfsdp": 1,  # `import hpcfsdp as hp`: the core Tensor API
     "hpcfsdp._tensor": 1,
     "hpcfsdp._creation": 1,
     "hpcfsdp.autograd": 1,
     "hpcfsdp.nn.functional": 1,
+    "hpcfsdp.nn._functional": 1,  # the implementation modules nn.functional re-exports (conv, pooling, losses)
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.nn": 3,
     "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code
     "hpcfsdp.utils.hooks": 0,  # RemovableHandle: a leaf every layer uses
+    "hpcfsdp.utils.data": 3,  # torch.utils.data: Tensors and collation; hpcfsdp.data and .distributed on use
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors

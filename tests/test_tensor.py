@@ -378,3 +378,12 @@ def test_meta_tensors():
     with pytest.raises(RuntimeError, match="meta"):
         m.numpy()
     assert "meta" in repr(m)
+
+
+def test_format_of_a_scalar_tensor_is_its_number_and_other_tensors_refuse_a_spec():
+    t = hp.tensor([3.0, 4.0])
+    assert f"{t[0] / t[1]:.3f}" == "0.750" and "{:>5d}".format(hp.tensor(7)) == "    7"
+    assert f"{hp.tensor(2.5)}" == "2.5"  # an empty spec: str(item()), as PyTorch
+    assert f"{t}" == str(t)
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{t:.2f}"

@@ -7,6 +7,12 @@ from hpcfsdp.nn.modules import (
 )
 from hpcfsdp.nn import utils
 from hpcfsdp.nn.modules import RMSNorm, SiLU  # noqa: E402
+from hpcfsdp.nn.modules import (  # noqa: E402
+    ELU, AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, AvgPool3d, BCELoss,
+    BCEWithLogitsLoss, Conv1d, Conv2d, Conv3d, Dropout1d, Dropout2d, Dropout3d, Flatten, GroupNorm, Hardtanh, HuberLoss,
+    KLDivLoss, L1Loss, LeakyReLU, LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, Mish, NLLLoss, ParameterDict,
+    ParameterList, ReLU6, Sigmoid, SmoothL1Loss, Softmax, Softplus, Unflatten,
+)
 
 __all__ = [
     "Parameter", "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout",
@@ -14,3 +20,11 @@ __all__ = [
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss", "functional", "init", "utils",
 ]
 __all__ += ["RMSNorm", "SiLU"]
+# convolution, pooling, reshaping, channel dropout, group norm, more losses and activations, parameter containers
+__all__ += [
+    "Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "Flatten", "Unflatten", "Dropout1d", "Dropout2d",
+    "Dropout3d", "GroupNorm", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+    "KLDivLoss", "Softmax", "LogSoftmax", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Mish", "Hardtanh", "ReLU6",
+    "ParameterList", "ParameterDict",
+]

@@ -6,11 +6,28 @@ import numpy as np
 from .._array import dtype_category as _category
 from .._tensor import Tensor
 from ..autograd import ops, ops_nn
+from ._functional.activation import elu, group_norm, hardtanh, leaky_relu, mish, normalize, one_hot, relu6, softplus
+from ._functional.conv import conv1d, conv2d, conv3d, pad
+from ._functional.loss import (
+    binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div, l1_loss, nll_loss, smooth_l1_loss,
+)
+from ._functional.pooling import (
+    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d, avg_pool1d, avg_pool2d, avg_pool3d, dropout1d,
+    dropout2d, dropout3d, max_pool1d, max_pool2d, max_pool3d,
+)
 
 __all__ = [
     "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "nll_loss",
     "mse_loss", "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "silu",
     "rms_norm",
+    # convolution, pooling, padding, channel dropout (nn/_functional/conv.py, pooling.py)
+    "conv1d", "conv2d", "conv3d", "pad", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
+    "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "dropout1d", "dropout2d",
+    "dropout3d",
+    # losses (nn/_functional/loss.py)
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+    # activations and normalization (nn/_functional/activation.py)
+    "leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_norm", "normalize", "one_hot",
 ]
 
 
@@ -174,28 +191,6 @@ def _cross_entropy_probs(x, target, weight, reduction, label_smoothing):
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / float(loss.numel())  # mean over samples (and spatial positions)
-
-
-def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
-             reduction="mean"):
-    """Negative log likelihood of log-probabilities (N, C) against class indices."""
-    _check_reduction(reduction, "nll_loss")
-    if input.ndim != 2:
-        raise RuntimeError(f"nll_loss(): expected a 2-D input (N, C), got shape {tuple(input.shape)}")
-    t = target._data
-    n = input.shape[0]
-    xp = input._xp()
-    valid = t != ignore_index
-    tsafe = xp.where(valid, t, 0)
-    picked = input[Tensor._wrap(xp.arange(n)), Tensor._wrap(tsafe)]
-    wt = weight[Tensor._wrap(tsafe)] * Tensor._wrap(valid.astype(input.dtype)) if weight is not None \
-        else Tensor._wrap(valid.astype(input.dtype))
-    loss = -(picked * wt)
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    return loss.sum() / wt.sum()
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002

@@ -30,9 +30,7 @@ def _gen_dtype(arr):
 
 
 def _generator(arr, generator):
-    if generator is not None:
-        return generator
-    return _backend.generator(_backend.device_of_array(arr))
+    return _backend.generator_for(generator, _backend.device_of_array(arr))
 
 
 def _rand01(gen, shape, dtype):

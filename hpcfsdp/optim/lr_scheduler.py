@@ -1,72 +1,19 @@
-"""Learning-rate schedulers (torch.optim.lr_scheduler): LambdaLR, CosineAnnealingLR, LinearLR, SequentialLR."""
+"""Learning-rate schedulers (torch.optim.lr_scheduler): LambdaLR, CosineAnnealingLR, LinearLR and SequentialLR here;
+the base class and the others in _lr_scheduler_base.py, _lr_schedulers_more.py and _lr_schedulers_cyclic.py."""
 import math
 import types
-import warnings
 from bisect import bisect_right
 from typing import Callable, List, Sequence, Union
 
+from hpcfsdp.optim._lr_scheduler_base import LRScheduler, _check_optimizer
+from hpcfsdp.optim._lr_schedulers_cyclic import CyclicLR, OneCycleLR
+from hpcfsdp.optim._lr_schedulers_more import (ChainedScheduler, ConstantLR, CosineAnnealingWarmRestarts, ExponentialLR,
+                                               MultiplicativeLR, MultiStepLR, PolynomialLR, ReduceLROnPlateau, StepLR)
 from hpcfsdp.optim.optimizer import Optimizer
 
-__all__ = ["LRScheduler", "LambdaLR", "CosineAnnealingLR", "LinearLR", "SequentialLR"]
-
-
-def _check_optimizer(optimizer):
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-
-
-class LRScheduler:
-    """Base class: sets ``group["lr"]`` for every param group of ``optimizer`` at each ``step()``.
-
-    Construction performs the initial step (epoch 0), as PyTorch does; ``last_epoch`` counts steps.
-    """
-
-    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
-        self.optimizer = optimizer
-        if last_epoch == -1:
-            for group in optimizer.param_groups:
-                group.setdefault("initial_lr", group["lr"])
-        else:
-            for i, group in enumerate(optimizer.param_groups):
-                if "initial_lr" not in group:
-                    raise KeyError(f"param 'initial_lr' is not specified in param_groups[{i}] when resuming an "
-                                   "optimizer")
-        self.base_lrs: List[float] = [group["initial_lr"] for group in optimizer.param_groups]
-        self.last_epoch = last_epoch
-        self._initial_step()
-
-    def _initial_step(self) -> None:
-        self._step_count = 0
-        self.step()
-
-    def state_dict(self):
-        """Every attribute except the optimizer."""
-        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
-
-    def load_state_dict(self, state_dict) -> None:
-        self.__dict__.update(state_dict)
-
-    def get_last_lr(self) -> List[float]:
-        """The learning rates set by the last ``step()``."""
-        return self._last_lr
-
-    def get_lr(self) -> List[float]:
-        raise NotImplementedError(f"{type(self).__name__} must implement get_lr()")
-
-    def step(self, epoch=None) -> None:
-        self._step_count += 1
-        if epoch is None:
-            self.last_epoch += 1
-            values = self.get_lr()
-        else:
-            warnings.warn("The epoch parameter in `scheduler.step()` is deprecated (as in PyTorch)", UserWarning,
-                          stacklevel=2)
-            self.last_epoch = epoch
-            values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
-        for param_group, lr in zip(self.optimizer.param_groups, values):
-            param_group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+           "ExponentialLR", "SequentialLR", "CosineAnnealingLR", "ChainedScheduler", "ReduceLROnPlateau", "CyclicLR",
+           "CosineAnnealingWarmRestarts", "OneCycleLR", "PolynomialLR"]
 
 
 class LambdaLR(LRScheduler):
@@ -166,6 +113,10 @@ class SequentialLR(LRScheduler):
         for idx, scheduler in enumerate(schedulers):
             if not hasattr(scheduler, "optimizer"):
                 raise TypeError(f"{self.__class__.__name__} at index {idx} should have `optimizer` as its attribute.")
+            if isinstance(scheduler, ReduceLROnPlateau):
+                raise ValueError(f"{self.__class__.__name__} does not support `ReduceLROnPlateau` scheduler as it "
+                                 "requires additional kwargs to be specified when calling `step`, but got one at "
+                                 f"index {idx} in the given schedulers sequence.")
             if optimizer is not scheduler.optimizer:
                 raise ValueError(f"{self.__class__.__name__} expects all schedulers to belong to the same optimizer, "
                                  f"but got scheduler {scheduler.__class__.__name__} at index {idx} has "
@@ -180,19 +131,26 @@ class SequentialLR(LRScheduler):
         self.optimizer = optimizer
         for group in self.optimizer.param_groups:  # reset to the initial lrs
             group["lr"] = group["initial_lr"]
-        for scheduler in self._schedulers:  # undo the step each scheduler did at construction
-            scheduler.last_epoch -= 1
-        self._schedulers[0]._initial_step()  # the first scheduler drives epoch 0
-        self._last_lr = schedulers[0].get_last_lr()
+        self.recursive_undo()  # undo the step each scheduler did at construction
+        idx = bisect_right(self._milestones, 0)  # the scheduler that drives epoch 0
+        self._schedulers[idx]._initial_step()
+        self._last_lr = schedulers[idx].get_last_lr()
+
+    def recursive_undo(self, sched=None) -> None:
+        """Take back the construction step of every scheduler, nested ones (ChainedScheduler's) included."""
+        scheds = self if sched is None else sched
+        if hasattr(scheds, "_schedulers"):
+            for s in scheds._schedulers:
+                self.recursive_undo(s)
+        elif hasattr(scheds, "last_epoch"):
+            scheds.last_epoch -= 1
 
     def step(self) -> None:  # type: ignore[override]
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[idx]
         if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                scheduler.step(0)
+            scheduler._update_lr(0)  # restart at epoch 0 by the closed form
         else:
             scheduler.step()
         self._last_lr = scheduler.get_last_lr()

@@ -61,8 +61,42 @@ def _zeros_state(param):
 
 
 def _step_tensor(value=0.0):
-    """PyTorch keeps ``step`` as a float32 0-d tensor on cpu."""
+    """PyTorch keeps ``step`` (and NAdam's ``mu_product``) as a float32 0-d tensor on cpu."""
     return Tensor._wrap(np.array(value, dtype=np.float32))
+
+
+# State keys PyTorch keeps as float32 cpu scalars (not shaped, typed or placed like the parameter).
+_SCALAR_STATE_KEYS = ("step", "mu_product")
+
+
+def _check_lr(lr):
+    """PyTorch's check of ``lr``: a non-negative number, or a 1-element Tensor."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        value = float(lr.item())
+    else:
+        value = lr
+    if not 0.0 <= value:
+        raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def _check_unsupported(name, capturable=False, differentiable=False):
+    """hpcfsdp steps outside autograd and without CUDA graphs: both flags are accepted only when False."""
+    if capturable or differentiable:
+        raise ValueError(f"{name}: capturable and differentiable are not supported by hpcfsdp; "
+                         f"got capturable={capturable}, differentiable={differentiable}")
+
+
+def _lerp_(xp, start, end, weight):
+    """``start.lerp_(end, weight)`` with PyTorch's two formulas (the one that is exact at its end of [0, 1])."""
+    diff = xp.subtract(end, start)
+    if abs(weight) < 0.5:
+        diff *= weight
+        start += diff
+    else:
+        diff *= 1 - weight
+        xp.subtract(end, diff, out=start)
 
 
 class Optimizer:
@@ -180,10 +214,11 @@ class Optimizer:
     @staticmethod
     def _process_value_according_to_param_policy(param, value, key):
         """Copy a loaded state value for ``param``: floating state takes the parameter's dtype and device;
-        ``step`` stays a float32 cpu scalar. Values are always copied (never aliased with the input)."""
+        ``step`` and ``mu_product`` stay float32 cpu scalars. Values are always copied (never aliased with the
+        input)."""
         if not isinstance(value, Tensor):
             return copy.deepcopy(value)
-        if key == "step":
+        if key in _SCALAR_STATE_KEYS:
             return _step_tensor(float(value.item()))
         arr = value._data
         target = param._data

@@ -177,8 +177,9 @@ def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
 
 
 def clean_fqn(name):
-    """A parameter's name as state dicts spell it: activation-checkpoint wrappers are transparent, as in PyTorch."""
-    return name.replace("_checkpoint_wrapped_module.", "")
+    """A parameter's name as state dicts spell it: activation-checkpoint and FSDP1 wrappers are transparent,
+    as in PyTorch."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
 
 
 def _param_names(root):

@@ -59,6 +59,30 @@ _HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 # broadcasts rank 0's parameters and buffers before sharding, on CPU too (PyTorch needs a GPU for it).
 
 
+# [Note: Nested FSDP1 wrappers]
+# The wrapper holds the module as its child `_fsdp_wrapped_module` (PyTorch's name; `.module` reads it). A
+# wrapper nested inside another one's module (wrapped by hand or with enable_wrap/wrap) would put that
+# component into every name seen from outside; as in PyTorch, state dicts drop it (a post hook) and
+# load_state_dict puts it back (a pre hook), and the wrappers' named_parameters/named_buffers drop it, so
+# names are the unwrapped model's. The outer wrapper's state dict takes the inner ones' entries as a plain
+# module's (DTensors), and turns every DTensor into the state-dict type's form in one place.
+_WRAPPED = "_fsdp_wrapped_module"
+_WRAPPED_PREFIX = _WRAPPED + "."
+
+
+def _drop_wrapper_prefix(module, state_dict, prefix, *args):
+    for key in list(state_dict.keys()):
+        if key.startswith(prefix + _WRAPPED_PREFIX):
+            state_dict[prefix + key[len(prefix) + len(_WRAPPED_PREFIX):]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_wrapper_prefix(module, state_dict, prefix, *args):
+    for key in list(state_dict.keys()):
+        if key.startswith(prefix) and not key.startswith(prefix + _WRAPPED_PREFIX):
+            state_dict[prefix + _WRAPPED_PREFIX + key[len(prefix):]] = state_dict.pop(key)
+
+
 class FullyShardedDataParallel(Module):
     """Wraps ``module`` and shards it with :func:`fully_shard`: each auto-wrapped submodule becomes a unit,
     then the root. Parameter and state-dict names are the wrapped module's own (no prefix); attributes
@@ -112,7 +136,9 @@ class FullyShardedDataParallel(Module):
         units = _select_units(module, auto_wrap_policy, ignored)
         _shard(module, units, mixed_precision, common)
         self._buffer_dtypes = _cast_buffers(module, mixed_precision)
-        self.module = module
+        self._fsdp_wrapped_module = module
+        self._register_state_dict_hook(_drop_wrapper_prefix)
+        self._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
         self.sharding_strategy = sharding_strategy
         self.mixed_precision = mixed_precision
         self.cpu_offload = cpu_offload or CPUOffload()
@@ -126,13 +152,18 @@ class FullyShardedDataParallel(Module):
         self._state_dict_settings = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(),
                                                       FullOptimStateDictConfig())
 
-    # -- module plumbing: names are the wrapped module's ------------------------------------------------
+    # -- module plumbing: names are the wrapped module's; see [Note: Nested FSDP1 wrappers] --------------
+    @property
+    def module(self) -> Module:
+        """The wrapped module."""
+        return self._fsdp_wrapped_module
+
     def __getattr__(self, name: str) -> Any:
         """Attributes the wrapper lacks come from the wrapped module (``fsdp_model.blocks``)."""
         try:
             return super().__getattr__(name)
         except AttributeError:
-            wrapped = self.__dict__.get("_modules", {}).get("module")
+            wrapped = self.__dict__.get("_modules", {}).get(_WRAPPED)
             if wrapped is None:
                 raise
             return getattr(wrapped, name)
@@ -147,15 +178,20 @@ class FullyShardedDataParallel(Module):
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         """The wrapped module's named parameters, under their original names (no wrapper prefix)."""
-        return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+        for name, p in self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate):
+            yield name.replace(_WRAPPED_PREFIX, ""), p
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         """The wrapped module's named buffers, under their original names (no wrapper prefix)."""
-        return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+        for name, b in self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate):
+            yield name.replace(_WRAPPED_PREFIX, ""), b
 
-    def state_dict(self, *args, **kwargs):
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The wrapped module's state dict of the current state-dict type; buffers that MixedPrecision's
-        ``buffer_dtype`` cast come back in their original dtype, as PyTorch's FSDP returns them."""
+        ``buffer_dtype`` cast come back in their original dtype, as PyTorch's FSDP returns them. Inside an
+        outer wrapper's state dict (``destination`` given) this one adds its entries as a plain module."""
+        if args or destination is not None:
+            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
         s = self._state_dict_settings
         sd = sdu.model_state_dict(self.module, s.state_dict_type, s.state_dict_config)
         for name, dtype in self._buffer_dtypes.items():

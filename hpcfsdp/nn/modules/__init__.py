@@ -11,6 +11,21 @@ from hpcfsdp.nn.modules.sparse import Embedding
 
 from hpcfsdp.nn.modules.activation import SiLU  # noqa: E402
 from hpcfsdp.nn.modules.normalization import RMSNorm  # noqa: E402
+from hpcfsdp.nn.modules.activation_more import (  # noqa: E402
+    ELU, Hardtanh, LeakyReLU, LogSoftmax, Mish, ReLU6, Sigmoid, Softmax, Softplus,
+)
+from hpcfsdp.nn.modules.channel_dropout import Dropout1d, Dropout2d, Dropout3d  # noqa: E402
+from hpcfsdp.nn.modules.conv import Conv1d, Conv2d, Conv3d  # noqa: E402
+from hpcfsdp.nn.modules.flatten import Flatten, Unflatten  # noqa: E402
+from hpcfsdp.nn.modules.groupnorm import GroupNorm  # noqa: E402
+from hpcfsdp.nn.modules.loss_more import (  # noqa: E402
+    BCELoss, BCEWithLogitsLoss, HuberLoss, KLDivLoss, L1Loss, NLLLoss, SmoothL1Loss,
+)
+from hpcfsdp.nn.modules.param_container import ParameterDict, ParameterList  # noqa: E402
+from hpcfsdp.nn.modules.pooling import (  # noqa: E402
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AvgPool1d, AvgPool2d, AvgPool3d, MaxPool1d, MaxPool2d,
+    MaxPool3d,
+)
 
 __all__ = [
     "Module", "Linear", "Identity", "Embedding", "LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "GELU",
@@ -18,3 +33,11 @@ __all__ = [
     "Sequential", "ModuleList", "ModuleDict", "CrossEntropyLoss", "MSELoss",
 ]
 __all__ += ["RMSNorm", "SiLU"]
+# convolution, pooling, reshaping, channel dropout, group norm, more losses and activations, parameter containers
+__all__ += [
+    "Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "Flatten", "Unflatten", "Dropout1d", "Dropout2d",
+    "Dropout3d", "GroupNorm", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+    "KLDivLoss", "Softmax", "LogSoftmax", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Mish", "Hardtanh", "ReLU6",
+    "ParameterList", "ParameterDict",
+]

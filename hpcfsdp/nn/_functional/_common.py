@@ -1,0 +1,68 @@
+"""Argument checks shared by the functional implementation modules."""
+import warnings
+
+import numpy as np
+
+from ..._array import dtype_category
+from ..._tensor import Tensor
+
+__all__ = ["check_tensor", "check_float", "check_reduction", "legacy_reduction", "reduce_loss", "expand_param"]
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_tensor(x, name, argname="input"):
+    """x itself; TypeError when it is not a Tensor."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}(): argument '{argname}' must be Tensor, not {type(x).__name__}")
+    return x
+
+
+def check_float(x, name, argname="input"):
+    """x itself; TypeError when it is not a Tensor, RuntimeError when it is not floating point."""
+    check_tensor(x, name, argname)
+    if dtype_category(x.dtype) != 2:
+        raise RuntimeError(f"{name}(): expected a floating point {argname}, got dtype {x.dtype}")
+    return x
+
+
+def check_reduction(reduction, extra=()):
+    """ValueError unless ``reduction`` is 'mean', 'sum', 'none' (or one of ``extra``), in PyTorch's words."""
+    if reduction not in REDUCTIONS + tuple(extra):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def legacy_reduction(size_average, reduce, reduction):
+    """PyTorch's mapping of the deprecated size_average/reduce flags onto ``reduction`` (with its warning)."""
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    new = "mean" if size_average and reduce else "sum" if reduce else "none"
+    warnings.warn(f"size_average and reduce args will be deprecated, please use reduction='{new}' instead.",
+                  stacklevel=3)
+    return new
+
+
+def reduce_loss(loss, reduction):
+    """The mean, the sum or ``loss`` itself."""
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def expand_param(value, n, name, what="expected {name} to be a single integer value or a list of {n} values"):
+    """An int or a sequence of ``n`` ints as a tuple of ``n`` ints (a 1-sequence is repeated)."""
+    if isinstance(value, (int, np.integer)):
+        return (int(value),) * n
+    try:
+        vals = tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a tuple of ints, got {value!r}") from None
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise RuntimeError(what.format(name=name, n=n) + f", but got {name}={list(vals)}")
+    return vals

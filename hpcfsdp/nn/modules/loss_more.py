@@ -1,0 +1,115 @@
+"""Loss modules: NLLLoss, BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss, KLDivLoss.
+
+The deprecated size_average/reduce arguments are mapped onto ``reduction`` as PyTorch does (with its
+warning); an unknown reduction is refused at construction.
+"""
+import hpcfsdp.nn.functional as F
+from hpcfsdp.nn._functional._common import check_reduction, legacy_reduction
+from hpcfsdp.nn.modules.module import Module
+
+__all__ = ["NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "KLDivLoss"]
+
+
+class _Loss(Module):
+    _extra = ()
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = legacy_reduction(size_average, reduce, reduction)
+        check_reduction(self.reduction, self._extra)
+
+
+class _WeightedLoss(_Loss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+
+
+class NLLLoss(_WeightedLoss):
+    """Negative log likelihood of log-probabilities at class targets (``F.nll_loss`` with the stored options).
+
+    Args:
+        weight: optional (C,) class weights (a buffer).
+        size_average: deprecated.
+        ignore_index: targets equal to it are skipped.
+        reduce: deprecated.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean") -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index = ignore_index
+
+    def forward(self, input, target):  # noqa: A002
+        return F.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class BCELoss(_WeightedLoss):
+    """Binary cross entropy of probabilities (``F.binary_cross_entropy``); ``weight`` is a buffer."""
+
+    def forward(self, input, target):  # noqa: A002
+        return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy of logits, computed stably (``F.binary_cross_entropy_with_logits``).
+
+    Args:
+        weight: optional element weight broadcast against the input (a buffer).
+        size_average: deprecated.
+        reduce: deprecated.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        pos_weight: optional weight of positive examples, per class along the last dim (a buffer).
+    """
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean", pos_weight=None) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input, target):  # noqa: A002
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, pos_weight=self.pos_weight,
+                                                  reduction=self.reduction)
+
+
+class L1Loss(_Loss):
+    """Mean (or sum, or none) of |input - target|."""
+
+    def forward(self, input, target):  # noqa: A002
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """Smooth L1: quadratic below ``beta``, linear above (``F.smooth_l1_loss``)."""
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input, target):  # noqa: A002
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """Huber loss: quadratic below ``delta``, delta-scaled linear above (``F.huber_loss``)."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input, target):  # noqa: A002
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence with log-probability input (``F.kl_div``); reduction may be ``"batchmean"``."""
+
+    _extra = ("batchmean",)
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", log_target: bool = False) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input, target):  # noqa: A002
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)

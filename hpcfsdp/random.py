@@ -1,0 +1,258 @@
+"""Random number generator state (torch.random): seeds, saved states, fork_rng, and the Generator class."""
+import builtins
+import contextlib
+import secrets
+from typing import Iterable, Optional
+
+import numpy as np
+
+from . import _backend
+from ._tensor import Tensor
+
+__all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
+           "set_rng_state", "fork_rng"]
+
+# [Note: RNG states]
+# A state is a 1-D uint8 tensor, as PyTorch's, holding hpcfsdp's own bytes (not PyTorch's layout):
+#   b"HPR" | version (1) | kind (1) | payload
+# kind 0, a CPU generator: NumPy's PCG64 state (state, inc: 16 bytes each; has_uint32: 1; uinteger: 4),
+#   then the generator's initial seed (8); all little-endian.
+# kind 1, a CuPy generator: a seed (8), then the initial seed (8). cuRAND's state cannot be read back, so
+#   reading the state of a CuPy generator *forks* it, as hpcfsdp.utils.checkpoint does: it draws a seed
+#   from the generator and replaces the generator by a fresh one made from that seed. Setting the state
+#   makes a fresh generator from the seed again, so set_state(get_state()) repeats the same next draws;
+#   the stream after get_state() is the forked one, not the one the generator had before.
+_MAGIC = b"HPR\x01"
+_KIND_PCG64, _KIND_CUPY_SEED = 0, 1
+_PCG64_BYTES = len(_MAGIC) + 1 + 16 + 16 + 1 + 4 + 8
+_CUPY_BYTES = len(_MAGIC) + 1 + 8 + 8
+_DEFAULT_SEED = 67280421310721  # PyTorch's for a new Generator
+
+
+def _le(value: int, n: int) -> bytes:
+    return builtins.int(value).to_bytes(n, "little")
+
+
+def _state_tensor(raw: bytes) -> Tensor:
+    return Tensor._wrap(np.frombuffer(raw, dtype=np.uint8).copy())
+
+
+def _pcg64_state(rng: np.random.Generator, initial: int) -> Tensor:
+    st = rng.bit_generator.state
+    if st["bit_generator"] != "PCG64":
+        raise RuntimeError(f"cannot save the state of a {st['bit_generator']} generator (PCG64 only)")
+    raw = (_MAGIC + bytes([_KIND_PCG64]) + _le(st["state"]["state"], 16) + _le(st["state"]["inc"], 16)
+           + bytes([st["has_uint32"]]) + _le(st["uinteger"], 4) + _le(initial, 8))
+    return _state_tensor(raw)
+
+
+def _state_bytes(new_state, kind: int) -> bytes:
+    """Validate a state tensor and return its bytes."""
+    if not isinstance(new_state, Tensor) or new_state.dtype != _backend.uint8:
+        got = f"{type(new_state).__name__}" if not isinstance(new_state, Tensor) else f"a {new_state.dtype} Tensor"
+        raise TypeError(f"RNG state must be a uint8 Tensor (hp.ByteTensor), got {got}")
+    raw = _backend.to_numpy(new_state.detach()._data).reshape(-1).tobytes()
+    size = _PCG64_BYTES if kind == _KIND_PCG64 else _CUPY_BYTES
+    what = "a CPU" if kind == _KIND_PCG64 else "a CuPy (cuda)"
+    if len(raw) != size or raw[:len(_MAGIC)] != _MAGIC or raw[len(_MAGIC)] != kind:
+        found = (f"size to be {len(raw)}" if len(raw) != size else
+                 "not to be an hpcfsdp state" if raw[:len(_MAGIC)] != _MAGIC else "to be of another device type")
+        raise RuntimeError(f"Expected {what} hpcfsdp RNG state of size {size} but found the input RNG state {found}")
+    return raw[len(_MAGIC) + 1:]
+
+
+def _set_pcg64(rng: np.random.Generator, new_state) -> int:
+    """Load a kind-0 state into ``rng`` in place; returns the saved initial seed."""
+    p = _state_bytes(new_state, _KIND_PCG64)
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": builtins.int.from_bytes(p[0:16], "little"), "inc": builtins.int.from_bytes(p[16:32], "little")},
+        "has_uint32": p[32], "uinteger": builtins.int.from_bytes(p[33:37], "little")}
+    return builtins.int.from_bytes(p[37:45], "little")
+
+
+def _cupy_fork_seed(rng) -> int:
+    return builtins.int(rng.randint(0, 2 ** 31 - 1))
+
+
+class Generator:
+    """A random number generator of its own (torch.Generator), independent of the global seed: pass it as
+    ``generator=`` to hp.rand, randn, randint, randperm, rand_like, randn_like and the nn.init functions.
+
+    On "cpu" it is a NumPy PCG64 generator; on "cuda" a CuPy RandomState on its device (See [Note: RNG states]
+    for what reading a CuPy generator's state does). A new generator is seeded with PyTorch's default seed.
+    """
+
+    def __init__(self, device="cpu") -> None:
+        dev = _backend.to_device(device)
+        if dev.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"Generator: device type '{dev.type}' has no random generator; expected cpu or cuda")
+        if dev.type == "cuda" and dev.index is None:
+            _backend._need_cupy()
+            dev = _backend.device("cuda", _backend.current_cuda_device() or 0)
+        self._device = dev
+        self._rng = None
+        self._seed = _DEFAULT_SEED
+        self._reseed(_DEFAULT_SEED)
+
+    def _reseed(self, value: int) -> None:
+        if self._device.type == "cpu":
+            self._rng = np.random.default_rng(value)
+        else:
+            cp = _backend._need_cupy()
+            with cp.cuda.Device(self._device.index):
+                self._rng = cp.random.RandomState(value)
+
+    def _backend_rng(self, dev):
+        """The NumPy/CuPy generator to draw from for a tensor on ``dev`` (See _backend.generator_for)."""
+        if dev.type != "meta" and dev.type != self._device.type:
+            raise RuntimeError(f"Expected a '{dev.type}' device type for generator but found '{self._device.type}'")
+        return self._rng
+
+    @property
+    def device(self):
+        """The device this generator draws for."""
+        return self._device
+
+    def manual_seed(self, seed) -> "Generator":
+        """Seed the generator (PyTorch's range: [-2**63, 2**64); negative seeds wrap); returns the generator."""
+        seed = builtins.int(seed)
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ValueError(f"Seed must be within the range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff], "
+                             f"got {seed}")
+        self._seed = seed & ((1 << 64) - 1)
+        self._reseed(self._seed)
+        return self
+
+    def seed(self) -> int:
+        """Seed the generator from the operating system's entropy and return that seed."""
+        value = secrets.randbits(63)
+        self.manual_seed(value)
+        return value
+
+    def initial_seed(self) -> int:
+        """The seed last given by manual_seed()/seed() (or restored by set_state())."""
+        return self._seed
+
+    def get_state(self) -> Tensor:
+        """The generator's state as a uint8 tensor (See [Note: RNG states])."""
+        if self._device.type == "cpu":
+            return _pcg64_state(self._rng, self._seed)
+        fork = _cupy_fork_seed(self._rng)
+        self._reseed(fork)
+        return _state_tensor(_MAGIC + bytes([_KIND_CUPY_SEED]) + _le(fork, 8) + _le(self._seed, 8))
+
+    def set_state(self, new_state) -> "Generator":
+        """Restore a state from get_state(); the next draws repeat those that followed it. Returns the generator."""
+        if self._device.type == "cpu":
+            self._seed = _set_pcg64(self._rng, new_state)
+        else:
+            p = _state_bytes(new_state, _KIND_CUPY_SEED)
+            self._reseed(builtins.int.from_bytes(p[0:8], "little"))
+            self._seed = builtins.int.from_bytes(p[8:16], "little")
+        return self
+
+    def __repr__(self) -> str:
+        return f"<hpcfsdp.Generator device={self._device}>"
+
+
+class _DefaultGenerator(Generator):
+    """The global CPU generator (``default_generator``) seen through the Generator interface."""
+
+    def __init__(self) -> None:
+        self._device = _backend.device("cpu")
+
+    @property
+    def _rng(self):
+        return _backend.generator()
+
+    @property
+    def _seed(self):
+        return _backend._initial_seed
+
+    @_seed.setter
+    def _seed(self, value):
+        _backend._initial_seed = value
+
+    def _reseed(self, value: int) -> None:
+        _backend._seed_cpu(value)
+
+
+default_generator = _DefaultGenerator()
+"""The generator hp.rand/randn/randint/randperm draw from on the CPU when given no ``generator=``."""
+
+
+def manual_seed(seed) -> int:
+    """Seed every generator hpcfsdp draws from by default: the CPU's and each CUDA device's (returns the seed)."""
+    return _backend.manual_seed(seed)
+
+
+def seed() -> int:
+    """Seed every default generator from the operating system's entropy; returns that seed."""
+    value = secrets.randbits(63)
+    _backend.manual_seed(value)
+    return value
+
+
+def initial_seed() -> int:
+    """The seed of the default CPU generator (0 until manual_seed() or seed() is called)."""
+    return _backend._initial_seed
+
+
+def get_rng_state() -> Tensor:
+    """The default CPU generator's state as a uint8 tensor (See [Note: RNG states])."""
+    return default_generator.get_state()
+
+
+def set_rng_state(new_state) -> None:
+    """Restore the default CPU generator's state from get_rng_state(): the next draws repeat."""
+    default_generator.set_state(new_state)
+
+
+def _cuda_device_indices(device_type: Optional[str]):
+    if device_type not in (None, "cuda"):
+        return []
+    cp = _backend._try_cupy()
+    if cp is None:
+        return []
+    try:
+        return list(range(cp.cuda.runtime.getDeviceCount()))
+    except Exception:  # no visible GPU
+        return []
+
+
+@contextlib.contextmanager
+def fork_rng(devices: Optional[Iterable] = None, enabled: bool = True, _caller: str = "fork_rng",
+             _devices_kw: str = "devices", device_type: Optional[str] = None):
+    """Fork the default CPU generator and the CUDA devices' (all visible ones when ``devices`` is None): on exit
+    they are back at their state at entry, whatever the block drew. ``enabled=False`` forks nothing.
+
+    A CUDA device's generator is forked as in [Note: RNG states]: the draws after the block are those of the
+    generator forked at entry.
+    """
+    if device_type is not None and device_type not in ("cpu", "cuda"):
+        raise RuntimeError(f"{_caller}: device_type must be 'cuda' (or None), got {device_type!r}")
+    if not enabled:
+        yield
+        return
+    if devices is None:
+        indices = _cuda_device_indices(device_type)
+    else:
+        indices = [d if isinstance(d, builtins.int) else _backend.to_device(d).index or 0 for d in devices]
+    cpu_state = get_rng_state()
+    seeds = {}
+    if indices:
+        cp = _backend._need_cupy()
+        for idx in indices:
+            with cp.cuda.Device(idx):
+                seeds[idx] = _cupy_fork_seed(cp.random.get_random_state())
+                cp.random.seed(seeds[idx])
+    try:
+        yield
+    finally:
+        set_rng_state(cpu_state)
+        if seeds:
+            cp = _backend._need_cupy()
+            for idx, s in seeds.items():
+                with cp.cuda.Device(idx):
+                    cp.random.seed(s)

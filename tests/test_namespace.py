@@ -1,0 +1,33 @@
+"""`import hpcfsdp as torch` reaches what `import torch` reaches: submodules as attributes, loaded on first use."""
+import subprocess
+import sys
+
+import pytest
+
+import hpcfsdp
+
+
+def _run(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_import_does_not_load_mpi_and_distributed_loads_on_first_use():
+    r = _run("import sys, hpcfsdp as torch\n"
+             "assert 'mpi4py' not in sys.modules and 'hpcfsdp.distributed' not in sys.modules\n"
+             "print(torch.distributed.get_default_backend_for_device('cpu'))\n"
+             "assert 'hpcfsdp.distributed' in sys.modules\n"
+             "print(torch.distributed.is_initialized())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["gloo", "False"]
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        hpcfsdp.no_such_name  # noqa: B018
+    assert not hasattr(hpcfsdp, "no_such_name")
+
+
+@pytest.mark.parametrize("name", hpcfsdp._LAZY_SUBMODULES)
+def test_every_lazy_submodule_exists(name):
+    mod = getattr(hpcfsdp, name)
+    assert mod.__name__ == f"hpcfsdp.{name}"
