@@ -34,7 +34,7 @@ __all__ = [
 from . import nn, optim, models, accelerator  # noqa: E402,F401
 from .serialization import load, save  # noqa: E402
 from . import utils  # noqa: E402,F401
-from .random import Generator, get_rng_state, initial_seed, seed, set_rng_state  # noqa: E402,F401
+from .random import Generator, default_generator, get_rng_state, initial_seed, seed, set_rng_state  # noqa: E402,F401
 from .utils import checkpoint as _checkpoint  # noqa: E402,F401  (hp.utils.checkpoint, as torch.utils.checkpoint)
 
 # PyTorch's names beyond the core, so a script ported by its import lines finds them.
@@ -47,11 +47,19 @@ from ._ops_extra import (isfinite, isnan, isinf, logical_not, logical_and, logic
                          tensor_split, unbind, squeeze, unsqueeze, flatten, unflatten, reshape, transpose, swapaxes,
                          permute, t, narrow, gather, index_select, masked_fill, dot, mm, bmm, outer, einsum, square, pow,
                          neg, negative, cos, sin, erf, exp2, sign, round, floor, ceil, clone)
+from ._ops_more import (inf, nan, pi, e, newaxis, finfo, iinfo, roll, flip, fliplr, flipud, repeat_interleave,  # noqa: E402,F401
+                        tile, diag, diagonal, trace, tril_indices, triu_indices, movedim, moveaxis, normal, bernoulli,
+                        nonzero, argwhere, unique, bincount, searchsorted, bucketize, clamp_min, clamp_max, lerp, addmm,
+                        baddbmm, addcmul, addcdiv, log1p, expm1, log2, log10, atan2, arctan2, hypot, sinh, cosh, asin,
+                        acos, atan, arcsin, arccos, arctan, masked_select, take, meshgrid, broadcast_tensors,
+                        broadcast_shapes, broadcast_to, atleast_1d, atleast_2d, atleast_3d, diff, cummax, cummin,
+                        cumprod, median, kthvalue, quantile, nanmean, nansum, var_mean, std_mean, remainder, fmod,
+                        floor_divide, reciprocal, trunc, fix, frac, isclose, cdist)
 from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as torch.utils.data)
 
 # Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
 # with no `import torch.distributed`), imported on first use: hpcfsdp.distributed loads mpi4py.
-_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg")
+_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp")
 
 
 def __getattr__(name):

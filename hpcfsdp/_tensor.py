@@ -11,6 +11,7 @@ from ._tensor_base import Size, TensorBase, as_array, parse_shape
 from ._tensor_extra import TensorExtraMixin
 from ._tensor_inplace import TensorInplaceMixin
 from ._tensor_math import TensorMathMixin
+from ._tensor_more import TensorMoreMixin
 from ._tensor_shape import TensorShapeMixin
 from .autograd import engine, ops
 from .autograd.function import AccumulateGrad, RemovableHandle, _HookDict
@@ -31,7 +32,7 @@ __all__ = ["Tensor", "Size", "promote_types", "result_type_scalar"]
 # load the ops and function.py while Tensor is not yet defined, so function.py imports this module as a
 # module object and reads ``_tensor.Tensor`` only when called. tests/test_layering.py checks that no
 # other cycle exists (See [Note: Import cycles] there).
-class Tensor(TensorBase, TensorMathMixin, TensorShapeMixin, TensorInplaceMixin, TensorExtraMixin):
+class Tensor(TensorBase, TensorMathMixin, TensorShapeMixin, TensorInplaceMixin, TensorExtraMixin, TensorMoreMixin):
     """An n-dimensional array on a device with autograd support (PyTorch's torch.Tensor).
 
     Storage is ``_data`` (a NumPy, CuPy or meta array). Library code builds tensors from arrays with

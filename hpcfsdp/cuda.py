@@ -419,3 +419,9 @@ class StreamContext:
 def stream(stream) -> StreamContext:
     """A context manager that makes ``stream`` current (PyTorch's torch.cuda.stream)."""
     return StreamContext(stream)
+
+
+# torch.cuda.amp (deprecated GradScaler/autocast); importable as hpcfsdp.cuda.amp although this is a module
+from .amp import _cuda as amp  # noqa: E402
+
+sys.modules[__name__ + ".amp"] = amp

@@ -182,7 +182,7 @@ def test_a_background_error_is_raised_at_result_on_every_rank(shared_dir, hook):
 def test_async_save_refuses_what_it_does_not_do(shared_dir):
     with pytest.raises(ValueError, match="checkpoint_id"):
         dcp.async_save({})
-    with pytest.raises(ValueError, match="storage_writer"):
+    with pytest.raises(TypeError, match="storage_writer"):
         dcp.async_save({}, checkpoint_id=shared_dir, storage_writer=object())
     with pytest.raises(ValueError, match="async_checkpointer_type"):
         dcp.async_save({}, checkpoint_id=shared_dir, async_checkpointer_type="process")

@@ -22,10 +22,15 @@ LEVELS = {
     "hpcfsdp.nn.functional": 1,
     "hpcfsdp.nn._functional": 1,  # the implementation modules nn.functional re-exports (conv, pooling, losses)
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
+    "hpcfsdp.distributed.elastic": 2,  # torchelastic's error files (@record): the standard library only
+    "hpcfsdp.distributed.tensor": 3,  # the package re-exports distribute_module (nn modules); DTensor itself is 2:
+    "hpcfsdp.distributed.tensor._dtensor": 2,
+    "hpcfsdp.distributed.tensor.placement_types": 2,
     "hpcfsdp.nn": 3,
     "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code
     "hpcfsdp.utils.hooks": 0,  # RemovableHandle: a leaf every layer uses
     "hpcfsdp.utils.data": 3,  # torch.utils.data: Tensors and collation; hpcfsdp.data and .distributed on use
+    "hpcfsdp.amp": 1,  # GradScaler (duck-typed optimizers: param_groups, step) and autocast; hpcfsdp.cuda.amp
     "hpcfsdp.optim": 4,
     "hpcfsdp.models": 4,
     "hpcfsdp.serialization": 4,  # save/load: Tensors and nn.Parameter, refuses DTensors

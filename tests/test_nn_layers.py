@@ -94,7 +94,9 @@ def test_layernorm_forward_and_grad():
     _check_grads(ln, x)
     nob = nn.LayerNorm((2, 3), bias=False, eps=1e-3)
     assert nob.bias is None and nob.normalized_shape == (2, 3)
-    assert repr(nob) == "LayerNorm((2, 3), eps=0.001, elementwise_affine=True)"
+    assert repr(nob) == "LayerNorm((2, 3), eps=0.001, elementwise_affine=True, bias=False)"
+    assert repr(nn.LayerNorm(8)) == "LayerNorm((8,), eps=1e-05, elementwise_affine=True, bias=True)"
+    assert repr(nn.LayerNorm(8, elementwise_affine=False)) == "LayerNorm((8,), eps=1e-05, elementwise_affine=False, bias=False)"
     noaff = nn.LayerNorm(4, elementwise_affine=False)
     assert list(noaff.parameters()) == []
 

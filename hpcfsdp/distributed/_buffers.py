@@ -478,7 +478,8 @@ def decode_object(data: bytes) -> Any:
 # collective fingerprints (debug mode, HPCFSDP_DEBUG=1; see [Note: Debug mode] in _failure.py)
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object",
-         "broadcast_object", "split", "create_subgroup")
+         "broadcast_object", "split", "create_subgroup", "reduce", "gather", "scatter", "all_to_all",
+         "gather_object", "scatter_object", "monitored_barrier")
 _FP_DTYPES = ("", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
               "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 _FP_OPS = ("", "SUM", "AVG", "MAX", "MIN", "PRODUCT")

@@ -83,6 +83,9 @@ __all__ = ["Work", "Staged", "CommThread", "COMM_THREAD", "comm_thread", "execut
 # Work given as ``after`` (whose output it reads) completed; any other Work first completes everything in
 # flight, so user code that issues two collectives on one buffer sees them in order. Inline calls are
 # refused while anything is in flight, so one thread at a time is inside MPI (MPI_THREAD_SERIALIZED).
+# Two additions serve point-to-point Works (_p2p.py): ``Staged(..., detached=True)`` marks a Work that no
+# later Work waits for (it is only tested; see [Note: Point-to-point] in _p2p.py), and the value the
+# generator returns becomes the Work's result (a receive's source rank).
 #
 # [Note: Thread switch interval]
 # The communication thread needs the GIL for the few Python lines between two MPI calls. When it is
@@ -98,11 +101,12 @@ class Staged:
     """What a Work's function returns to run staged: the resource of each stage, and the generator yielding
     each stage's MPI request. See [Note: Collectives left in flight]."""
 
-    __slots__ = ("resources", "gen")
+    __slots__ = ("resources", "gen", "detached")
 
-    def __init__(self, resources, gen):
+    def __init__(self, resources, gen, detached: bool = False):
         self.resources = list(resources)
         self.gen = gen
+        self.detached = detached  # later Works never wait for it (point-to-point)
 
 
 _INDEPENDENT = threading.local()
@@ -142,7 +146,8 @@ class Work:
     """Handle of an issued collective: wait(), is_completed(), exception(), result()."""
 
     __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept",
-                 "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0", "_ts", "_t_first")
+                 "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0", "_ts", "_t_first",
+                 "_detached")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -157,6 +162,7 @@ class Work:
         self._kept = True  # False: a blocking call's Work, dropped on completion (see _run)
         self._independent = False  # may start while others are in flight; see [Note: Collectives left in flight]
         self._after = None  # the Work that must complete before this one starts (independent only)
+        self._detached = False  # staged, and never waited for by later Works (Staged.detached)
         self._gen = None  # a staged collective in flight: its generator, the running request and its
         self._req = None  # resource, and the resources of the stages still to start
         self._running = None
@@ -189,7 +195,7 @@ class Work:
             if isinstance(res, Staged):
                 if not res.resources:
                     raise RuntimeError(f"staged collective {self.desc}: no stages")
-                self._gen, self._todo = res.gen, res.resources
+                self._gen, self._todo, self._detached = res.gen, res.resources, res.detached
                 return
             self._result = res
         except BaseException as e:  # re-raised at wait(); see [Note: Failure handling]
@@ -221,8 +227,12 @@ class Work:
                                      {"resource": self._running, "seq": getattr(self._meta, "seq", None)})
                     self._req = self._running = None
                     changed = True
-                    if not self._todo:  # the code after the last stage
-                        for _ in self._gen:
+                    if not self._todo:  # the code after the last stage; what it returns is the result
+                        try:
+                            next(self._gen)
+                        except StopIteration as stop:
+                            self._result = stop.value
+                        else:
                             raise RuntimeError(f"staged collective {self.desc}: more requests than stages")
                         self._gen = None
                     continue
@@ -428,7 +438,7 @@ class CommThread:
         busy: set = set()
         changed = False
         for w in self._inflight:
-            changed |= w._step(busy, block)
+            changed |= w._step(busy, block and not w._detached)
         if changed:
             with self._cv:
                 self._inflight = [w for w in self._inflight if w._gen is not None]

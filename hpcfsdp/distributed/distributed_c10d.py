@@ -11,6 +11,27 @@ from hpcfsdp._backend import is_meta_array
 from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed import process_group as _pg
 from hpcfsdp.distributed._buffers import array_module
+from hpcfsdp.distributed._c10d_more import (
+    P2POp,
+    all_to_all,
+    all_to_all_single,
+    batch_isend_irecv,
+    gather,
+    gather_object,
+    get_node_local_rank,
+    irecv,
+    is_gloo_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    isend,
+    monitored_barrier,
+    recv,
+    reduce,
+    reduce_scatter,
+    scatter,
+    scatter_object_list,
+    send,
+)
 from hpcfsdp.distributed._mpi import get_mpi
 from hpcfsdp.distributed.process_group import ProcessGroup, ReduceOp, Work
 
@@ -38,6 +59,26 @@ __all__ = [
     "broadcast_object_list",
     "group",
     "GroupMember",
+    # _c10d_more.py
+    "reduce",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "P2POp",
+    "batch_isend_irecv",
+    "gather_object",
+    "scatter_object_list",
+    "monitored_barrier",
+    "is_nccl_available",
+    "is_gloo_available",
+    "is_torchelastic_launched",
+    "get_node_local_rank",
 ]
 
 # [Note: Default process group]

@@ -16,6 +16,13 @@ group*; every call returns ``Work`` when ``async_op`` is true, else None after c
     pg.barrier(async_op=False)
     pg.all_gather_object(obj) -> list;  pg.broadcast_object(obj, src=0) -> obj   (blocking;
         objects travel as tagged JSON (_buffers.encode_object): no pickle)
+    From _rooted.py (the output only on dst, the input only on src; other ranks may pass None):
+    pg.reduce_(arr, dst=0, op=ReduceOp.SUM, async_op=False)      in place on dst
+    pg.gather_into(out_flat, in_flat, dst=0, async_op=False);  pg.scatter_into(out_flat, in_flat, src=0, ...)
+    pg.all_to_all_into(out_flat, in_flat, out_counts=None, in_counts=None, async_op=False)
+    pg.gather_object(obj, dst=0) -> list | None;  pg.scatter_object(objs, src=0) -> obj
+    From _p2p.py: pg.isend(arr, dst, tag=0) -> Work;  pg.irecv(arr, src=None, tag=0) -> Work
+        (result(): the sender's group rank);  pg.monitored_barrier(timeout_s, wait_all_ranks=False)
     pg.split(color, key=None, name=None) -> ProcessGroup | None   (collective; None for color None)
     pg.create_subgroup(ranks, name=None) -> ProcessGroup | None   (collective; group ranks)
     pg.destroy()
@@ -29,8 +36,10 @@ float16/bfloat16 reductions use MPI.FLOAT16_T/BFLOAT16_T when usable, else float
 
 Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``collective_bytes()``,
 ``reset_collective_counts()``; ``pg.stats`` is the same Counter per group. Kinds: "all_gather",
-"reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object".
-Size-1 groups count too (they make no MPI call). ``recent_collectives()``: the last few issued.
+"reduce_scatter", "all_reduce", "broadcast", "barrier", "all_gather_object", "broadcast_object", "reduce",
+"gather", "scatter", "all_to_all", "gather_object", "scatter_object", "monitored_barrier" (``pg.stats`` also
+counts point-to-point "send" and "recv"). Size-1 groups count too (they make no MPI call).
+``recent_collectives()``: the last few issued.
 
 Work, the communication thread and the hand-off of each call to it (inline or queued) live in
 _comm_thread.py: see [Note: Communication thread], [Note: Progress and busy polling] and
@@ -72,6 +81,8 @@ from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
     set_default_timeout,
     thread_level,
 )
+from hpcfsdp.distributed._p2p import PointToPoint
+from hpcfsdp.distributed._rooted import RootedCollectives
 
 __all__ = [
     "ReduceOp",
@@ -157,7 +168,7 @@ def reset_collective_counts() -> None:
     _BYTES.clear()
 
 
-class ProcessGroup:
+class ProcessGroup(RootedCollectives, PointToPoint):
     """A group of ranks over one (duplicated) MPI intracommunicator.
 
     ``ProcessGroup(comm)`` duplicates ``comm`` (collective over it) so that hpcfsdp traffic never
@@ -206,6 +217,8 @@ class ProcessGroup:
                 self._hier = (split[0], split[1], perm, _node_major(perm, split[1].Get_size(), split[0].Get_size()))
         if self._size > 1:
             F.install_abort_hooks()
+
+    _as_op = staticmethod(_as_op)  # for the mixins' methods
 
     # -- basic queries -----------------------------------------------------------------------
     def rank(self) -> int:

@@ -28,3 +28,30 @@ __all__ += [
     "KLDivLoss", "Softmax", "LogSoftmax", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Mish", "Hardtanh", "ReLU6",
     "ParameterList", "ParameterDict",
 ]
+
+# transposed convolution, resampling, adaptive max pooling, padding, distances, instance and synchronised batch norm
+from hpcfsdp.nn.modules import (  # noqa: E402
+    AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d, ConstantPad1d, ConstantPad2d, ConvTranspose1d,
+    ConvTranspose2d, ConvTranspose3d, CosineSimilarity, InstanceNorm1d, InstanceNorm2d, PairwiseDistance,
+    ReflectionPad1d, ReflectionPad2d, ReplicationPad1d, ReplicationPad2d, SyncBatchNorm, Upsample,
+    UpsamplingBilinear2d, UpsamplingNearest2d, ZeroPad1d, ZeroPad2d,
+)
+
+__all__ += [
+    "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "ZeroPad1d", "ZeroPad2d", "ConstantPad1d",
+    "ConstantPad2d", "ReflectionPad1d", "ReflectionPad2d", "ReplicationPad1d", "ReplicationPad2d", "CosineSimilarity",
+    "PairwiseDistance", "InstanceNorm1d", "InstanceNorm2d", "SyncBatchNorm",
+]
+# attention, transformer layers and more activations
+from hpcfsdp.nn.modules import (  # noqa: E402
+    CELU, GLU, SELU, Hardsigmoid, Hardswish, LogSigmoid, MultiheadAttention, PReLU, Softmax2d, Softmin, Softsign,
+    Tanhshrink, Threshold, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+    TransformerEncoderLayer,
+)
+
+__all__ += [
+    "MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "PReLU", "SELU", "CELU", "GLU", "Hardswish", "Hardsigmoid", "Softsign", "Tanhshrink",
+    "Threshold", "Softmin", "LogSigmoid", "Softmax2d",
+]

@@ -30,6 +30,30 @@ __all__ = [
     "leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_norm", "normalize", "one_hot",
 ]
 
+# transposed convolution, resampling, adaptive max pooling, distances, instance norm
+# (nn/_functional/conv_transpose.py, resample.py, distance.py)
+from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: E402
+from ._functional.distance import cosine_similarity, instance_norm, pairwise_distance  # noqa: E402
+from ._functional.resample import (  # noqa: E402
+    adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d, interpolate, upsample,
+)
+
+__all__ += [
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "interpolate", "upsample", "adaptive_max_pool1d",
+    "adaptive_max_pool2d", "adaptive_max_pool3d", "cosine_similarity", "pairwise_distance", "instance_norm",
+]
+
+# more activations and multi-head attention (nn/_functional/activation_extra.py, attention.py)
+from ._functional.activation_extra import (  # noqa: E402
+    celu, glu, hardsigmoid, hardswish, logsigmoid, prelu, selu, softmin, softsign, tanhshrink, threshold,
+)
+from ._functional.attention import multi_head_attention_forward  # noqa: E402
+
+__all__ += [
+    "prelu", "selu", "celu", "glu", "hardswish", "hardsigmoid", "softsign", "tanhshrink", "threshold", "logsigmoid",
+    "softmin", "multi_head_attention_forward",
+]
+
 
 def _check(x, name, argname="input"):
     if not isinstance(x, Tensor):

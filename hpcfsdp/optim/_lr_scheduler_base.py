@@ -1,6 +1,7 @@
 """The learning-rate scheduler base class (torch.optim.lr_scheduler.LRScheduler) and helpers its subclasses share."""
+import types
 import warnings
-from typing import List
+from typing import Any, Callable, Dict, List, Sequence, Union
 
 from hpcfsdp.optim.optimizer import Optimizer
 
@@ -100,3 +101,41 @@ def _warn_get_lr_called_within_step(scheduler: LRScheduler) -> None:
     if not scheduler._get_lr_called_within_step:
         warnings.warn("To get the last learning rate computed by the scheduler, please use `get_last_lr()`.",
                       UserWarning, stacklevel=3)
+
+
+class _LambdaScheduler(LRScheduler):
+    """LambdaLR and MultiplicativeLR: one lambda of the epoch per param group (one given: shared), saved in
+    state dicts only when it is a callable object (its ``__dict__``), as PyTorch's."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Union[Callable[[int], float], Sequence[Callable]],
+                 last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        self.optimizer = optimizer
+        if not isinstance(lr_lambda, (list, tuple)):
+            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
+        else:
+            if len(lr_lambda) != len(optimizer.param_groups):
+                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
+            self.lr_lambdas = list(lr_lambda)
+        for fn in self.lr_lambdas:
+            if not callable(fn):
+                raise TypeError(self._not_callable(fn))
+        super().__init__(optimizer, last_epoch)
+
+    @staticmethod
+    def _not_callable(fn) -> str:
+        raise NotImplementedError
+
+    def state_dict(self) -> Dict[str, Any]:
+        state_dict = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "lr_lambdas")}
+        state_dict["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else fn.__dict__.copy()
+                                    for fn in self.lr_lambdas]
+        return state_dict
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        lr_lambdas = state_dict.pop("lr_lambdas")
+        self.__dict__.update(state_dict)
+        for idx, fn in enumerate(lr_lambdas):
+            if fn is not None:
+                self.lr_lambdas[idx].__dict__.update(fn)

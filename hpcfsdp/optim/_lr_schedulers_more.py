@@ -1,12 +1,12 @@
 """Multiplicative, step, polynomial and warm-restart schedulers, ChainedScheduler and ReduceLROnPlateau (PyTorch 2.13)."""
 import math
-import types
 import warnings
 from bisect import bisect_right
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from hpcfsdp.optim._lr_scheduler_base import LRScheduler, _check_optimizer, _warn_get_lr_called_within_step
+from hpcfsdp.optim._lr_scheduler_base import (LRScheduler, _check_optimizer, _LambdaScheduler,
+                                              _warn_get_lr_called_within_step)
 from hpcfsdp.optim.optimizer import Optimizer
 
 __all__ = ["MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "ExponentialLR", "PolynomialLR",
@@ -26,39 +26,12 @@ def _state_dict_without(scheduler, *skip) -> Dict[str, Any]:
     return {key: value for key, value in scheduler.__dict__.items() if key not in ("optimizer", *skip)}
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(_LambdaScheduler):
     """Chainable: lr = lr * lr_lambda(epoch) at each step after the first (one lambda, or one per param group)."""
 
-    def __init__(self, optimizer: Optimizer, lr_lambda: Union[Callable[[int], float], Sequence[Callable]],
-                 last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
-        self.optimizer = optimizer
-        if not isinstance(lr_lambda, (list, tuple)):
-            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
-        else:
-            if len(lr_lambda) != len(optimizer.param_groups):
-                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
-        for fn in self.lr_lambdas:
-            if not callable(fn):
-                raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")
-        super().__init__(optimizer, last_epoch)
-
-    def state_dict(self) -> Dict[str, Any]:
-        """As LambdaLR's: lambdas are saved only when they are callable objects (their ``__dict__``)."""
-        state_dict = _state_dict_without(self, "lr_lambdas")
-        state_dict["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else fn.__dict__.copy()
-                                    for fn in self.lr_lambdas]
-        return state_dict
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore the attributes and the callable objects' ``__dict__``."""
-        state_dict = dict(state_dict)
-        lr_lambdas = state_dict.pop("lr_lambdas")
-        self.__dict__.update(state_dict)
-        for idx, fn in enumerate(lr_lambdas):
-            if fn is not None:
-                self.lr_lambdas[idx].__dict__.update(fn)
+    @staticmethod
+    def _not_callable(fn) -> str:
+        return f"lr_lambda should be a function, but got {type(fn).__name__}"
 
     def get_lr(self) -> List[float]:
         """The current lrs times each lambda of the epoch (unchanged at construction)."""

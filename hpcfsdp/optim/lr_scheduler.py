@@ -1,11 +1,10 @@
 """Learning-rate schedulers (torch.optim.lr_scheduler): LambdaLR, CosineAnnealingLR, LinearLR and SequentialLR here;
 the base class and the others in _lr_scheduler_base.py, _lr_schedulers_more.py and _lr_schedulers_cyclic.py."""
 import math
-import types
 from bisect import bisect_right
-from typing import Callable, List, Sequence, Union
+from typing import List
 
-from hpcfsdp.optim._lr_scheduler_base import LRScheduler, _check_optimizer
+from hpcfsdp.optim._lr_scheduler_base import LRScheduler, _LambdaScheduler
 from hpcfsdp.optim._lr_schedulers_cyclic import CyclicLR, OneCycleLR
 from hpcfsdp.optim._lr_schedulers_more import (ChainedScheduler, ConstantLR, CosineAnnealingWarmRestarts, ExponentialLR,
                                                MultiplicativeLR, MultiStepLR, PolynomialLR, ReduceLROnPlateau, StepLR)
@@ -16,40 +15,12 @@ __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR
            "CosineAnnealingWarmRestarts", "OneCycleLR", "PolynomialLR"]
 
 
-class LambdaLR(LRScheduler):
+class LambdaLR(_LambdaScheduler):
     """lr = base_lr * lr_lambda(epoch) (one lambda, or one per param group)."""
 
-    def __init__(self, optimizer: Optimizer, lr_lambda: Union[Callable[[int], float], Sequence[Callable]],
-                 last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
-        self.optimizer = optimizer
-        if not isinstance(lr_lambda, (list, tuple)):
-            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
-        else:
-            if len(lr_lambda) != len(optimizer.param_groups):
-                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
-        for fn in self.lr_lambdas:
-            if not callable(fn):
-                raise TypeError(f"lr_lambda must be a callable (or one per param group), got {fn!r}")
-        super().__init__(optimizer, last_epoch)
-
-    def state_dict(self):
-        """As the base, but lambdas are saved only when they are callable objects (their ``__dict__``)."""
-        state_dict = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "lr_lambdas")}
-        state_dict["lr_lambdas"] = [None] * len(self.lr_lambdas)
-        for idx, fn in enumerate(self.lr_lambdas):
-            if not isinstance(fn, types.FunctionType):
-                state_dict["lr_lambdas"][idx] = fn.__dict__.copy()
-        return state_dict
-
-    def load_state_dict(self, state_dict) -> None:
-        state_dict = dict(state_dict)
-        lr_lambdas = state_dict.pop("lr_lambdas")
-        self.__dict__.update(state_dict)
-        for idx, fn in enumerate(lr_lambdas):
-            if fn is not None:
-                self.lr_lambdas[idx].__dict__.update(fn)
+    @staticmethod
+    def _not_callable(fn) -> str:
+        return f"lr_lambda must be a callable (or one per param group), got {fn!r}"
 
     def get_lr(self) -> List[float]:
         return [base_lr * lmbda(self.last_epoch) for lmbda, base_lr in zip(self.lr_lambdas, self.base_lrs)]

@@ -35,6 +35,8 @@ from .state_dict import (
     set_optimizer_state_dict,
     set_state_dict,
 )
+from .filesystem import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader, FileSystemWriter, resolve
+from .stateful import Stateful
 
 __all__ = [
     "save",
@@ -51,6 +53,11 @@ __all__ = [
     "verify_checkpoint",
     "consolidate",
     "IncompleteCheckpointError",
+    "Stateful",
+    "FileSystemWriter",
+    "FileSystemReader",
+    "DefaultSavePlanner",
+    "DefaultLoadPlanner",
 ]
 
 _JSON_LEAVES = (bool, int, float, str, type(None))
@@ -98,6 +105,13 @@ def _boxes(t: Tensor, host: bool = True):
     return [(tuple(t.shape), off, _backend.to_numpy(v) if host else v) for off, v in _local_views(t)]
 
 
+def _stateful_to_state_dict(state_dict):
+    """A shallow copy of ``state_dict`` with each top-level Stateful value replaced by its ``state_dict()``."""
+    if not isinstance(state_dict, dict):
+        return state_dict
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+
+
 _comms: dict = {}
 
 
@@ -113,13 +127,18 @@ def _comm(process_group):
     return _comms[id(pg)][1]
 
 
-def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, planner=None) -> None:
-    """Save ``state_dict`` (nested dicts/lists of tensors, DTensors and JSON values) to directory
-    ``checkpoint_id``. Collective; atomic: a crash leaves the previous checkpoint there intact."""
+def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None, process_group=None,
+         no_dist: bool = False) -> None:
+    """Save ``state_dict`` (nested dicts/lists of tensors, DTensors and JSON values; a top-level Stateful value
+    is saved as its ``state_dict()``) to directory ``checkpoint_id`` (or ``storage_writer``'s
+    ``FileSystemWriter`` path). Collective; atomic: a crash leaves the previous checkpoint there intact."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"save expects a dict state_dict, got {type(state_dict).__name__}")
+    if no_dist:
+        raise ValueError("save: no_dist=True is not supported; the commit is collective")
+    checkpoint_id, _ = resolve("save", checkpoint_id, storage_writer, planner, FileSystemWriter, DefaultSavePlanner)
     tensors: dict = {}
-    skeleton = _walk(state_dict, "", tensors, None)
+    skeleton = _walk(_stateful_to_state_dict(state_dict), "", tensors, None)
     pieces = {}
     for name, t in tensors.items():
         pieces[name] = [Piece(shape, arr.dtype, offsets, arr) for shape, offsets, arr in _boxes(t)]
@@ -132,9 +151,12 @@ def save(state_dict, *, checkpoint_id, process_group=None, storage_writer=None, 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None, process_group=None,
                async_checkpointer_type=None, async_stager=None, no_dist: bool = False, use_collectives: bool = True):
     """``save`` in the background: returns a ``concurrent.futures.Future`` once this rank's pieces are copied
-    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective."""
-    return _async.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=storage_writer,
-                             planner=planner, process_group=process_group,
+    to host memory; ``.result()`` is None once committed, or raises any rank's error. Collective. Stateful
+    values are saved as their ``state_dict()``, taken before this returns."""
+    checkpoint_id, _ = resolve("async_save", checkpoint_id, storage_writer, planner, FileSystemWriter,
+                               DefaultSavePlanner)
+    return _async.async_save(_stateful_to_state_dict(state_dict), checkpoint_id=checkpoint_id,
+                             process_group=process_group,
                              async_checkpointer_type=async_checkpointer_type, async_stager=async_stager,
                              no_dist=no_dist, use_collectives=use_collectives, _walk=_walk, _boxes=_boxes)
 
@@ -173,11 +195,32 @@ def _restore(skel):
     return skel
 
 
-def load(state_dict, *, checkpoint_id, process_group=None, storage_reader=None, planner=None, strict: bool = True):
-    """Fill ``state_dict`` in place from checkpoint ``checkpoint_id``, saved at any world size. Tensor
-    leaves are overwritten in place (each rank reads only its own pieces); JSON values are replaced."""
+def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None, process_group=None,
+         no_dist: bool = False, strict: bool = True):
+    """Fill ``state_dict`` in place from checkpoint ``checkpoint_id`` (or ``storage_reader``'s
+    ``FileSystemReader`` path), saved at any world size. Tensor leaves are overwritten in place (each rank
+    reads only its own pieces); JSON values are replaced. A top-level Stateful value is loaded into its
+    ``state_dict()``, which then goes to its ``load_state_dict``. ``strict=False`` (or
+    ``DefaultLoadPlanner(allow_partial_load=True)``): keys the checkpoint lacks keep their values."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"load expects a dict state_dict, got {type(state_dict).__name__}")
+    if no_dist:
+        raise ValueError("load: no_dist=True is not supported; hpcfsdp's load is collective")
+    checkpoint_id, planner = resolve("load", checkpoint_id, storage_reader, planner, FileSystemReader,
+                                     DefaultLoadPlanner)
+    if planner is not None and planner.allow_partial_load:
+        strict, planner = False, None
+    stateful = {k: v for k, v in state_dict.items() if isinstance(v, Stateful)}
+    if stateful:  # as PyTorch: load into the objects' state dicts, then hand them back (in key order)
+        loaded = _stateful_to_state_dict(state_dict)
+        res = load(loaded, checkpoint_id=checkpoint_id, process_group=process_group,
+                   storage_reader=storage_reader, planner=planner, strict=strict)
+        for k in sorted(loaded, key=str):
+            if k in stateful:
+                stateful[k].load_state_dict(loaded[k])
+            else:
+                state_dict[k] = loaded[k]
+        return res
     tensors: dict = {}
     _walk(state_dict, "", tensors, None)
     requests, staged = {}, []

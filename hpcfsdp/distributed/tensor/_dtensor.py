@@ -9,11 +9,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hpcfsdp._backend import array_module, is_meta_array, meta_array
+from hpcfsdp._backend import array_module, is_floating_dtype, is_meta_array, meta_array
 from hpcfsdp._tensor import Size, Tensor
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
-from hpcfsdp.distributed.tensor.placement_types import Placement, Replicate, Shard, _InterleavedShard, _StridedShard
+from hpcfsdp.distributed.tensor.placement_types import (Partial, Placement, Replicate, Shard, _InterleavedShard,
+                                                        _StridedShard)
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds", "_local_ranges",
            "_local_boxes", "_take"]
@@ -29,6 +30,15 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 # Shard and _InterleavedShard placements first, then _StridedShard ones; see [Note: Strided shard]).
 # A rank's piece is, per tensor dim, a list of global index ranges concatenated in its local array:
 # one range except under an _InterleavedShard (see [Note: Interleaved shard]).
+#
+# [Note: Partial placement]
+# Partial(op) on mesh dim i: every rank of that dim holds a whole-shaped partial value (laid out like
+# Replicate) and the global tensor is their reduction with ``op``. Only from_local and distribute_tensor
+# make one (the latter splits the value: v / n for "sum", v itself for "avg"/"max"/"min"); full_tensor
+# and redistribute to Replicate or Shard all-reduce over the Partial mesh dims first (on a copy: the
+# local partial values stay), then proceed as for Replicate. Redistributing to a Partial the tensor does
+# not already have raises, as in PyTorch. Different reduce ops on one tensor do not commute and are
+# refused (sum with avg excepted).
 
 
 def _chunk_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -84,10 +94,14 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
             if not 0 <= d < ndim:
                 raise ValueError(f"{p!r} is out of range for a {ndim}-d tensor")
             out.append(type(p)(d, p.split_factor) if isinstance(p, (_StridedShard, _InterleavedShard)) else Shard(d))
-        elif isinstance(p, Replicate):
+        elif isinstance(p, (Replicate, Partial)):
             out.append(p)
         else:
-            raise TypeError(f"placement {p!r}: expected Shard(dim) or Replicate()")
+            raise TypeError(f"placement {p!r}: expected Shard(dim), Replicate() or Partial(reduce_op)")
+    ops = {p.reduce_op for p in out if isinstance(p, Partial)}
+    if len(ops) > 1 and ops != {"sum", "avg"}:
+        raise ValueError(f"placements {placements}: mixed Partial reduce ops {sorted(ops)} are not supported; "
+                         "use one reduce op (sum and avg may mix)")
     for p in out:
         if isinstance(p, _StridedShard):
             want = math.prod(mesh.size(i) for i, q in enumerate(out) if _first_phase(q) and q.dim == p.dim)
@@ -164,6 +178,23 @@ def _local_ranges(shape: Sequence[int], mesh: DeviceMesh, placements, coord) -> 
     return ranges
 
 
+_PARTIAL_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
+                "product": ReduceOp.PRODUCT}
+
+
+def _reduce_partials(local, mesh: DeviceMesh, placements, keep=frozenset()):
+    """``local`` all-reduced over each Partial mesh dim not in ``keep`` (a copy; collective), and the placements
+    with those dims made Replicate. See [Note: Partial placement]."""
+    dims = [i for i, p in enumerate(placements) if isinstance(p, Partial) and i not in keep]
+    if not dims:
+        return local, tuple(placements)
+    xp = array_module(local)
+    out = xp.ascontiguousarray(local).copy()
+    for i in dims:
+        mesh.get_group(i).all_reduce_(out, _PARTIAL_OPS[placements[i].reduce_op])
+    return out, tuple(Replicate() if i in dims else p for i, p in enumerate(placements))
+
+
 def _local_boxes(ranges) -> list[tuple[tuple, tuple, tuple]]:
     """(global offsets, lengths, local offsets) of each box of a piece described by ``_local_ranges``."""
     per_dim = []
@@ -237,16 +268,21 @@ class DTensor(Tensor):
         return Tensor._wrap(self._data)
 
     def full_tensor(self, *, grad_placements=None) -> Tensor:
-        """The global tensor on every rank (all-gathers over each Shard mesh dimension; collective)."""
+        """The global tensor on every rank (all-reduces over each Partial mesh dimension, all-gathers over each
+        Shard one; collective)."""
+        return Tensor._wrap(self._full_array())
+
+    def _full_array(self, keep_partial=frozenset()):
+        """The global array, still partial over the Partial mesh dims in ``keep_partial`` (collective)."""
         spec = self._spec
-        mesh, pl = spec.mesh, spec.placements
+        mesh = spec.mesh
         coord = mesh.get_coordinate()
         if coord is None:
             raise RuntimeError(f"full_tensor: rank {mesh.get_rank()} is not part of {mesh!r}")
         if is_meta_array(self._data):
             raise RuntimeError("full_tensor: a meta DTensor has no data")
+        cur, pl = _reduce_partials(self._data, mesh, spec.placements, keep_partial)
         # sizes of the nested pieces, outermost first: extent[i] = piece size along dim before level i
-        cur = self._data
         shards = _shard_order(pl)
         extents = {}
         bounds = list(spec.shape)  # per dim, the piece size before the next level
@@ -259,12 +295,12 @@ class DTensor(Tensor):
             cur = _gather_dim(cur, mesh, i, pl[i].dim, extents[i], sf)
         if tuple(cur.shape) != spec.shape:  # pragma: no cover - internal invariant
             raise AssertionError(f"full_tensor produced {cur.shape}, expected {spec.shape}")
-        return Tensor._wrap(cur)
+        return cur
 
     def redistribute(self, device_mesh: DeviceMesh | None = None, placements=None, *, async_op: bool = False,
                      forward_dtype=None, backward_dtype=None) -> "DTensor":
-        """This tensor laid out with ``placements`` on the same mesh (collective: gathers the global tensor,
-        then keeps this rank's new piece; outside autograd)."""
+        """This tensor laid out with ``placements`` on the same mesh (collective: reduces Partial dims, gathers the
+        global tensor, then keeps this rank's new piece; outside autograd). See [Note: Partial placement]."""
         mesh = self._spec.mesh if device_mesh is None else device_mesh
         if mesh != self._spec.mesh:
             raise NotImplementedError(f"redistribute: cross-mesh redistribution ({self._spec.mesh!r} to {mesh!r}) "
@@ -272,9 +308,13 @@ class DTensor(Tensor):
         if placements is None:
             raise RuntimeError("redistribute: placements are needed")
         pl = _norm_placements(placements, mesh, self.ndim)
+        for src, dst in zip(self._spec.placements, pl):
+            if isinstance(dst, Partial) and src != dst:
+                raise RuntimeError(f"Can not redistribute from {src} to {dst}, redistributing to Partial is for "
+                                   "internal use only!")
         if pl == self._spec.placements and forward_dtype is None:
             return self
-        full = self.full_tensor()._data
+        full = self._full_array(frozenset(i for i, p in enumerate(pl) if isinstance(p, Partial)))
         if forward_dtype is not None:
             from hpcfsdp._backend import to_dtype
 
@@ -509,6 +549,12 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
         raise ValueError("distribute_tensor: device_mesh is required")
     full = tensor._data
     pl = _norm_placements(placements, device_mesh, full.ndim)
+    for p in pl:
+        if isinstance(p, Partial) and (p.reduce_op not in ("sum", "avg", "max", "min")
+                                       or p.reduce_op == "sum" and not is_floating_dtype(full.dtype)):
+            raise ValueError(f"distribute_tensor: Replicate to {p!r} conversion is not supported for a {full.dtype} "
+                             "tensor (sum splits the value into value / n: floating-point only; avg, max and min "
+                             "keep it)")
     coord = device_mesh.get_coordinate()
     if coord is None:
         raise RuntimeError(f"distribute_tensor: rank {device_mesh.get_rank()} is not part of {device_mesh!r}")
@@ -531,5 +577,8 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
     local = _take(full, _local_ranges(full.shape, device_mesh, pl, coord))
     if not is_meta_array(local):
         local = local.copy()
+        for i, p in enumerate(pl):  # See [Note: Partial placement]
+            if isinstance(p, Partial) and p.reduce_op == "sum":
+                local = local / local.dtype.type(device_mesh.size(i))
     spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)
     return DTensor._from_array(local, spec, tensor.requires_grad)

@@ -1,8 +1,8 @@
-"""DTensor placements: Shard(dim), _StridedShard, _InterleavedShard and Replicate() (the subset FSDP and TP need)."""
+"""DTensor placements: Shard(dim), _StridedShard, _InterleavedShard, Replicate() and Partial(reduce_op)."""
 
 from __future__ import annotations
 
-__all__ = ["Placement", "Shard", "Replicate"]
+__all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
 
 class Placement:
@@ -14,7 +14,7 @@ class Placement:
     def is_replicate(self) -> bool:
         return False
 
-    def is_partial(self) -> bool:
+    def is_partial(self, reduce_op: str | None = None) -> bool:
         return False
 
 
@@ -136,3 +136,38 @@ class Replicate(Placement):
 
     def __str__(self) -> str:
         return "R"
+
+
+class Partial(Placement):
+    """Each rank of the mesh dimension holds a partial value; the global tensor is their reduction with
+    ``reduce_op`` ("sum", "avg", "max", "min" or "product"). ``redistribute`` to Replicate/Shard and
+    ``full_tensor`` perform the reduction (an all-reduce over the mesh dimension)."""
+
+    __slots__ = ("reduce_op",)
+    REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+
+    def __init__(self, reduce_op: str = "sum"):
+        if not isinstance(reduce_op, str) or reduce_op not in Partial.REDUCE_OPS:
+            raise ValueError(f"Partial(reduce_op={reduce_op!r}): expected one of {', '.join(Partial.REDUCE_OPS)}")
+        object.__setattr__(self, "reduce_op", reduce_op)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Partial is immutable")
+
+    def __reduce__(self):
+        return (Partial, (self.reduce_op,))
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op is None or reduce_op == self.reduce_op
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Partial and other.reduce_op == self.reduce_op
+
+    def __hash__(self) -> int:
+        return 1 + hash(self.reduce_op)
+
+    def __repr__(self) -> str:
+        return f"Partial({self.reduce_op})"
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_op})"

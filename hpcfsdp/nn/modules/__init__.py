@@ -41,3 +41,36 @@ __all__ += [
     "KLDivLoss", "Softmax", "LogSoftmax", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Mish", "Hardtanh", "ReLU6",
     "ParameterList", "ParameterDict",
 ]
+
+# transposed convolution, resampling, adaptive max pooling, padding, distances, instance and synchronised batch norm
+from hpcfsdp.nn.modules.conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: E402
+from hpcfsdp.nn.modules.distance import CosineSimilarity, PairwiseDistance  # noqa: E402
+from hpcfsdp.nn.modules.instancenorm import InstanceNorm1d, InstanceNorm2d  # noqa: E402
+from hpcfsdp.nn.modules.padding import (  # noqa: E402
+    ConstantPad1d, ConstantPad2d, ReflectionPad1d, ReflectionPad2d, ReplicationPad1d, ReplicationPad2d, ZeroPad1d,
+    ZeroPad2d,
+)
+from hpcfsdp.nn.modules.pooling import AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d  # noqa: E402
+from hpcfsdp.nn.modules.syncbatchnorm import SyncBatchNorm  # noqa: E402
+from hpcfsdp.nn.modules.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d  # noqa: E402
+
+__all__ += [
+    "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "ZeroPad1d", "ZeroPad2d", "ConstantPad1d",
+    "ConstantPad2d", "ReflectionPad1d", "ReflectionPad2d", "ReplicationPad1d", "ReplicationPad2d", "CosineSimilarity",
+    "PairwiseDistance", "InstanceNorm1d", "InstanceNorm2d", "SyncBatchNorm",
+]
+# attention, transformer layers and more activations
+from hpcfsdp.nn.modules.activation_extra import (  # noqa: E402
+    CELU, GLU, SELU, Hardsigmoid, Hardswish, LogSigmoid, PReLU, Softmax2d, Softmin, Softsign, Tanhshrink, Threshold,
+)
+from hpcfsdp.nn.modules.attention import MultiheadAttention  # noqa: E402
+from hpcfsdp.nn.modules.transformer import (  # noqa: E402
+    Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+)
+
+__all__ += [
+    "MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "PReLU", "SELU", "CELU", "GLU", "Hardswish", "Hardsigmoid", "Softsign", "Tanhshrink",
+    "Threshold", "Softmin", "LogSigmoid", "Softmax2d",
+]

@@ -1,9 +1,11 @@
-"""Pooling layers: MaxPool1d/2d/3d, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d (PyTorch's arguments and reprs)."""
+"""Pooling layers: MaxPool1d/2d/3d, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d, AdaptiveMaxPool1d/2d/3d (PyTorch's
+arguments and reprs)."""
 import hpcfsdp.nn.functional as F
+from hpcfsdp.nn._functional.resample import adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d
 from hpcfsdp.nn.modules.module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d"]
+           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]
 
 
 def _single(v):
@@ -148,3 +150,39 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
     """Average pooling of (N, C, D, H, W) or (C, D, H, W) to ``output_size``."""
 
     _fn = staticmethod(F.adaptive_avg_pool3d)
+
+
+class _AdaptiveMaxPoolNd(Module):
+    _fn = None
+
+    def __init__(self, output_size, return_indices=False):
+        super().__init__()
+        self.output_size = output_size
+        self.return_indices = return_indices
+
+    def forward(self, input):  # noqa: A002
+        return type(self)._fn(input, self.output_size, self.return_indices)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, L) or (C, L) to length ``output_size``; ``return_indices`` also returns the argmax."""
+
+    _fn = staticmethod(adaptive_max_pool1d)
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, H, W) or (C, H, W) to ``output_size`` (an int, or a pair; None keeps a size).
+
+    With ``return_indices`` the forward returns (out, indices), indices the flat h * W + w of each maximum.
+    """
+
+    _fn = staticmethod(adaptive_max_pool2d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    """Max pooling of (N, C, D, H, W) or (C, D, H, W) to ``output_size``."""
+
+    _fn = staticmethod(adaptive_max_pool3d)

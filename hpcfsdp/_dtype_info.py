@@ -1,0 +1,72 @@
+"""torch.finfo and torch.iinfo: the numeric limits of a floating or integer dtype (bfloat16 through ml_dtypes).
+
+The usual use is an attention mask's fill value, ``torch.finfo(x.dtype).min``.
+"""
+import ml_dtypes
+import numpy as np
+
+from . import _backend
+
+__all__ = ["finfo", "iinfo"]
+
+# PyTorch's resolution is 10 ** -precision, with precision floor(-log10(eps)) (2 for bfloat16, 3 for float16).
+_RESOLUTION = {np.dtype(np.float64): 1e-15, np.dtype(np.float32): 1e-6, np.dtype(np.float16): 1e-3,
+               _backend.bfloat16: 0.01}
+
+
+def _dtype_name(dt):
+    return "bfloat16" if dt == _backend.bfloat16 else str(dt)
+
+
+class finfo:  # noqa: N801  (PyTorch's name)
+    """finfo(type=None): bits, eps, max, min, tiny (= smallest_normal), resolution and dtype (a name) of a
+    floating dtype; the default dtype without an argument."""
+
+    __slots__ = ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution", "dtype")
+
+    def __init__(self, type=None):  # noqa: A002
+        dt = _backend.default_float_dtype() if type is None else _backend.to_dtype(type)
+        if not _backend.is_floating_dtype(dt):
+            raise TypeError(f"torch.finfo() requires a floating point input type, got {_dtype_name(dt)}. "
+                            f"Use torch.iinfo to handle integer types")
+        info = ml_dtypes.finfo(dt) if dt == _backend.bfloat16 else np.finfo(dt)
+        self.bits = int(info.bits)
+        self.eps = float(info.eps)
+        self.max = float(info.max)
+        self.min = float(info.min)
+        self.tiny = self.smallest_normal = float(info.smallest_normal)
+        self.resolution = _RESOLUTION[dt]
+        self.dtype = _dtype_name(dt)
+
+    def __eq__(self, other):
+        return isinstance(other, finfo) and other.dtype == self.dtype
+
+    def __hash__(self):
+        return hash(("finfo", self.dtype))
+
+    def __repr__(self):
+        return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, eps={self.eps:g}, "
+                f"smallest_normal={self.smallest_normal:g}, tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:  # noqa: N801  (PyTorch's name)
+    """iinfo(type): bits, max, min and dtype (a name) of an integer dtype (bool is refused, as PyTorch)."""
+
+    __slots__ = ("bits", "max", "min", "dtype")
+
+    def __init__(self, type):  # noqa: A002
+        dt = _backend.to_dtype(type)
+        if dt.kind not in "iu":
+            raise TypeError(f"torch.iinfo() requires an integer input type, got {_dtype_name(dt)}. "
+                            f"Use torch.finfo to handle floating types")
+        info = np.iinfo(dt)
+        self.bits, self.max, self.min, self.dtype = int(info.bits), int(info.max), int(info.min), str(dt)
+
+    def __eq__(self, other):
+        return isinstance(other, iinfo) and other.dtype == self.dtype
+
+    def __hash__(self):
+        return hash(("iinfo", self.dtype))
+
+    def __repr__(self):
+        return f"iinfo(min={self.min:g}, max={self.max:g}, dtype={self.dtype})"

@@ -1,0 +1,6 @@
+"""hpcfsdp.amp: PyTorch's ``torch.amp``: GradScaler (loss scaling) and autocast (disabled only)."""
+
+from .autocast_mode import autocast, custom_bwd, custom_fwd, is_autocast_available
+from .grad_scaler import GradScaler
+
+__all__ = ["autocast", "custom_bwd", "custom_fwd", "is_autocast_available", "GradScaler"]

@@ -1,0 +1,1 @@
+"""torch.distributed.elastic names that training scripts use: ``multiprocessing.errors.record``."""

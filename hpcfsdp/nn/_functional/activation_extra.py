@@ -1,0 +1,117 @@
+"""More activations: prelu, selu, celu, glu, hardswish, hardsigmoid, softsign, tanhshrink, threshold, logsigmoid,
+softmin.
+
+``inplace=True`` is accepted for signature compatibility; the result is always a new tensor.
+"""
+from ..._array import wrap_dim
+from ...autograd import ops_act2
+from ._common import check_float, check_tensor
+
+__all__ = ["prelu", "selu", "celu", "glu", "hardswish", "hardsigmoid", "softsign", "tanhshrink", "threshold",
+           "logsigmoid", "softmin"]
+
+SELU_ALPHA = 1.6732632423543772848170429916717  # the self-normalizing constants of Klambauer et al. (2017)
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def prelu(input, weight):  # noqa: A002
+    """x where x > 0, else weight * x, with one weight per channel (dim 1) or a single shared weight.
+
+    Args:
+        input: the tensor; its channels are dim 1 (a 0- or 1-dimensional input has one channel).
+        weight: a 0-D or 1-D tensor of 1 or C values.
+
+    Raises:
+        RuntimeError: ``weight`` has more than 1 dimension, or its size is neither 1 nor the channel count.
+    """
+    check_float(input, "prelu")
+    check_tensor(weight, "prelu", "weight")
+    if weight.ndim > 1:
+        raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
+    n = weight.numel()
+    if n != 1:
+        channels = input.shape[1] if input.ndim >= 2 else 1
+        if channels != n:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+                               f"{n} and channel size = {channels}.")
+        weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))  # (1, C, 1, ...)
+    elif weight.ndim > input.ndim:
+        weight = weight.reshape(())
+    return ops_act2.Prelu.apply(input, weight)
+
+
+def selu(input, inplace=False):  # noqa: A002
+    """scale * elu(x, alpha) with the self-normalizing alpha = 1.6733 and scale = 1.0507."""
+    return ops_act2.ScaledElu.apply(check_float(input, "selu"), SELU_ALPHA, SELU_SCALE, 1.0)
+
+
+def celu(input, alpha=1.0, inplace=False):  # noqa: A002
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)).
+
+    Raises:
+        RuntimeError: ``alpha`` is 0 (PyTorch's message).
+    """
+    check_float(input, "celu")
+    if alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+    return ops_act2.ScaledElu.apply(input, float(alpha), 1.0, 1.0 / float(alpha))
+
+
+def glu(input, dim=-1):  # noqa: A002
+    """The gated linear unit a * sigmoid(b), where a and b are the two halves of ``input`` along ``dim``.
+
+    Raises:
+        RuntimeError: ``input`` is 0-dimensional, or its size along ``dim`` is odd.
+    """
+    check_float(input, "glu")
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    d = wrap_dim(dim, input.ndim)
+    if input.shape[d] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {input.shape[d]}")
+    a, b = input.chunk(2, d)
+    return a * b.sigmoid()
+
+
+def hardswish(input, inplace=False):  # noqa: A002
+    """x * relu6(x + 3) / 6."""
+    return ops_act2.Hardswish.apply(check_float(input, "hardswish"))
+
+
+def hardsigmoid(input, inplace=False):  # noqa: A002
+    """relu6(x + 3) / 6."""
+    return ops_act2.Hardsigmoid.apply(check_float(input, "hardsigmoid"))
+
+
+def softsign(input):  # noqa: A002
+    """x / (1 + |x|) (composed of Tensor ops, as PyTorch)."""
+    check_float(input, "softsign")
+    return input / (input.abs() + 1)
+
+
+def tanhshrink(input):  # noqa: A002
+    """x - tanh(x) (composed of Tensor ops, as PyTorch)."""
+    check_float(input, "tanhshrink")
+    return input - input.tanh()
+
+
+def threshold(input, threshold, value, inplace=False):  # noqa: A002
+    """x where x > threshold, else value; the gradient is 0 where x <= threshold."""
+    check_tensor(input, "threshold")
+    return ops_act2.Threshold.apply(input, threshold, value)
+
+
+def logsigmoid(input):  # noqa: A002
+    """log(sigmoid(x)), computed without overflow."""
+    return ops_act2.LogSigmoid.apply(check_float(input, "logsigmoid"))
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    """softmax(-input) along ``dim``; None picks PyTorch's legacy implicit dimension (0 for 0-, 1- and 3-dimensional
+    input, else 1). ``dtype``, if given, casts ``input`` first."""
+    check_tensor(input, "softmin")
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    if dtype is not None:
+        input = input.to(dtype)  # noqa: A001
+    return (-input).softmax(dim)
