@@ -62,8 +62,12 @@ from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as to
 _LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp")
 
 
+_LAZY_NAMES = {"autocast": "amp"}  # torch.autocast is torch.amp.autocast
+
+
 def __getattr__(name):
-    if name in _LAZY_SUBMODULES:
+    if name in _LAZY_SUBMODULES or name in _LAZY_NAMES:
         import importlib
-        return importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{_LAZY_NAMES.get(name, name)}")
+        return getattr(module, name) if name in _LAZY_NAMES else module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,3 +31,13 @@ def test_unknown_attribute_is_an_attribute_error():
 def test_every_lazy_submodule_exists(name):
     mod = getattr(hpcfsdp, name)
     assert mod.__name__ == f"hpcfsdp.{name}"
+
+
+def test_autocast_at_the_top_level_is_amps():
+    import hpcfsdp.amp
+    assert hpcfsdp.autocast is hpcfsdp.amp.autocast
+    with hpcfsdp.autocast("cpu", enabled=False):
+        pass
+    with pytest.raises(NotImplementedError, match="MixedPrecision"):
+        with hpcfsdp.autocast("cpu", dtype=hpcfsdp.bfloat16):
+            pass
