@@ -59,7 +59,7 @@ from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as to
 
 # Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
 # with no `import torch.distributed`), imported on first use: hpcfsdp.distributed loads mpi4py.
-_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp")
+_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp", "multiprocessing")
 
 
 _LAZY_NAMES = {"autocast": "amp"}  # torch.autocast is torch.amp.autocast

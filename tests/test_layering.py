@@ -23,6 +23,7 @@ LEVELS = {
     "hpcfsdp.nn._functional": 1,  # the implementation modules nn.functional re-exports (conv, pooling, losses)
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
     "hpcfsdp.distributed.elastic": 2,  # torchelastic's error files (@record): the standard library only
+    "hpcfsdp.multiprocessing": 2,  # torch.multiprocessing.spawn under MPI: the MPI world size (_mpi) on use
     "hpcfsdp.distributed.tensor": 3,  # the package re-exports distribute_module (nn modules); DTensor itself is 2:
     "hpcfsdp.distributed.tensor._dtensor": 2,
     "hpcfsdp.distributed.tensor.placement_types": 2,

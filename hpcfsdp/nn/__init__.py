@@ -55,3 +55,8 @@ __all__ += [
     "TransformerDecoderLayer", "PReLU", "SELU", "CELU", "GLU", "Hardswish", "Hardsigmoid", "Softsign", "Tanhshrink",
     "Threshold", "Softmin", "LogSigmoid", "Softmax2d",
 ]
+
+# torch.nn.parallel: DistributedDataParallel (loads hpcfsdp.distributed only when one is built)
+from hpcfsdp.nn import parallel  # noqa: E402
+
+__all__ += ["parallel"]
