@@ -11,6 +11,12 @@ from .autograd import ops
 __all__ = ["TensorMathMixin"]
 
 
+
+def _reflected(other, like):
+    """The left operand of a reflected operator (``2 % t``) as a tensor on ``like``'s device."""
+    other = _as_operand(other, like)
+    return other if isinstance(other, TensorBase) else like._wrap(like._xp().asarray(other))
+
 class _MinMax(tuple):
     """(values, indices) result of max(dim)/min(dim), as torch.return_types."""
 
@@ -140,12 +146,16 @@ class TensorMathMixin:
         return _binary(ops.Div, float(other), _to_float(self), "div")
 
     def __floordiv__(self, other):
-        other = other._data if isinstance(other, TensorBase) else other
-        return self._wrap(self._data // other)
+        return self.floor_divide(other)
 
-    def __mod__(self, other):
-        other = other._data if isinstance(other, TensorBase) else other
-        return self._wrap(self._data % other)
+    def __rfloordiv__(self, other):
+        return _reflected(other, self).floor_divide(self)
+
+    def __mod__(self, other):  # remainder: differentiable, as PyTorch's (d/dx x % y = 1)
+        return self.remainder(other)
+
+    def __rmod__(self, other):
+        return _reflected(other, self).remainder(self)
 
     def __pow__(self, exponent):
         if isinstance(exponent, TensorBase):

@@ -387,3 +387,20 @@ def test_format_of_a_scalar_tensor_is_its_number_and_other_tensors_refuse_a_spec
     assert f"{t}" == str(t)
     with pytest.raises(TypeError, match="unsupported format string"):
         f"{t:.2f}"
+
+
+def test_mod_and_floordiv_operators_are_pytorch_remainder_and_floor_divide():
+    x = hp.tensor([3.5, -1.25, 7.0], requires_grad=True)
+    (x % 2.0).sum().backward()  # d/dx remainder(x, c) = 1: the operator used to drop the graph
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones(3, np.float32))
+    a = np.array([3, -7, 4, -8])
+    t = hp.tensor(a)
+    for got, want in (((t // 3), a // 3), ((t % 3), a % 3), ((9 % t), 9 % a), ((9 // t), 9 // a),
+                      ((t % -3), a % -3)):
+        assert got.dtype == hp.int64
+        np.testing.assert_array_equal(got.numpy(), want)
+    f = np.array([3.5, -7.25], np.float32)
+    np.testing.assert_array_equal((hp.tensor(f) // 2).numpy(), f // 2)
+    np.testing.assert_array_equal((2.0 % hp.tensor(f)).numpy(), np.float32(2.0) % f)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        t % 0
