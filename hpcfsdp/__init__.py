@@ -62,6 +62,17 @@ from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as to
 _LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp", "multiprocessing")
 
 
+# Under an MPI launcher, torchrun's RANK/LOCAL_RANK/... are exported at import, as `hpcfsdp launch`
+# does, so a script that reads them before touching torch.distributed finds them under a plain mpiexec
+# too (see [Note: torchrun variables]; no MPI call, mpi4py is not imported). Variables that disagree
+# with the launcher's raise where hpcfsdp.distributed is imported by the script, not here.
+import contextlib as _contextlib  # noqa: E402
+import os as _os  # noqa: E402
+
+if {"PMI_RANK", "OMPI_COMM_WORLD_RANK"} & _os.environ.keys():
+    with _contextlib.suppress(RuntimeError):  # a disagreement: raised again on the script's own import
+        from . import distributed  # noqa: E402,F401
+
 _LAZY_NAMES = {"autocast": "amp"}  # torch.autocast is torch.amp.autocast
 
 

@@ -1,4 +1,5 @@
 """`import hpcfsdp as torch` reaches what `import torch` reaches: submodules as attributes, loaded on first use."""
+import os
 import subprocess
 import sys
 
@@ -41,3 +42,16 @@ def test_autocast_at_the_top_level_is_amps():
     with pytest.raises(NotImplementedError, match="MixedPrecision"):
         with hpcfsdp.autocast("cpu", dtype=hpcfsdp.bfloat16):
             pass
+
+
+def test_import_under_an_mpi_launcher_exports_torchrun_variables_without_mpi():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID",
+                        "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")}
+    env.update(PMI_RANK="3", PMI_SIZE="4", MPI_LOCALRANKID="1", MPI_LOCALNRANKS="2")  # what Hydra sets
+    code = ("import os, sys, hpcfsdp\n"
+            "print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')),"
+            " 'mpi4py.MPI' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3", "4", "1", "2", "False"]
