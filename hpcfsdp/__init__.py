@@ -58,7 +58,7 @@ from ._ops_more import (inf, nan, pi, e, newaxis, finfo, iinfo, roll, flip, flip
 from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as torch.utils.data)
 
 # Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
-# with no `import torch.distributed`), imported on first use: hpcfsdp.distributed loads mpi4py.
+# with no `import torch.distributed`), imported on first use so that `import hpcfsdp` stays light.
 _LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp", "multiprocessing")
 
 
