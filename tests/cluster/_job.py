@@ -39,9 +39,11 @@ def link_tx() -> int:
 
 
 def host_tx_window(fn, layout):
-    """Run ``fn`` between two world barriers; the bytes each host sent meanwhile (list indexed by node)."""
+    """Run ``fn`` between two world barriers; the bytes each host sent meanwhile (list indexed by node). The
+    barrier after the first reading keeps every rank's sends after its host leader's reading."""
     dist.barrier()
     t0 = link_tx()
+    dist.barrier()
     fn()
     dist.barrier()
     sent = link_tx() - t0 if layout["local_rank"] == 0 else -1
