@@ -333,7 +333,14 @@ class Slurm:
             if p.poll() is not None:
                 raise SlurmError(f"{name} (pid {p.pid}) ended with {p.returncode} while job {job_id} was "
                                  f"watched\n{self.logs()}")
-        out = self.run("scontrol", "show", "job", "-o", str(job_id), timeout=20)
+        for attempt in range(3):  # a query can die mid-answer while slurmctld requeues (SIGPIPE: -13, seen once)
+            out = self.run("scontrol", "show", "job", "-o", str(job_id), timeout=20, check=False)
+            if out.returncode >= 0 or attempt == 2:
+                break
+            time.sleep(0.5)
+        if out.returncode != 0:
+            raise SlurmError(f"`scontrol show job -o {job_id}` failed ({out.returncode}): "
+                             f"{out.stderr.strip() or out.stdout}\n{self.logs()}")
         return dict(re.findall(r"(?:^|\s)([A-Za-z:/]+)=(\S*)", out.stdout))
 
     def wait(self, job_id, cond=None, timeout=120, what=None):
