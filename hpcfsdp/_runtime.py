@@ -69,7 +69,7 @@ def _openblas_candidates() -> list[str]:
                 p = line.split(maxsplit=5)[-1].strip()
                 if p.startswith("/") and "openblas" in os.path.basename(p).lower() and p not in paths:
                     paths.append(p)
-    except OSError:
+    except OSError:  # no /proc (not Linux): the library is looked for next to NumPy below
         pass
     root = os.path.dirname(os.path.abspath(np.__file__))
     for d in (os.path.join(os.path.dirname(root), "numpy.libs"), os.path.join(root, ".dylibs")):

@@ -25,13 +25,7 @@ class Adadelta(Optimizer):
                         capturable=capturable, foreach=foreach, differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("foreach", None)
-            group.setdefault("maximize", False)
-            group.setdefault("differentiable", False)
-            group.setdefault("capturable", False)
+    _group_defaults = {"foreach": None, "maximize": False, "differentiable": False, "capturable": False}
 
     def step(self, closure=None):
         """One Adadelta update of every parameter that has a gradient; returns ``closure()``'s loss if given."""

@@ -46,13 +46,7 @@ class Adagrad(Optimizer):
                 state["step"] = _step_tensor(0.0)
                 state["sum"] = _full_state(p, initial_accumulator_value)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("foreach", None)
-            group.setdefault("maximize", False)
-            group.setdefault("differentiable", False)
-            group.setdefault("fused", None)
+    _group_defaults = {"foreach": None, "maximize": False, "differentiable": False, "fused": None}
 
     def step(self, closure=None):
         """One Adagrad update of every parameter that has a gradient; returns ``closure()``'s loss if given."""

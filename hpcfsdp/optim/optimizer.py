@@ -120,8 +120,14 @@ class Optimizer:
     def __getstate__(self):
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
 
+    # Keys a pickled older param group may lack, with PyTorch's defaults (filled in by __setstate__).
+    _group_defaults: dict = {}
+
     def __setstate__(self, state):
         self.__dict__.update(state)
+        for group in self.param_groups:
+            for key, value in self._group_defaults.items():
+                group.setdefault(key, value)
 
     def __repr__(self) -> str:
         format_string = self.__class__.__name__ + " ("

@@ -31,14 +31,11 @@ class RAdam(Optimizer):
                         differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("foreach", None)
-            group.setdefault("maximize", False)
-            group.setdefault("differentiable", False)
-            group.setdefault("decoupled_weight_decay", False)
-            group.setdefault("capturable", False)
+    _group_defaults = {"foreach": None,
+                       "maximize": False,
+                       "differentiable": False,
+                       "decoupled_weight_decay": False,
+                       "capturable": False}
 
     def step(self, closure=None):
         """One RAdam update of every parameter that has a gradient; returns ``closure()``'s loss if given."""

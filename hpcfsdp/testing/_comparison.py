@@ -267,7 +267,7 @@ def _originate(actual, expected, id_, options):
         keys = actual_keys
         try:
             keys = sorted(keys)
-        except Exception:
+        except Exception:  # keys of mixed types do not sort: compare them in insertion order
             pass
         return [c for k in keys for c in _originate(actual[k], expected[k], (*id_, k), options)]
     for pair in _PAIRS:

@@ -42,7 +42,7 @@ class DefaultSavePlanner:
     def __init__(self, flatten_state_dict: bool = True, flatten_sharded_tensors: bool = True,
                  dedup_replicated_tensors=None, dedup_save_to_lowest_rank: bool = False,
                  enable_plan_caching: bool = False):
-        pass
+        """PyTorch's arguments, accepted for portability: hpcfsdp's one plan already does what they tune."""
 
 
 class DefaultLoadPlanner:
