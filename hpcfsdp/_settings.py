@@ -47,6 +47,16 @@ def _parse_seconds(raw: str) -> float:
         raise ValueError("expected a number of seconds") from None
 
 
+def _parse_nice(raw: str) -> int:
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError("expected an integer niceness difference, -19 to 19") from None
+    if not -19 <= k <= 19:
+        raise ValueError("expected an integer niceness difference, -19 to 19")
+    return k
+
+
 def _parse_positive_int(raw: str) -> int:
     try:
         k = int(raw)
@@ -109,6 +119,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "seconds: when > 0, the interpreter's thread switch interval (sys.setswitchinterval) is lowered to "
             "this when the communication thread starts, so it picks up queued collectives sooner; 0 (default) "
             "leaves it alone"),
+    Setting("HPCFSDP_COMM_NICE", _parse_nice, 0,
+            "the communication thread's niceness relative to the thread that starts it (Linux): negative favours "
+            "it where ranks outnumber cores (it lowers its own niceness where permitted, else raises the "
+            "starting thread's); 0 (default) leaves both alone"),
     Setting("HPCFSDP_COMM_STAGED", parse_bool, False,
             "FSDP's collectives that cross nodes run staged, left in flight on the communication thread, so "
             "the intra-node stage of one overlaps the inter-node stage of the next; off: one at a time"),
