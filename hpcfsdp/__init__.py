@@ -56,6 +56,9 @@ from ._ops_more import (inf, nan, pi, e, newaxis, finfo, iinfo, roll, flip, flip
                         cumprod, median, kthvalue, quantile, nanmean, nansum, var_mean, std_mean, remainder, fmod,
                         floor_divide, reciprocal, trunc, fix, frac, isclose, cdist)
 from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as torch.utils.data)
+from ._autocast import (clear_autocast_cache, get_autocast_cpu_dtype, get_autocast_dtype,  # noqa: E402,F401
+                        get_autocast_gpu_dtype, is_autocast_cache_enabled, is_autocast_cpu_enabled,
+                        is_autocast_enabled, set_autocast_cache_enabled, set_autocast_dtype, set_autocast_enabled)
 
 # Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
 # with no `import torch.distributed`), imported on first use so that `import hpcfsdp` stays light.

@@ -6,6 +6,7 @@ einsum, pow and clone are written out because their arguments differ from a meth
 from ._ops_api import _method_as_function
 from ._tensor import Tensor
 from .autograd import ops_extra
+from ._autocast import LOWER, autocast_op
 
 __all__ = [
     "isfinite", "isnan", "isinf", "logical_not", "logical_and", "logical_or", "logical_xor",
@@ -99,6 +100,7 @@ def clone(input, *, memory_format=None):  # noqa: A002
     return input.clone()
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def einsum(equation, *operands):
     """torch.einsum(equation, *operands) or (equation, [operands]); differentiable in every operand.
 

@@ -17,6 +17,7 @@ from ._tensor_extra import vector_norm
 from ._tensor_math import _as_operand, _promote_operands
 from ._tensor_more import _zero_div_check
 from .autograd import ops_more
+from ._autocast import FP32, autocast_op
 
 __all__ = [
     "inf", "nan", "pi", "e", "newaxis", "finfo", "iinfo",
@@ -316,6 +317,7 @@ def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return input.std(dim, unbiased, keepdim, correction=correction), input.mean(dim, keepdim)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     """The p-norm distances between the rows of x1 (..., P, M) and x2 (..., R, M): (..., P, R); differentiable,
     zero gradient where a distance is 0 (as PyTorch's)."""

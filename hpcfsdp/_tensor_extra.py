@@ -11,6 +11,7 @@ from ._array import HALF_DTYPES, dtype_category, promote_types, random_array, wr
 from ._tensor_base import TensorBase
 from ._tensor_math import _to_float
 from .autograd import ops, ops_extra
+from ._autocast import FP32, LOWER, autocast_op
 
 __all__ = ["TensorExtraMixin", "vector_norm", "matrix_norm", "svdvals"]
 
@@ -220,6 +221,7 @@ class TensorExtraMixin:
         a = _integral_to_int64(self, dtype)
         return ops_extra.Cumsum.apply(a, wrap_dim(dim, a.ndim))
 
+    @autocast_op(cpu=FP32, cuda=FP32)
     def prod(self, dim=None, keepdim=False, *, dtype=None):
         a = _integral_to_int64(self, dtype)
         d = None if dim is None else wrap_dim(dim, a.ndim)
@@ -343,6 +345,7 @@ class TensorExtraMixin:
                                f"[{other.shape[0]}] to have the same number of elements")
         return self.matmul(other)
 
+    @autocast_op(cpu=LOWER, cuda=LOWER)
     def mm(self, mat2):
         _tensor_arg(mat2, "mm", "mat2")
         if self.ndim != 2 or mat2.ndim != 2:
@@ -352,6 +355,7 @@ class TensorExtraMixin:
             raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {self.dtype} != {mat2.dtype}")
         return self.matmul(mat2)
 
+    @autocast_op(cpu=LOWER, cuda=LOWER)
     def bmm(self, mat2):
         _tensor_arg(mat2, "bmm", "mat2")
         for name, t in (("batch1", self), ("batch2", mat2)):

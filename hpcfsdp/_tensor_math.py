@@ -7,6 +7,7 @@ from . import _backend
 from ._array import SCALAR_TYPES, dtype_category, promote_types, result_type_scalar, wrap_dim
 from ._tensor_base import TensorBase
 from .autograd import ops
+from ._autocast import FP32, LOWER, autocast_op
 
 __all__ = ["TensorMathMixin"]
 
@@ -67,10 +68,21 @@ def _promote_operands(a, b, op_name):
 def _binary(op, a, b, name):
     a, b = _promote_operands(a, b, name)
     try:
-        return op.apply(a, b)
+        out = op.apply(a, b)
     except ValueError as e:
         sa, sb = (tuple(getattr(x, "shape", ())) for x in (a, b))
         raise RuntimeError(f"{name}: the shapes of the operands {sa} and {sb} do not broadcast ({e})") from None
+    if isinstance(a, TensorBase) and isinstance(b, TensorBase):
+        return out
+    return _scalar_result(out, a if isinstance(a, TensorBase) else b)
+
+
+def _scalar_result(out, t):
+    """A tensor-scalar op's result in the tensor's (promoted) dtype: NumPy computes bfloat16 (ml_dtypes) with
+    a Python float in float32, where PyTorch rounds the result back to bfloat16."""
+    if out._data.dtype != t._data.dtype and t._data.dtype == _backend.bfloat16:
+        return out.to(t._data.dtype)
+    return out
 
 
 def _to_float(t):
@@ -168,13 +180,13 @@ class TensorMathMixin:
         if isinstance(exponent, (float, np.floating)) and dtype_category(a._data.dtype) != 2:
             a = a.to(_backend.float32)
         e = exponent.item() if isinstance(exponent, np.generic) else exponent
-        return ops.PowScalar.apply(a, e)
+        return _scalar_result(ops.PowScalar.apply(a, e), a)
 
     def __rpow__(self, base):
         if isinstance(base, TensorBase):
             return base.__pow__(self)
         a = _to_float(self) if isinstance(base, float) else self
-        return ops.RPowScalar.apply(float(base) if dtype_category(a._data.dtype) == 2 else base, a)
+        return _scalar_result(ops.RPowScalar.apply(float(base) if dtype_category(a._data.dtype) == 2 else base, a), a)
 
     def __neg__(self):
         return ops.Neg.apply(self)
@@ -182,6 +194,7 @@ class TensorMathMixin:
     def __pos__(self):
         return self
 
+    @autocast_op(cpu=LOWER, cuda=LOWER)
     def __matmul__(self, other):
         if not isinstance(other, TensorBase):
             other = _as_operand(other, self)
@@ -302,10 +315,12 @@ class TensorMathMixin:
     def std(self, dim=None, unbiased=None, keepdim=False, *, correction=None):
         return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
 
+    @autocast_op(cuda=FP32)
     def softmax(self, dim, dtype=None):
         a = self.to(dtype) if dtype is not None else _to_float(self)
         return ops.Softmax.apply(a, wrap_dim(dim, a.ndim))
 
+    @autocast_op(cuda=FP32)
     def log_softmax(self, dim, dtype=None):
         a = self.to(dtype) if dtype is not None else _to_float(self)
         return ops.LogSoftmax.apply(a, wrap_dim(dim, a.ndim))

@@ -9,8 +9,9 @@ from . import _backend
 from ._array import SCALAR_TYPES, dtype_category, random_array, wrap_dim
 from ._tensor_base import TensorBase
 from ._tensor_extra import _argsort, _axes, _dim_slice, _integral_to_int64, _tensor_arg
-from ._tensor_math import _as_operand, _promote_operands, _to_float
+from ._tensor_math import _as_operand, _promote_operands, _scalar_result, _to_float
 from .autograd import ops, ops_extra, ops_more
+from ._autocast import LOWER, autocast_op
 
 __all__ = ["TensorMoreMixin", "ValuesIndices"]
 
@@ -305,9 +306,10 @@ class TensorMoreMixin:
         a, b = _promote_operands(self, _as_operand(other, self), kind)
         _zero_div_check(a, b)
         try:
-            return ops_more.Remainder.apply(a, b, kind)
+            out = ops_more.Remainder.apply(a, b, kind)
         except ValueError as e:
             raise RuntimeError(f"{kind}: the operands do not broadcast ({e})") from None
+        return out if isinstance(b, TensorBase) else _scalar_result(out, a)
 
     def remainder(self, other):
         return self._remainder(other, "remainder")
@@ -354,12 +356,14 @@ class TensorMoreMixin:
         return self._wrap(self._xp().isclose(self._data, other._data, rtol=rtol, atol=atol, equal_nan=equal_nan))
 
     # -- fused multiply-adds ---------------------------------------------------------------------------
+    @autocast_op(cpu=LOWER, cuda=LOWER)
     def addmm(self, mat1, mat2, *, beta=1, alpha=1):
         _tensor_arg(mat1, "addmm", "mat1")
         if mat1.ndim != 2 or mat2.ndim != 2:
             raise RuntimeError(f"addmm: mat1 and mat2 must be matrices, got {mat1.ndim}-D and {mat2.ndim}-D")
         return _scaled_add(self, mat1.mm(mat2), beta, alpha)
 
+    @autocast_op(cpu=LOWER, cuda=LOWER)
     def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
         _tensor_arg(batch1, "baddbmm", "batch1")
         return _scaled_add(self, batch1.bmm(batch2), beta, alpha)

@@ -312,3 +312,61 @@ def test_hsdp_divide_factors_with_and_without_all_reduce(reduce_dtype):
     model.set_requires_all_reduce(True)
     model(hp.tensor(np.float32(value / 2))).backward()
     np.testing.assert_array_equal(full(model.w.grad), np.full(8, value, np.float32))
+
+
+# -- autocast around a sharded model ---------------------------------------------------------------------------
+
+def test_autocast_region_around_fully_shard_trains_like_the_unsharded_model():
+    """torch.autocast("cpu") around an FSDP2 model: the gathered float32 parameters are cast per op, the
+    float32 gradients reach the shards; losses and parameters follow the unsharded model under the same region
+    (to bfloat16's rounding: one rank's rows are rounded apart from the others')."""
+    batches = _mlp_batches(4)
+    ref, model = _mlp(), _mlp()
+    fully_shard(model.fc1)
+    fully_shard(model)
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+
+    def loss_of(m, x):
+        with hp.autocast("cpu", dtype=hp.bfloat16):
+            out = m(hp.tensor(x))  # fc2(tanh(fc1(x))) in bfloat16, then pow(2).mean() in bfloat16
+        assert out.dtype == hp.bfloat16
+        return out.float()
+
+    for x, _ in batches:
+        loss = loss_of(model, local(x))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rl = loss_of(ref, x)
+        rl.backward()
+        ropt.step()
+        ropt.zero_grad()
+        np.testing.assert_allclose(global_mean(loss.item()), rl.item(), rtol=2e-2)
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.dtype == hp.float32 and p.grad is None
+        np.testing.assert_allclose(full(p), ref_params[name].detach().numpy(), atol=2e-3, err_msg=name)
+    assert not hp.is_autocast_enabled("cpu")
+
+
+def test_a_sharded_parameter_beside_a_plain_tensor_is_refused_not_computed_on_the_shard():
+    """Outside its FSDP forward a parameter holds only this rank's rows: as PyTorch (mixed Tensor and DTensor),
+    an op mixing it with a plain tensor raises instead of computing on the shard; so do its views."""
+    model = _mlp()
+    fully_shard(model.fc1)
+    fully_shard(model)
+    x = hp.ones(3, 5)
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        model.fc2(x)  # a submodule of the root, called outside the root's forward
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        x @ model.fc2.weight.t()  # a view of the shard
+    assert (model.fc2.weight * 2).shape == model.fc2.weight.to_local().shape  # the shard alone: still allowed
+    out = model(hp.ones(4, 6))  # through the root: gathered, no error
+    assert out.shape == () and np.isfinite(out.item())
+    model.unshard()  # gathered by hand: the whole weight, usable with plain tensors until reshard()
+    full_w = full(model.fc2.weight) if isinstance(model.fc2.weight, DTensor) else model.fc2.weight.detach().numpy()
+    y = model.fc2(x)
+    model.reshard()
+    assert y.shape == (3, 3)
+    np.testing.assert_allclose(y.detach().numpy(), np.ones((3, 5)) @ full_w.T + full(model.fc2.bias), rtol=1e-5)

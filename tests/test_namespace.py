@@ -39,9 +39,9 @@ def test_autocast_at_the_top_level_is_amps():
     assert hpcfsdp.autocast is hpcfsdp.amp.autocast
     with hpcfsdp.autocast("cpu", enabled=False):
         pass
-    with pytest.raises(NotImplementedError, match="MixedPrecision"):
-        with hpcfsdp.autocast("cpu", dtype=hpcfsdp.bfloat16):
-            pass
+    with hpcfsdp.autocast("cpu", dtype=hpcfsdp.bfloat16):
+        assert hpcfsdp.is_autocast_enabled("cpu") and not hpcfsdp.is_autocast_enabled()
+    assert not hpcfsdp.is_autocast_enabled("cpu")
 
 
 def test_import_under_an_mpi_launcher_exports_torchrun_variables_without_mpi():

@@ -203,6 +203,37 @@ class Function(metaclass=_FunctionMeta):
         return out
 
 
+# [Note: Mixed Tensor and DTensor]
+# A DTensor is a Tensor whose storage is this rank's shard, so a primitive given a DTensor and a plain
+# tensor would compute on the shard as if it were the whole tensor: a silently wrong result (e.g. a
+# submodule of a fully_shard root called outside the root's forward multiplies its input by a slice of its
+# weight). PyTorch's DTensor dispatch refuses such calls; so do the primitives here, with PyTorch's words.
+# As in PyTorch, a plain tensor of one element counts as a replicated scalar. The check covers the
+# parameters FSDP sharded (marked ``_hp_fsdp_shard`` by FSDP, which sets SHARDING[0] when it first shards
+# one, so a program without FSDP pays one list test per op): tensor parallelism computes on DTensors'
+# local shards beside plain activations by design (its styles place the inputs), so DTensors in general
+# are not refused.
+SHARDING = [False]
+
+
+def _refuse_mixed(cls, args) -> bool:
+    """Raise for a shard beside a plain tensor; return whether a shard is among ``args`` (its results are
+    marked too: the transpose of a shard is no more the whole tensor than the shard is)."""
+    shard = plain = False
+    for a in args:
+        if isinstance(a, TensorBase):
+            if getattr(a, "_hp_fsdp_shard", False):
+                shard = True
+            elif a._data.size > 1:
+                plain = True
+    if shard and plain:
+        raise RuntimeError(f"{cls.__name__}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor "
+                           f"to DTensor before calling distributed operators! (hpcfsdp: a parameter sharded by "
+                           f"fully_shard used outside its module's FSDP forward holds only this rank's shard; call "
+                           f"the FSDP root module, or unshard() it, or use .full_tensor())")
+    return shard
+
+
 class Op(Function):
     """Base of the built-in primitives: forward/backward work on raw arrays (NumPy or CuPy).
 
@@ -213,6 +244,7 @@ class Op(Function):
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        shard = SHARDING[0] and _refuse_mixed(cls, args)
         raw = [a._data if isinstance(a, TensorBase) else a for a in args]
         ctx = cls._node_cls()
         out = cls.forward(ctx, *raw, **kwargs)
@@ -231,6 +263,9 @@ class Op(Function):
                     if o._data.dtype.kind == "f" or o._data.dtype == _backend.bfloat16:
                         o._set_grad_fn(ctx, i)
                 _defer_swappable(ctx, args)
+            if shard:
+                for o in outs:
+                    o._hp_fsdp_shard = True
             return outs
         t = _tensor.Tensor._wrap(out)
         if record:
@@ -238,6 +273,8 @@ class Op(Function):
             ctx.next_functions = tuple(_edge(a) if n else None for a, n in zip(args, needs))
             t._set_grad_fn(ctx, 0)
             _defer_swappable(ctx, args)
+        if shard:
+            t._hp_fsdp_shard = True
         return t
 
     @classmethod

@@ -48,6 +48,7 @@ from ._functional.activation_extra import (  # noqa: E402
     celu, glu, hardsigmoid, hardswish, logsigmoid, prelu, selu, softmin, softsign, tanhshrink, threshold,
 )
 from ._functional.attention import multi_head_attention_forward  # noqa: E402
+from .._autocast import FP32, LOWER, autocast_op
 
 __all__ += [
     "prelu", "selu", "celu", "glu", "hardswish", "hardsigmoid", "softsign", "tanhshrink", "threshold", "logsigmoid",
@@ -68,6 +69,7 @@ def _float(x, name, argname="input"):
     return x
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def linear(input, weight, bias=None):  # noqa: A002
     """y = input @ weight.T + bias."""
     _check(input, "linear")
@@ -153,6 +155,7 @@ def _check_reduction(reduction, name):
         raise ValueError(f"{name}(): reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
                   reduction="mean", label_smoothing=0.0):
     """Cross entropy of logits (N, C) or (N, C, d1, ...) or (C,) against class indices or class probabilities."""
@@ -217,6 +220,7 @@ def _cross_entropy_probs(x, target, weight, reduction, label_smoothing):
     return loss.sum() / float(loss.numel())  # mean over samples (and spatial positions)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
     """Squared error (input - target)^2, reduced.
 
@@ -245,6 +249,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  
     return ops_nn.MseLoss.apply(input, target, reduction)
 
 
+@autocast_op(cuda=FP32)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
     """Normalize over the trailing ``normalized_shape`` dimensions to zero mean and unit variance.
 
@@ -330,6 +335,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     return ops_nn.Embedding.apply(idx, weight, padding_idx)
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """softmax(q @ k^T * scale + mask) @ v; bool masks mark allowed positions, float masks are added."""

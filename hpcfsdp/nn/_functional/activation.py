@@ -8,6 +8,7 @@ from ..._array import wrap_dim
 from ..._tensor import Tensor
 from ...autograd import ops_act, ops_nn
 from ._common import check_float, check_tensor
+from ..._autocast import FP32, autocast_op
 
 __all__ = ["leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_norm", "normalize", "one_hot"]
 
@@ -22,6 +23,7 @@ def elu(input, alpha=1.0, inplace=False):  # noqa: A002
     return ops_act.Elu.apply(check_float(input, "elu"), float(alpha))
 
 
+@autocast_op(cuda=FP32)
 def softplus(input, beta=1.0, threshold=20.0):  # noqa: A002
     """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (for numerical stability)."""
     return ops_act.Softplus.apply(check_float(input, "softplus"), float(beta), float(threshold))
@@ -49,6 +51,7 @@ def relu6(input, inplace=False):  # noqa: A002
     return hardtanh(input, 0.0, 6.0)
 
 
+@autocast_op(cuda=FP32)
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A002
     """Normalize (N, C, *) over each group of C / num_groups channels (and all positions), then scale and shift
     per channel by ``weight`` and ``bias`` (C,).

@@ -6,6 +6,7 @@ softmin.
 from ..._array import wrap_dim
 from ...autograd import ops_act2
 from ._common import check_float, check_tensor
+from ..._autocast import LOWER, autocast_op
 
 __all__ = ["prelu", "selu", "celu", "glu", "hardswish", "hardsigmoid", "softsign", "tanhshrink", "threshold",
            "logsigmoid", "softmin"]
@@ -14,6 +15,7 @@ SELU_ALPHA = 1.6732632423543772848170429916717  # the self-normalizing constants
 SELU_SCALE = 1.0507009873554804934193349852946
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def prelu(input, weight):  # noqa: A002
     """x where x > 0, else weight * x, with one weight per channel (dim 1) or a single shared weight.
 

@@ -3,6 +3,7 @@ import numpy as np
 
 from ...autograd import ops_conv, ops_pad
 from ._common import check_tensor, expand_param
+from ..._autocast import LOWER, autocast_op
 
 __all__ = ["conv1d", "conv2d", "conv3d", "pad", "same_padding"]
 
@@ -78,6 +79,7 @@ def _conv(nd, input, weight, bias, stride, padding, dilation, groups):  # noqa: 
     return out.squeeze(0) if unbatched else out
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
     """1-d convolution (cross-correlation) of (N, C_in, L) or (C_in, L) by weight (C_out, C_in / groups, k).
 
@@ -99,6 +101,7 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv(1, input, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
     """2-d convolution (cross-correlation) of (N, C_in, H, W) or (C_in, H, W) by weight (C_out, C_in / groups, kH, kW).
 
@@ -123,6 +126,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv(2, input, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
     """3-d convolution of (N, C_in, D, H, W) or (C_in, D, H, W) by weight (C_out, C_in / groups, kD, kH, kW).
 

@@ -3,6 +3,7 @@ import numpy as np
 
 from ...autograd import ops_convt
 from ._common import check_tensor, expand_param
+from ..._autocast import LOWER, autocast_op
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_transpose_output_size"]
 
@@ -74,6 +75,7 @@ def _conv_transpose(nd, input, weight, bias, stride, padding, output_padding, gr
     return y.squeeze(0) if unbatched else y
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,  # noqa: A002
                      dilation=1):
     """1-d transposed convolution of (N, C_in, L) or (C_in, L) by weight (C_in, C_out / groups, k).
@@ -83,6 +85,7 @@ def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_paddi
     return _conv_transpose(1, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,  # noqa: A002
                      dilation=1):
     """2-d transposed convolution ("deconvolution") of (N, C_in, H, W) or (C_in, H, W).
@@ -110,6 +113,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     return _conv_transpose(2, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
+@autocast_op(cpu=LOWER, cuda=LOWER)
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,  # noqa: A002
                      dilation=1):
     """3-d transposed convolution of (N, C_in, D, H, W) or (C_in, D, H, W); arguments as ``conv_transpose2d``."""

@@ -6,6 +6,7 @@ import numpy as np
 from ..._tensor import Tensor
 from ...autograd import ops_loss
 from ._common import check_float, check_reduction, check_tensor, legacy_reduction, reduce_loss
+from ..._autocast import FP32, autocast_op
 
 __all__ = ["nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss",
            "huber_loss", "kl_div"]
@@ -31,6 +32,7 @@ def _broadcast_pair(input, target, name, warn=True):  # noqa: A002
     return input.expand(*shape), target.expand(*shape)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
              reduction="mean"):
     """Negative log likelihood of log-probabilities (N, C), (C,) or (N, C, d1, ...) at integer class targets.
@@ -93,6 +95,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
         return loss.sum() / wt.sum()
 
 
+@autocast_op(cpu=FP32)
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
     """-w (t log x + (1 - t) log(1 - x)) of probabilities x in [0, 1]; the logs are clamped at -100.
 
@@ -126,6 +129,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return reduce_loss(loss, reduction)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,  # noqa: A002
                                      reduction="mean", pos_weight=None):
     """Binary cross entropy of sigmoid(input), computed stably from the logits.
@@ -168,6 +172,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return reduce_loss(loss, reduction)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):  # noqa: A002
     """|input - target|, reduced; ``weight`` (the input's shape) scales each term, and the weighted mean
     divides by the weights' sum, as PyTorch."""
@@ -183,6 +188,7 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     return loss.sum() / weight.sum() if reduction == "mean" else reduce_loss(loss, reduction)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):  # noqa: A002
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, of d = input - target (beta = 0: |d|).
 
@@ -197,6 +203,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return reduce_loss(ops_loss.SmoothL1.apply(x - t, float(beta), False), reduction)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):  # noqa: A002
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), of d = input - target.
 
@@ -217,6 +224,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):  # noqa
     return reduce_loss(loss, reduction)
 
 
+@autocast_op(cpu=FP32, cuda=FP32)
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):  # noqa: A002
     """Kullback-Leibler divergence of target from input, with ``input`` holding log-probabilities.
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from .... import _backend
 from ...._tensor import Tensor
+from ....autograd import function
 from ....nn import Parameter
 from ...tensor import DTensor, Replicate, Shard
 from ...tensor._dtensor import _chunk_bounds, _nested_chunk_bounds
@@ -188,6 +189,8 @@ class FSDPParam:
         if self.sharded_param is None:
             dt = DTensor.from_local(Tensor._wrap(local), self.mesh, self.placements, shape=self.global_shape)
             self.sharded_param = Parameter(dt, requires_grad=self.requires_grad)
+            self.sharded_param._hp_fsdp_shard = True  # see [Note: Mixed Tensor and DTensor] (autograd/function.py)
+            function.SHARDING[0] = True
         else:
             self.sharded_param._data = local
 
