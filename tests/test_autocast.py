@@ -288,3 +288,23 @@ def test_bfloat16_with_a_python_scalar_stays_bfloat16(name, op, ref):
     assert np.array_equal(out.detach().float().numpy(), want.float().numpy())
     out.float().sum().backward()
     assert a.grad.dtype == BF16
+
+
+@pytest.mark.gpu
+def test_cuda_autocast_on_the_device():
+    """On the device hpcfsdp uses (the simulated one in CI): CUDA's lists (float16 by default; softmax and
+    layer_norm in float32, unlike CPU's), CPU tensors untouched, gradients in the parameters' dtype."""
+    xc = x.to("cuda")
+    wc = w.clone().to("cuda").requires_grad_()
+    with autocast("cuda"):
+        y = F.linear(xc, wc)
+        s = F.softmax(y, -1)
+        ln = F.layer_norm(y, (6,))
+        cpu_out = F.linear(x, w)
+        assert hp.is_autocast_enabled() and not hp.is_autocast_enabled("cpu")
+    assert y.dtype == FP16 and s.dtype == FP32 and ln.dtype == FP32 and cpu_out.dtype == FP32
+    s.sum().backward()
+    assert wc.grad.dtype == FP32 and wc.grad.device.type == "cuda"
+    ref = (x.numpy().astype(np.float16).astype(np.float64) @ w.numpy().astype(np.float16).astype(np.float64).T)
+    np.testing.assert_allclose(y.detach().cpu().float().numpy(), ref.astype(np.float16).astype(np.float32), rtol=2e-3,
+                               atol=2e-3)
