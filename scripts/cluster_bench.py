@@ -11,9 +11,10 @@ PyTorch peer, benchmarks/peer/torch_fsdp2_bench.py, on the same model right afte
 the cluster bridge, gloo over the shaped links (FULL_SHARD -> FSDP2 on a 1-D mesh, HYBRID_SHARD -> HSDP with
 replicate = hosts). A second table then sets the two side by side.
 
-With `--compare NAME:VAR=VALUE[,VAR=VALUE...]` (repeatable) every configuration also runs with those
-environment variables, right after the plain run on the same cluster (e.g. `--compare
-unstaged:HPCFSDP_COMM_STAGED=0`): the rows of each variant are named in the strategy column, and the ratios
+With `--compare NAME:VAR=VALUE|--flag[,...]` (repeatable) every configuration also runs with those
+environment variables and `hpcfsdp bench train` flags, right after the plain run on the same cluster (e.g.
+`--compare staged:HPCFSDP_COMM_STAGED=1`, `--compare noprefetch:--no-prefetch`): the rows of each variant are
+named in the strategy column, and the ratios
 of one round are measured minutes apart at most, so that a loaded machine moves all of them alike.
 """
 import argparse
@@ -48,25 +49,28 @@ def main() -> int:
     ap.add_argument("--ppn", type=int, default=2, help="ranks per host")
     ap.add_argument("--peer", default=None, metavar="PYTHON",
                     help="also run the PyTorch FSDP2 peer with this Python (torch installed) on the same cluster")
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
-                    help="also run every configuration with these environment variables (repeatable)")
+    ap.add_argument("--compare", action="append", default=[], metavar="NAME:VAR=VALUE|--flag[,...]",
+                    help="also run every configuration with these environment variables and bench flags "
+                         "(repeatable)")
     a = ap.parse_args()
-    variants = [("", {})]
+    variants = [("", {}, [])]
     for spec in a.compare:
-        name, _, assigns = spec.partition(":")
-        pairs = [x.partition("=") for x in assigns.split(",") if x]
-        if not name or not pairs or any(not k or not eq for k, eq, _ in pairs):
-            ap.error(f"--compare {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE...]")
-        variants.append((name, {k: v for k, _, v in pairs}))
+        name, _, items = spec.partition(":")
+        items = [x for x in items.split(",") if x]
+        flags = [x for x in items if x.startswith("--")]
+        pairs = [x.partition("=") for x in items if not x.startswith("--")]
+        if not name or not items or any(not k or not eq for k, eq, _ in pairs):
+            ap.error(f"--compare {spec!r}: expected NAME:VAR=VALUE|--bench-flag[,...]")
+        variants.append((name, {k: v for k, _, v in pairs}, flags))
     runs, peer_runs = {}, {}
     for rep in range(a.repeats):
         for rate in a.rates.split(","):
             with Cluster(a.hosts, rate=rate) as c:
-                for strategy, (vname, venv) in [(s_, v) for s_ in a.strategies.split(",") for v in variants]:
+                for strategy, (vname, venv, vflags) in [(s_, v) for s_ in a.strategies.split(",") for v in variants]:
                     mesh = ["--mesh", f"{a.hosts}x{a.ppn}"] if strategy == "HYBRID_SHARD" else []
                     cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "bench", "train", *MODEL, "--strategy", strategy,
                            *mesh, "--warmup", str(a.warmup), "--steps", str(a.steps), "--link", "eth0",
-                           "--link-rate", rate, "--compute-only", "--json", "-"]
+                           "--link-rate", rate, "--compute-only", "--json", "-", *vflags]
                     out, _ = c.launch(a.hosts, a.ppn, cmd, timeout=900,
                                       env=dict(os.environ, HPCFSDP_NO_PROGRESS="1", **venv))
                     if out.returncode != 0:
@@ -75,7 +79,7 @@ def main() -> int:
                     res = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
                     res["rate"], res["hosts"], res["ppn"] = rate, a.hosts, a.ppn
                     if vname:
-                        res["variant"], res["variant_env"] = vname, venv
+                        res["variant"], res["variant_env"], res["variant_flags"] = vname, venv, vflags
                     label = f"{strategy} {vname}" if vname else strategy
                     runs.setdefault((rate, label), []).append(res)
                     print(f"# {rate} {label} round {rep}: step {res['step_time_s']:.3f} s, compute-only "

@@ -72,3 +72,13 @@ def test_compare_uses_the_peer_script_in_the_repository(tmp_path):
     out = subprocess.run(HP + ["bench", "compare", "--torch-python", sys.executable, "--peer-script",
                                str(tmp_path / "none.py")], capture_output=True, text=True, timeout=60, env=ENV)
     assert out.returncode != 0 and "no PyTorch peer script at" in out.stderr
+
+
+def test_no_prefetch_turns_prefetch_off_with_and_without_meta_init(tmp_path):
+    """--no-prefetch once acted only together with --meta-init (the JSON still said prefetch off); the result
+    now reads prefetching back from the FSDP units."""
+    js = tmp_path / "p.jsonl"
+    for extra in ([], ["--no-prefetch"], ["--no-prefetch", "--meta-init"]):
+        _run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "train", *TINY, *extra, "--json", str(js)])
+    default, off, off_meta = [json.loads(line) for line in js.read_text().splitlines()]
+    assert default["prefetch"] is True and off["prefetch"] is False and off_meta["prefetch"] is False

@@ -223,6 +223,19 @@ def local_collectives():
                            f"{sorted(fakes)}; the compute-only time would include communication")
 
 
+def _fsdp_states(model):
+    from hpcfsdp.distributed.fsdp import FSDPModule
+
+    return [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _prefetches(model) -> bool:
+    """Whether any FSDP unit of ``model`` prefetches: read back from the units (None = the default next-unit
+    prefetch, [] = none), so the result reports what ran, not what was asked."""
+    return any(st._states_to_forward_prefetch != [] or st._states_to_backward_prefetch != []
+               for st in _fsdp_states(model))
+
+
 def _timed_steps(n, step, comm, device):
     """Per-step seconds (max over ranks) of ``n`` calls of ``step``, each between a barrier and a reduction."""
     import hpcfsdp as hp
@@ -287,13 +300,10 @@ def bench_train(args) -> dict:
         model.to_empty(device=device)
         hp.manual_seed(cfg.seed)
         model.init_weights()
-        if args.no_prefetch:
-            from hpcfsdp.distributed.fsdp import FSDPModule
-
-            for m in model.modules():
-                if isinstance(m, FSDPModule):
-                    m.set_modules_to_forward_prefetch([])
-                    m.set_modules_to_backward_prefetch([])
+    if args.no_prefetch and not unsharded:
+        for st in _fsdp_states(model):
+            st._states_to_forward_prefetch = []
+            st._states_to_backward_prefetch = []
     optim = make_optimizer(cfg, model.parameters())
     rng = np.random.default_rng(args.seed + rank)
     times, exposed, cpu = [], [], []
@@ -340,7 +350,7 @@ def bench_train(args) -> dict:
     flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     res = {
         "strategy": args.strategy, "world_size": world, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
-        "device": cfg.device, "prefetch": not args.no_prefetch,
+        "device": cfg.device, "prefetch": _prefetches(model),
         "activation_checkpointing": args.activation_checkpointing, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
             "n_head": cfg.n_head, "n_embd": cfg.n_embd, "batch_size": cfg.batch_size, "params": n_params},
