@@ -111,6 +111,23 @@ def test_hsdp_2x2_on_simulated_nodes_matches_full_shard(runs):
     assert [r["loss"] for r in hsdp] == pytest.approx([r["loss"] for r in zero2], rel=1e-4)
 
 
+def test_sublayer_units_train_like_block_units(runs):
+    """--fsdp-units sublayer (each block's MLP a unit of its own) regroups the collectives, not the math."""
+    d, _ = runs("sublayer", 2, ["--fsdp-units", "sublayer"])
+    sub = check_run(d, world=2)
+    d2, _ = runs("fsdp2", 2, [])
+    block = [r for r in records(d2 / "metrics.jsonl") if "loss" in r]
+    assert [r["loss"] for r in sub] == pytest.approx([r["loss"] for r in block], rel=1e-5)
+    assert [r["grad_norm"] for r in sub] == pytest.approx([r["grad_norm"] for r in block], rel=1e-5)
+
+
+def test_sublayer_units_with_activation_checkpointing(tmp_path):
+    d = tmp_path / "ac"
+    ok(job(tmp_path, 2, TINY + ["--out-dir", str(d), "--fsdp-units", "sublayer", "--activation-checkpointing"]))
+    recs = [r for r in records(d / "metrics.jsonl") if "loss" in r]
+    assert len(recs) == 12 and np.mean([r["loss"] for r in recs[-3:]]) < recs[0]["loss"] - 0.3
+
+
 def test_evaluation_does_not_change_training(runs, tmp_path):
     d, _ = runs("zero2x4", 4, ["--strategy", "SHARD_GRAD_OP", "--eval-interval", "6", "--eval-iters", "2"])
     args = TINY + ["--strategy", "SHARD_GRAD_OP", "--out-dir", str(tmp_path / "r")]
@@ -213,6 +230,7 @@ def test_soak_comparison_names_the_first_differing_step():
     (["--n-head", "3", "--n-embd", "32"], "n_embd=32: expected a multiple of n_head=3"),
     (["--mesh", "3x3"], "mesh='3x3': its size 9 must equal the world size 4"),
     (["--data", "/nonexistent/tokens.bin"], "data='/nonexistent/tokens.bin': no such file"),
+    (["--fsdp-units", "layer"], "argument --fsdp-units: invalid choice: 'layer'"),
 ])
 def test_bad_flag_fails_on_every_rank_with_exit_2(tmp_path, flags, message):
     res = job(tmp_path, 4, ["--steps", "2", "--out-dir", str(tmp_path / "o"), *flags], timeout=60)

@@ -268,3 +268,17 @@ def test_default_comm_implementations_of_the_fsdp_interfaces():
         ag(out, T(np.zeros(3, np.float32)), "world")
     with pytest.raises(ValueError, match="device meta cannot hold"):
         ag.allocate((2,), dtype=np.float32, device="meta")
+
+
+def test_cli_fsdp_units_sublayer_makes_each_mlp_a_unit_inside_its_block():
+    from hpcfsdp.cli._common import build_gpt, shard_gpt
+    from hpcfsdp.cli.config import TrainConfig
+    from hpcfsdp.distributed.fsdp import FSDPModule
+
+    for units, mlp_is_unit in (("block", False), ("sublayer", True)):
+        cfg = TrainConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, fsdp_units=units)
+        model = build_gpt(cfg, "cpu")
+        shard_gpt(model, cfg, "cpu")
+        assert all(isinstance(b, FSDPModule) for b in model.blocks)
+        assert [isinstance(b.mlp, FSDPModule) for b in model.blocks] == [mlp_is_unit] * 2
+        assert not any(isinstance(b.attn, FSDPModule) for b in model.blocks)

@@ -68,6 +68,8 @@ def _fully_shard_units(model: GPT, cfg, mesh, dims):
     kw = dict(mesh=mesh, dp_mesh_dims=dims, mp_policy=mp_policy_for(cfg.mixed_precision),
               offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else None)
     for block in model.blocks:
+        if cfg.fsdp_units == "sublayer":  # the MLP's gradients reduce while the block's attention runs backward
+            fully_shard(block.mlp, reshard_after_forward=reshard, **kw)
         fully_shard(block, reshard_after_forward=reshard, **kw)
     if not model.config.tie_weights:
         # An untied head is a unit of its own: its input requires grad, so its gradient is reduce-scattered

@@ -73,6 +73,8 @@ def add_parser(subparsers):
     p.add_argument("--meta-init", action="store_true",
                    help="build the model on the meta device and materialise only each rank's shards (no rank ever "
                    "holds the full model: what peak-memory measurements need)")
+    p.add_argument("--fsdp-units", choices=["block", "sublayer"], default="block",
+                   help="one FSDP unit per block, or also one per block's MLP (see `hpcfsdp train --fsdp-units`)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's forward in backward instead of keeping its activations")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs)")
@@ -109,7 +111,8 @@ def _config(args):
                        strategy=args.strategy if args.strategy != "none" else "FULL_SHARD",
                        mesh=parse_mesh(args.mesh) if args.mesh else None, mixed_precision=args.mixed_precision,
                        device=args.device, tie_weights=args.tie_weights, dropout=0.0, weight_decay=0.1,
-                       reshard_after_forward={"auto": None, "true": True, "false": False}[args.reshard_after_forward])
+                       reshard_after_forward={"auto": None, "true": True, "false": False}[args.reshard_after_forward],
+                       fsdp_units=args.fsdp_units)
 
 
 def _state_bytes(model, optim) -> int:
@@ -351,7 +354,7 @@ def bench_train(args) -> dict:
     res = {
         "strategy": args.strategy, "world_size": world, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
         "device": cfg.device, "prefetch": _prefetches(model),
-        "activation_checkpointing": args.activation_checkpointing, "model": {
+        "activation_checkpointing": args.activation_checkpointing, "fsdp_units": args.fsdp_units, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
             "n_head": cfg.n_head, "n_embd": cfg.n_embd, "batch_size": cfg.batch_size, "params": n_params},
         "step_time_s": med, "step_times_s": times, "step_cpu_s": statistics.median(cpu), "tokens_per_s": tokens / med,

@@ -40,6 +40,7 @@ __all__ = [
     "node_local_rank",
     "STRATEGIES",
     "MIXED_PRECISIONS",
+    "FSDP_UNITS",
     "DEVICES",
     "SCHEDULES",
     "OPTIMIZERS",
@@ -49,6 +50,7 @@ __all__ = [
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 MIXED_PRECISIONS = ("bf16", "fp16", "none")
+FSDP_UNITS = ("block", "sublayer")
 DEVICES = ("cpu", "cuda")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -105,6 +107,7 @@ class TrainConfig:
     device: str = "cpu"  # cpu | cuda (each rank uses the GPU numbered by its node-local rank)
     reshard_after_forward: Optional[bool] = None  # None = by strategy (FULL_SHARD/HYBRID yes, SHARD_GRAD_OP no)
     activation_checkpointing: bool = False  # recompute each block's forward in backward instead of keeping it
+    fsdp_units: str = "block"  # block: one FSDP unit per block; sublayer: each block's MLP also a unit (earlier first reduction)
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
@@ -201,6 +204,7 @@ class TrainConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        _choice("fsdp_units", self.fsdp_units, FSDP_UNITS)
         _choice("device", self.device, DEVICES)
         self._validate_tp(world_size)
         self._validate_mesh(world_size // self.tp if self.tp >= 1 and world_size % self.tp == 0 else world_size)
@@ -522,6 +526,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help=_help("reshard_after_forward", "free gathered parameters after forward; unset = by strategy"))
     g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("activation_checkpointing", "recompute each block's forward in backward (less memory, more time)"))
+    g.add_argument("--fsdp-units", choices=FSDP_UNITS, default=S,
+                   help=_help("fsdp_units", "FSDP unit per block, or also per block's MLP (sublayer: gradients start "
+                              "reducing after half a block's backward; more, smaller collectives)"))
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
