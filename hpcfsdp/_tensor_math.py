@@ -67,22 +67,26 @@ def _promote_operands(a, b, op_name):
 
 def _binary(op, a, b, name):
     a, b = _promote_operands(a, b, name)
+    low = None
+    if not (isinstance(a, TensorBase) and isinstance(b, TensorBase)):
+        a, b, low = _opmath(a, b)
     try:
         out = op.apply(a, b)
     except ValueError as e:
         sa, sb = (tuple(getattr(x, "shape", ())) for x in (a, b))
         raise RuntimeError(f"{name}: the shapes of the operands {sa} and {sb} do not broadcast ({e})") from None
-    if isinstance(a, TensorBase) and isinstance(b, TensorBase):
-        return out
-    return _scalar_result(out, a if isinstance(a, TensorBase) else b)
+    return out if low is None else out.to(low)
 
 
-def _scalar_result(out, t):
-    """A tensor-scalar op's result in the tensor's (promoted) dtype: NumPy computes bfloat16 (ml_dtypes) with
-    a Python float in float32, where PyTorch rounds the result back to bfloat16."""
-    if out._data.dtype != t._data.dtype and t._data.dtype == _backend.bfloat16:
-        return out.to(t._data.dtype)
-    return out
+def _opmath(a, b):
+    """A bfloat16 tensor and a scalar compute in float32, rounded back afterwards (the dtype to round to is
+    returned, None when there is nothing to do), as PyTorch's opmath: NumPy's promotion of ml_dtypes' bfloat16
+    with a Python float differs between ml_dtypes versions (float32 in 0.6, bfloat16 with the scalar rounded
+    first in 0.7)."""
+    t = a if isinstance(a, TensorBase) else b
+    if t._data.dtype != _backend.bfloat16:
+        return a, b, None
+    return (t.float(), b, t._data.dtype) if t is a else (a, t.float(), t._data.dtype)
 
 
 def _to_float(t):
@@ -180,13 +184,17 @@ class TensorMathMixin:
         if isinstance(exponent, (float, np.floating)) and dtype_category(a._data.dtype) != 2:
             a = a.to(_backend.float32)
         e = exponent.item() if isinstance(exponent, np.generic) else exponent
-        return _scalar_result(ops.PowScalar.apply(a, e), a)
+        a, e, low = _opmath(a, e)
+        out = ops.PowScalar.apply(a, e)
+        return out if low is None else out.to(low)
 
     def __rpow__(self, base):
         if isinstance(base, TensorBase):
             return base.__pow__(self)
         a = _to_float(self) if isinstance(base, float) else self
-        return _scalar_result(ops.RPowScalar.apply(float(base) if dtype_category(a._data.dtype) == 2 else base, a), a)
+        base, a, low = _opmath(float(base) if dtype_category(a._data.dtype) == 2 else base, a)
+        out = ops.RPowScalar.apply(base, a)
+        return out if low is None else out.to(low)
 
     def __neg__(self):
         return ops.Neg.apply(self)

@@ -9,7 +9,7 @@ from . import _backend
 from ._array import SCALAR_TYPES, dtype_category, random_array, wrap_dim
 from ._tensor_base import TensorBase
 from ._tensor_extra import _argsort, _axes, _dim_slice, _integral_to_int64, _tensor_arg
-from ._tensor_math import _as_operand, _promote_operands, _scalar_result, _to_float
+from ._tensor_math import _as_operand, _opmath, _promote_operands, _to_float
 from .autograd import ops, ops_extra, ops_more
 from ._autocast import LOWER, autocast_op
 
@@ -305,11 +305,14 @@ class TensorMoreMixin:
     def _remainder(self, other, kind):
         a, b = _promote_operands(self, _as_operand(other, self), kind)
         _zero_div_check(a, b)
+        low = None
+        if not isinstance(b, TensorBase):
+            a, b, low = _opmath(a, b)
         try:
             out = ops_more.Remainder.apply(a, b, kind)
         except ValueError as e:
             raise RuntimeError(f"{kind}: the operands do not broadcast ({e})") from None
-        return out if isinstance(b, TensorBase) else _scalar_result(out, a)
+        return out if low is None else out.to(low)
 
     def remainder(self, other):
         return self._remainder(other, "remainder")

@@ -359,8 +359,10 @@ def test_a_sharded_parameter_beside_a_plain_tensor_is_refused_not_computed_on_th
     x = hp.ones(3, 5)
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
         model.fc2(x)  # a submodule of the root, called outside the root's forward
-    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
-        x @ model.fc2.weight.t()  # a view of the shard
+    for held in (model.fc2.weight, model.fc2.weight.data, model.fc2.weight.detach(), model.state_dict()["fc2.weight"]):
+        assert isinstance(held, DTensor)  # .data of a DTensor is a DTensor, as PyTorch's
+        with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+            x @ held.t()  # a view of the shard
     assert (model.fc2.weight * 2).shape == model.fc2.weight.to_local().shape  # the shard alone: still allowed
     out = model(hp.ones(4, 6))  # through the root: gathered, no error
     assert out.shape == () and np.isfinite(out.item())

@@ -325,8 +325,21 @@ class DTensor(Tensor):
 
     # -- tensor methods that must keep the layout -----------------------------------------------------
     def detach(self) -> "DTensor":
-        """A DTensor sharing this one's local storage and layout, outside autograd (state dicts use it)."""
-        return DTensor._from_array(self._data, self._spec)
+        """A DTensor sharing this one's local storage and layout, outside autograd (state dicts use it). A
+        parameter sharded by FSDP passes on its mark (see [Note: Mixed Tensor and DTensor], autograd/function.py)."""
+        out = DTensor._from_array(self._data, self._spec)
+        if getattr(self, "_hp_fsdp_shard", False):
+            out._hp_fsdp_shard = True
+        return out
+
+    @property
+    def data(self) -> "DTensor":
+        """As PyTorch: ``dtensor.data`` is a DTensor (the layout kept), not a plain tensor of the local shard."""
+        return self.detach()
+
+    @data.setter
+    def data(self, other) -> None:
+        self._data = other._data if isinstance(other, Tensor) else other
 
     def __hp_wrap_like__(self, array) -> "DTensor":
         """Optimizer state of a DTensor parameter is a DTensor laid out like it (PyTorch's behaviour)."""
