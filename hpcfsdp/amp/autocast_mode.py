@@ -6,6 +6,7 @@ import functools
 import warnings
 
 from hpcfsdp import _autocast, _backend
+from hpcfsdp._tensor_base import TensorBase
 
 __all__ = ["autocast", "is_autocast_available", "custom_fwd", "custom_bwd"]
 
@@ -71,8 +72,6 @@ def is_autocast_available(device_type: str) -> bool:
 
 
 def _floating_args_to(dtype, device_type, args, kwargs):
-    from hpcfsdp._tensor_base import TensorBase
-
     def cast(a):
         if isinstance(a, TensorBase) and a.is_floating_point() and a.device.type == device_type:
             return a.to(dtype)
