@@ -308,3 +308,26 @@ def test_cuda_autocast_on_the_device():
     ref = (x.numpy().astype(np.float16).astype(np.float64) @ w.numpy().astype(np.float16).astype(np.float64).T)
     np.testing.assert_allclose(y.detach().cpu().float().numpy(), ref.astype(np.float16).astype(np.float32), rtol=2e-3,
                                atol=2e-3)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpoint_recomputes_in_the_forwards_autocast_state(use_reentrant):
+    """Backward runs outside the region: the recompute must run in the state the forward had (PyTorch saves it);
+    gradients equal those of the same region without checkpointing."""
+    from hpcfsdp.utils.checkpoint import checkpoint
+
+    hp.manual_seed(0)
+    m = hp.nn.Sequential(hp.nn.Linear(8, 16), hp.nn.GELU(), hp.nn.Linear(16, 4))
+
+    def grads(ckpt):
+        for p in m.parameters():
+            p.grad = None
+        xi = x.clone().requires_grad_()  # the reentrant variant differentiates through its inputs only
+        with autocast("cpu"):
+            y = checkpoint(m, xi, use_reentrant=use_reentrant) if ckpt else m(xi)
+        assert y.dtype == BF16
+        y.float().sum().backward()
+        return [p.grad.numpy().copy() for p in m.parameters()] + [xi.grad.numpy().copy()]
+
+    assert all(np.array_equal(a, b) for a, b in zip(grads(False), grads(True)))
+    assert not hp.is_autocast_enabled("cpu")

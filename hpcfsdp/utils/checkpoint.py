@@ -1,7 +1,7 @@
 """Activation checkpointing (PyTorch's torch.utils.checkpoint): recompute a forward in backward instead of storing it."""
 import warnings
 
-from .. import _backend
+from .. import _autocast, _backend
 from .._tensor import Tensor
 from ..autograd import engine
 from ..autograd.function import Function
@@ -109,6 +109,8 @@ class _CheckpointFunction(Function):
         ctx.save_for_backward(*[a for a in args if isinstance(a, Tensor)])
         ctx.non_tensors = [None if isinstance(a, Tensor) else a for a in args]
         ctx.rng = _RngState([a for a in args if isinstance(a, Tensor)]) if preserve_rng_state else None
+        # the recompute runs in the autocast state of this forward, as PyTorch's (backward runs outside it)
+        ctx.autocast = {dev: (_autocast.is_enabled(dev), _autocast.get_dtype(dev)) for dev in _autocast.DEFAULT_DTYPES}
         if ctx.rng is not None:
             out = ctx.rng.run(lambda: run(*args), recompute=False)
         else:
@@ -130,11 +132,16 @@ class _CheckpointFunction(Function):
                 args.append(d)
             else:
                 args.append(nt)
-        with enable_grad():
-            if ctx.rng is not None:
-                out = ctx.rng.run(lambda: ctx.run(*args), recompute=True)
-            else:
-                out = ctx.run(*args)
+        prev = {dev: _autocast.set_state(dev, *state) for dev, state in ctx.autocast.items()}
+        try:
+            with enable_grad():
+                if ctx.rng is not None:
+                    out = ctx.rng.run(lambda: ctx.run(*args), recompute=True)
+                else:
+                    out = ctx.run(*args)
+        finally:
+            for dev, state in prev.items():
+                _autocast.set_state(dev, *state)
         flat = []
         _flatten(out, flat)
         if ctx.determinism_check == "default":
