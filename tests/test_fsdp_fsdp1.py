@@ -390,3 +390,100 @@ def test_enable_wrap_and_wrap_nest_units_by_hand_and_train_like_the_reference():
     other.load_state_dict(sd)
     for k, v in other.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), sd[k].numpy(), err_msg=k)
+
+
+def _trained(steps=3, seed=0):
+    """An auto-wrapped FSDP model and an unsharded reference, both trained ``steps`` steps with Adam."""
+    fsdp, ref = FSDP(_blocks(seed), auto_wrap_policy=_wrap_policy()), _blocks(seed)
+    opt, ropt = hp.optim.Adam(fsdp.parameters(), lr=1e-2), hp.optim.Adam(ref.parameters(), lr=1e-2)
+    for x in _batches(steps):
+        fsdp(hp.tensor(local(x))).backward()
+        opt.step()
+        opt.zero_grad()
+        ref(hp.tensor(x)).backward()
+        ropt.step()
+        ropt.zero_grad()
+    return fsdp, opt, ref, ropt
+
+
+def _assert_same_optim_state(osd, rosd):
+    assert set(osd["state"]) == set(rosd["state"]) and [g["params"] for g in osd["param_groups"]] == \
+        [g["params"] for g in rosd["param_groups"]]
+    for k, entry in rosd["state"].items():
+        for name, v in entry.items():
+            np.testing.assert_allclose(np.asarray(hp._backend.to_numpy(osd["state"][k][name]._data)),
+                                       v.numpy(), atol=2e-5, rtol=2e-4, err_msg=f"{k} {name}")
+
+
+def test_full_optim_state_dict_is_the_unsharded_optimizers_and_scatters_back():
+    """FSDP1's older optimizer-state API (PyTorch's FSDP tutorials save with it): the full state keyed by index
+    equals the unsharded optimizer's state dict; scattered into a fresh model, training continues as the
+    reference does."""
+    rank = dist.get_rank()
+    fsdp, opt, ref, ropt = _trained()
+    with pytest.warns(FutureWarning, match="full_optim_state_dict"):
+        full_osd = FSDP.full_optim_state_dict(fsdp, opt)
+    if rank == 0:
+        _assert_same_optim_state(full_osd, ropt.state_dict())
+    else:
+        assert full_osd == {}
+    with pytest.warns(FutureWarning):
+        everyone = FSDP.full_optim_state_dict(fsdp, opt, rank0_only=False)
+    _assert_same_optim_state(everyone, ropt.state_dict())
+    # into a fresh model with the trained parameters: by scatter (rank 0's) and by shard (every rank's)
+    for how in ("scatter", "shard"):
+        fresh = FSDP(_blocks(3), auto_wrap_policy=_wrap_policy())
+        fresh.load_state_dict(_full_state(fsdp))
+        fopt = hp.optim.Adam(fresh.parameters(), lr=1e-2)
+        with pytest.warns(FutureWarning):
+            if how == "scatter":
+                sharded = FSDP.scatter_full_optim_state_dict(full_osd if rank == 0 else None, fresh)
+            else:
+                sharded = FSDP.shard_full_optim_state_dict(everyone, fresh)
+        fopt.load_state_dict(sharded)
+        rcopy = _blocks(3)
+        rcopy.load_state_dict(ref.state_dict())
+        rcopt = hp.optim.Adam(rcopy.parameters(), lr=1e-2)
+        rcopt.load_state_dict(ropt.state_dict())
+        for x in _batches(2, seed=11):
+            loss = fresh(hp.tensor(local(x)))
+            loss.backward()
+            fopt.step()
+            fopt.zero_grad()
+            rl = rcopy(hp.tensor(x))
+            rl.backward()
+            rcopt.step()
+            rcopt.zero_grad()
+            np.testing.assert_allclose(global_mean(loss.item()), rl.item(), rtol=1e-4, err_msg=how)
+
+
+def _full_state(fsdp):
+    return {k: v for k, v in fsdp.state_dict().items()}
+
+
+def test_rekey_sharded_optim_state_dict_fsdp_modules_and_check_is_root():
+    from hpcfsdp.distributed.fsdp import OptimStateKeyType
+    fsdp, opt, ref, ropt = _trained(steps=2)
+    with pytest.warns(FutureWarning):
+        full_osd = FSDP.full_optim_state_dict(fsdp, opt, rank0_only=False)
+    by_name = FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_NAME, fsdp)
+    names = [n for n, _ in ref.named_parameters()]
+    assert set(by_name["state"]) == set(names) and by_name["param_groups"][0]["params"] == names
+    back = FSDP.rekey_optim_state_dict(by_name, OptimStateKeyType.PARAM_ID, fsdp)
+    assert back["param_groups"][0]["params"] == full_osd["param_groups"][0]["params"]
+    assert FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_ID, fsdp) is full_osd
+    with pytest.raises(TypeError, match="OptimStateKeyType"):
+        FSDP.rekey_optim_state_dict(full_osd, "names", fsdp)
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="optim_input"):
+        FSDP.full_optim_state_dict(fsdp, opt, optim_input=list(fsdp.parameters()))
+    with pytest.warns(FutureWarning):
+        sharded = FSDP.sharded_optim_state_dict(fsdp, opt)
+    assert all(isinstance(v, DTensor) for e in sharded["state"].values() for k, v in e.items() if k != "step")
+    with pytest.warns(FutureWarning):
+        opt.load_state_dict(FSDP.flatten_sharded_optim_state_dict(sharded, fsdp, opt))
+    # hand-nested instances: the outer one is the root
+    outer = _wrapped_by_hand()
+    inner = [m for m in outer.module.blocks]
+    assert FSDP.fsdp_modules(outer) == [outer, *inner] and FSDP.fsdp_modules(outer, root_only=True) == [outer]
+    assert outer.check_is_root() and not any(m.check_is_root() for m in inner)
+    assert fsdp.check_is_root() and FSDP.fsdp_modules(nn.Linear(2, 2)) == []

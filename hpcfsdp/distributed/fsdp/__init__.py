@@ -27,6 +27,7 @@ from .api import (
     LocalStateDictConfig,
     MixedPrecision,
     OptimStateDictConfig,
+    OptimStateKeyType,
     ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
     ShardingStrategy,
@@ -42,6 +43,7 @@ __all__ = [
     "get_cls_to_fsdp_cls", "register_fsdp_forward_method", "share_comm_ctx",
     "BackwardPrefetch", "CPUOffload", "FullOptimStateDictConfig", "FullStateDictConfig",
     "LocalOptimStateDictConfig", "LocalStateDictConfig", "MixedPrecision", "OptimStateDictConfig",
+    "OptimStateKeyType",
     "ShardedOptimStateDictConfig", "ShardedStateDictConfig", "ShardingStrategy", "StateDictConfig",
     "StateDictSettings", "StateDictType",
     "exposed_comm_seconds",  # not PyTorch's: seconds the main thread waited on FSDP communication

@@ -262,9 +262,7 @@ def _optim_params(optim):
 def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     reshard_all(root)
     osd = osd if osd is not None else optim.state_dict()
-    names = {}
-    for n, p in root.named_parameters():
-        names.setdefault(id(p), clean_fqn(n))
+    names = _names_of(root)
     params = _optim_params(optim)
     full = sd_type == StateDictType.FULL_STATE_DICT
     cfg = osd_config or FullOptimStateDictConfig()
@@ -292,6 +290,33 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
         groups.append({**{k: v for k, v in g.items() if k != "params"},
                        "params": [names[id(params[i])] for i in g["params"]]})
     return {"state": state, "param_groups": groups} if keep else {}
+
+
+def _names_of(root) -> dict:
+    names = {}
+    for n, p in root.named_parameters():
+        names.setdefault(id(p), clean_fqn(n))
+    return names
+
+
+def rekey(osd, root, params, to_names: bool) -> dict:
+    """An optimizer state dict keyed by index into ``params`` (``optim.state_dict()``'s keys) rekeyed by
+    parameter name (``to_names``), or the other way round."""
+    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
+        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups'")
+    names = _names_of(root)
+    fqns = [names[id(p)] for p in params]
+    pos = {n: i for i, n in enumerate(fqns)}
+
+    def key(k):
+        try:
+            return fqns[k] if to_names else pos[k]
+        except (IndexError, KeyError, TypeError):
+            raise KeyError(f"optimizer state key {k!r} is not a parameter {'index' if to_names else 'name'} of "
+                           f"{type(root).__name__}") from None
+
+    return {"state": {key(k): v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [key(k) for k in g["params"]]} for g in osd["param_groups"]]}
 
 
 def optim_state_dict_to_load(root, optim, osd, osd_config=None) -> dict:

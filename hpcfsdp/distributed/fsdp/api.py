@@ -10,6 +10,7 @@ from ...nn.modules.batchnorm import _BatchNorm
 __all__ = [
     "ShardingStrategy",
     "BackwardPrefetch",
+    "OptimStateKeyType",
     "MixedPrecision",
     "CPUOffload",
     "StateDictType",
@@ -39,6 +40,12 @@ class ShardingStrategy(Enum):
     NO_SHARD = auto()  # replicate everything, all-reduce gradients (DDP)
     HYBRID_SHARD = auto()  # FULL_SHARD inside a node, replicate across nodes
     _HYBRID_SHARD_ZERO2 = auto()  # SHARD_GRAD_OP inside a node, replicate across nodes
+
+
+class OptimStateKeyType(Enum):
+    """How FSDP1's rekey_optim_state_dict keys an optimizer state dict: by parameter name or by index."""
+    PARAM_NAME = auto()
+    PARAM_ID = auto()
 
 
 class BackwardPrefetch(Enum):

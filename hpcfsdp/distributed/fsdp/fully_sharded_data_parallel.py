@@ -29,6 +29,7 @@ from .api import (
     LocalStateDictConfig,
     MixedPrecision,
     OptimStateDictConfig,
+    OptimStateKeyType,
     ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
     ShardingStrategy,
@@ -137,6 +138,8 @@ class FullyShardedDataParallel(Module):
         _shard(module, units, mixed_precision, common)
         self._buffer_dtypes = _cast_buffers(module, mixed_precision)
         self._fsdp_wrapped_module = module
+        for inner in _wrappers(module, required=False):  # hand-nested instances: not roots (check_is_root)
+            inner.__dict__["_hp_wrapped_by_fsdp"] = True
         self._register_state_dict_hook(_drop_wrapper_prefix)
         self._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
         self.sharding_strategy = sharding_strategy
@@ -331,7 +334,117 @@ class FullyShardedDataParallel(Module):
         return result
 
 
+    # -- FSDP1's older optimizer-state API (deprecated in PyTorch, still in its tutorials) -----------------------
+    @staticmethod
+    def full_optim_state_dict(model, optim, optim_input=None, rank0_only: bool = True, group=None) -> dict:
+        """The whole optimizer state, gathered, keyed by parameter index as ``optim.state_dict()`` (every rank
+        takes part; with ``rank0_only`` the others get ``{}``). Deprecated in PyTorch for ``optim_state_dict``."""
+        _deprecated("full_optim_state_dict", "optim_state_dict")
+        _no_optim_input(optim_input)
+        root = _root(model)
+        named = sdu.optim_state_dict(root, optim, StateDictType.FULL_STATE_DICT,
+                                     FullOptimStateDictConfig(rank0_only=rank0_only))
+        return sdu.rekey(named, root, sdu._optim_params(optim), to_names=False) if named else {}
+
+    @staticmethod
+    def sharded_optim_state_dict(model, optim, group=None) -> dict:
+        """This rank's optimizer state as DTensors, keyed by parameter name (``optim_state_dict`` under
+        SHARDED_STATE_DICT). Deprecated in PyTorch."""
+        _deprecated("sharded_optim_state_dict", "optim_state_dict")
+        return sdu.optim_state_dict(_root(model), optim, StateDictType.SHARDED_STATE_DICT)
+
+    @staticmethod
+    def shard_full_optim_state_dict(full_optim_state_dict: dict, model, optim_input=None, optim=None) -> dict:
+        """``optim.load_state_dict`` input from a ``full_optim_state_dict`` result held by every rank. Without
+        ``optim`` the indices are those of ``model.parameters()`` (an optimizer built from them), as PyTorch."""
+        _deprecated("shard_full_optim_state_dict", "optim_state_dict_to_load")
+        _no_optim_input(optim_input)
+        return _load_full_by_index(full_optim_state_dict, model, optim, broadcast=False)
+
+    @staticmethod
+    def scatter_full_optim_state_dict(full_optim_state_dict: dict | None, model, optim_input=None, optim=None,
+                                      group=None) -> dict:
+        """As ``shard_full_optim_state_dict``, with the full state dict on rank 0 only (others pass None): rank 0
+        broadcasts it (collective)."""
+        _deprecated("scatter_full_optim_state_dict", "optim_state_dict_to_load")
+        _no_optim_input(optim_input)
+        return _load_full_by_index(full_optim_state_dict, model, optim, broadcast=True)
+
+    @staticmethod
+    def flatten_sharded_optim_state_dict(sharded_optim_state_dict: dict, model, optim) -> dict:
+        """``optim.load_state_dict`` input from a ``sharded_optim_state_dict`` result. Deprecated in PyTorch."""
+        _deprecated("flatten_sharded_optim_state_dict", "optim_state_dict_to_load")
+        return sdu.optim_state_dict_to_load(_root(model), optim, sharded_optim_state_dict)
+
+    @staticmethod
+    def rekey_optim_state_dict(optim_state_dict: dict, optim_state_key_type: OptimStateKeyType, model,
+                               optim_input=None, optim=None) -> dict:
+        """The same optimizer state dict keyed by parameter name (PARAM_NAME) or index (PARAM_ID); indices are
+        ``optim``'s, else those of ``model.parameters()``."""
+        if not isinstance(optim_state_key_type, OptimStateKeyType):
+            raise TypeError(f"optim_state_key_type must be an OptimStateKeyType, got {optim_state_key_type!r}")
+        _no_optim_input(optim_input)
+        root = _root(model)
+        params = sdu._optim_params(optim) if optim is not None else list(model.parameters())
+        by_name = all(isinstance(k, str) for k in optim_state_dict.get("state", {})) and all(
+            isinstance(k, str) for g in optim_state_dict.get("param_groups", []) for k in g["params"])
+        if by_name == (optim_state_key_type is OptimStateKeyType.PARAM_NAME):
+            return optim_state_dict
+        return sdu.rekey(optim_state_dict, root, params, to_names=not by_name)
+
+    @staticmethod
+    def fsdp_modules(module, root_only: bool = False) -> list:
+        """Every FullyShardedDataParallel instance in ``module``'s tree (itself included), in ``modules()``
+        order; with ``root_only``, those without an FSDP ancestor."""
+        found = _wrappers(module, required=False)
+        if not root_only:
+            return found
+        inner = {id(m) for w in found for m in w.module.modules() if m is not w}
+        return [w for w in found if id(w) not in inner]
+
+    def check_is_root(self) -> bool:
+        """Whether this instance is the root: no FullyShardedDataParallel instance wraps it."""
+        st = self._get_fsdp_state()
+        if st._is_root is not None:  # settled by the first forward
+            return bool(st._is_root)
+        return not self.__dict__.get("_hp_wrapped_by_fsdp", False)
+
+
 FSDP = FullyShardedDataParallel
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"FSDP.{name}() is being deprecated and is not recommended; use FSDP.{instead}() instead "
+                  f"(hpcfsdp keeps it for scripts written against it).", FutureWarning, stacklevel=3)
+
+
+def _no_optim_input(optim_input) -> None:
+    if optim_input is not None:
+        raise ValueError("optim_input is not supported by hpcfsdp (deprecated in PyTorch): pass optim=")
+
+
+def _load_full_by_index(full_osd, model, optim, broadcast: bool) -> dict:
+    """``optim.load_state_dict`` input from an index-keyed full optimizer state dict (rank 0's only, broadcast,
+    with ``broadcast``); indices as ``optim``'s parameters, else ``model.parameters()``."""
+    root = _root(model)
+    params = sdu._optim_params(optim) if optim is not None else list(model.parameters())
+    named = None
+    if not broadcast or sdu._world_rank() == 0:
+        named = sdu.rekey(full_osd, root, params, to_names=True)
+    if broadcast:
+        named = sdu.broadcast_optim_state_dict(root, named)
+    if optim is None:  # an optimizer's outline for the index order: its groups as the state dict's
+        by_name = {sdu.clean_fqn(n): p for n, p in root.named_parameters(remove_duplicate=False)}
+        optim = _GroupsOnly([{"params": [by_name[n] for n in g["params"]]} for g in named["param_groups"]])
+    return sdu.optim_state_dict_to_load(root, optim, named)
+
+
+class _GroupsOnly:
+    """What optim_state_dict_to_load reads of an optimizer: its param groups."""
+
+    def __init__(self, param_groups):
+        self.param_groups = param_groups
+
 
 
 # -- construction steps, in the order __init__ runs them ------------------------------------------------
