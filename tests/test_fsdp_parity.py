@@ -90,7 +90,9 @@ def test_several_shard_dims_train_like_the_reference():
         fully_shard(m.fc1, mesh=mesh, dp_mesh_dims=dims)
         fully_shard(m, mesh=mesh, dp_mesh_dims=dims)
 
-    train_parity(_mlp, shard, steps=6, batches=_mlp_batches(6), loss_fn=_mlp_loss)
+    model, _ = train_parity(_mlp, shard, steps=6, batches=_mlp_batches(6), loss_fn=_mlp_loss)
+    w = model.fc1.weight
+    assert w.placements == (Shard(0), Shard(0)) and w.device_mesh is mesh
 
 
 # -- gradient divide factors -------------------------------------------------------------------------------
@@ -216,14 +218,21 @@ def test_unshard_in_backward_false_is_fine_when_backward_does_not_need_the_weigh
         hp.manual_seed(6)
         return Emb()
 
-    def shard(m):
-        fully_shard(m.emb)
-        fully_shard(m)
-        m.emb.set_unshard_in_backward(False)
+    def sharder(unshard_in_backward):
+        def shard(m):
+            fully_shard(m.emb)
+            fully_shard(m)
+            m.emb.set_unshard_in_backward(unshard_in_backward)
+        return shard
 
     rng = np.random.default_rng(3)
     batches = [(rng.integers(0, 4 * w + 1, (w * 2, 5)), None) for _ in range(4)]
-    train_parity(make, shard, steps=4, batches=batches, loss_fn=_mlp_loss)
+    gathers = {}
+    for setting in (True, False):
+        reset_collective_counts()
+        train_parity(make, sharder(setting), steps=4, batches=batches, loss_fn=_mlp_loss)
+        gathers[setting] = collective_counts().get("all_gather", 0)
+    assert gathers[True] - gathers[False] == len(batches)  # the embedding is not gathered again in backward
 
 
 # -- set_is_last_backward before the first forward ----------------------------------------------------------
@@ -234,7 +243,8 @@ def test_set_is_last_backward_on_a_child_before_the_first_forward():
         fully_shard(m)
         m.fc1.set_is_last_backward(True)  # before lazy init: the root's context replaces the child's
 
-    train_parity(_mlp, shard, steps=3, batches=_mlp_batches(3), loss_fn=_mlp_loss)
+    model, _ = train_parity(_mlp, shard, steps=3, batches=_mlp_batches(3), loss_fn=_mlp_loss)
+    assert all(p.grad is None for p in model.parameters())  # each step ended: gradients reduced and zeroed
 
 
 # -- containers ----------------------------------------------------------------------------------------------

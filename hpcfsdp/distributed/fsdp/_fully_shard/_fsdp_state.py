@@ -267,8 +267,8 @@ class FSDPState:
                 return
             i = len(order) - 1 - order[::-1].index(self)
             targets = order[i - 1:i] if i > 0 else []
-        for st in targets:
-            if st._param_group is not None:
+        for st in targets:  # a group told not to unshard in backward is not gathered by a prefetch either
+            if st._param_group is not None and st._param_group.unshard_in_backward:
                 st._param_group.unshard(async_op=True)
 
     def _post_backward(self):
