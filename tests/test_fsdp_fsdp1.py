@@ -275,7 +275,10 @@ def test_hybrid_shard_sync_module_states(monkeypatch):
     _, r = world()
     fsdp = FSDP(_blocks(seed=50 + r), sharding_strategy=ShardingStrategy.HYBRID_SHARD, sync_module_states=True,
                 auto_wrap_policy=_wrap_policy())
-    _train_parity(fsdp, _blocks(seed=50), steps=2)  # every replica and shard starts from rank 0's weights
+    rank0 = dict(_blocks(seed=50).named_parameters())
+    for name, p in fsdp.named_parameters():  # every replica and shard starts from rank 0's weights
+        np.testing.assert_array_equal(full(p), rank0[name].detach().numpy(), err_msg=name)
+    _train_parity(fsdp, _blocks(seed=50), steps=2)
 
 
 def test_summon_full_params_keeps_tied_weights_tied():

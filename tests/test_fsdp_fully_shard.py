@@ -5,6 +5,7 @@ import pytest
 import hpcfsdp as hp
 from hpcfsdp import nn
 from hpcfsdp.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from hpcfsdp.distributed.process_group import collective_counts, reset_collective_counts
 from hpcfsdp.distributed.tensor import DTensor
 
 from _fsdp_util import (Blocks, full, global_mean, gpt_batches, local, rounded_reference_step, tiny_gpt,
@@ -22,14 +23,22 @@ def _per_block(reshard):
 
 
 def test_one_group_gpt():
+    from hpcfsdp.distributed.fsdp import FSDPModule
+
     w, _ = world()
-    train_parity(tiny_gpt, fully_shard, batches=gpt_batches(10, 4 * w + 1))
+    model, _ = train_parity(tiny_gpt, fully_shard, batches=gpt_batches(10, 4 * w + 1))
+    assert [m for m in model.modules() if isinstance(m, FSDPModule)] == [model]  # one unit: the root
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # resharded after the step
 
 
 @pytest.mark.parametrize("reshard", [True, False, None])
 def test_per_block_groups(reshard):
+    from hpcfsdp.distributed.fsdp import FSDPModule
+
     w, _ = world()
-    train_parity(tiny_gpt, _per_block(reshard), batches=gpt_batches(10, 4 * w + 1))
+    model, _ = train_parity(tiny_gpt, _per_block(reshard), batches=gpt_batches(10, 4 * w + 1))
+    assert all(isinstance(b, FSDPModule) for b in model.blocks)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
 
 
 @pytest.mark.mpi(min_size=4)
@@ -55,8 +64,10 @@ def test_uneven_sizes_and_untied():
 
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, vocab, (w * 2, 5)), None) for _ in range(10)]
-    train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
-    train_parity(lambda: tiny_gpt(tie=False), _per_block(True), batches=gpt_batches(10, vocab))
+    model, _ = train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
+    assert any(p.shape[0] % w for p in model.parameters())  # some rows do not divide over the ranks
+    untied, _ = train_parity(lambda: tiny_gpt(tie=False), _per_block(True), batches=gpt_batches(10, vocab))
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
 
 
 def test_tied_embedding_is_one_parameter():
@@ -109,7 +120,10 @@ def test_module_used_twice():
 
     rng = np.random.default_rng(1)
     batches = [(rng.standard_normal((w * 3, 6)).astype(np.float32), None) for _ in range(10)]
-    train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
+    reset_collective_counts()
+    model, _ = train_parity(make, shard, batches=batches, loss_fn=lambda m, x, y: m(hp.tensor(x)))
+    # one reduction per unit and step although the shared unit runs twice per forward
+    assert collective_counts().get("reduce_scatter", 0) == 2 * len(batches)
 
 
 class WithScore(nn.Module):
@@ -150,7 +164,11 @@ def shard_gpt_root():
 
 def test_gradient_accumulation_no_sync():
     w, _ = world()
-    train_parity(tiny_gpt, _per_block(True), batches=gpt_batches(6, 4 * w + 1, B_per_rank=4), micro_batches=2)
+    batches = gpt_batches(6, 4 * w + 1, B_per_rank=4)
+    reset_collective_counts()
+    model, _ = train_parity(tiny_gpt, _per_block(True), batches=batches, micro_batches=2)
+    units = len(model.blocks) + 1
+    assert collective_counts().get("reduce_scatter", 0) == units * len(batches)  # the last micro-batch only
 
 
 def test_sharding_states_after_forward_and_backward():
