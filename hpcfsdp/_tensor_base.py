@@ -300,8 +300,8 @@ class TensorBase:
         new = object.__new__(type(self))
         memo[id(self)] = new
         for k, v in self.__dict__.items():
-            if k in ("_hooks", "_post_acc_hooks", "_accum_ref"):
-                continue  # hooks and the graph node belong to the original
+            if k in ("_hooks", "_post_acc_hooks", "_accum_ref", "_hp_fsdp_orig_uid"):
+                continue  # hooks, the graph node and fully_shard's name for the object belong to the original
             if k == "_data":
                 new._data = v if _backend.is_meta_array(v) else v.copy()
             else:

@@ -234,8 +234,8 @@ CASES = [
     ("fully-shard-empty-list", lambda c: fully_shard([]), ValueError, "fully_shard expects at least one module"),
     ("fully-shard-module-twice", lambda c: (lambda m: fully_shard([m, m]))(nn.Linear(2, 2)), ValueError,
      "fully_shard cannot receive the same module twice"),
-    ("fully-shard-already-applied", lambda c: fully_shard(_sharded()), RuntimeError,
-     "fully_shard has already been applied to this module"),
+    ("fully-shard-already-applied", lambda c: fully_shard(_sharded()), AssertionError,
+     "can only be applied to a module once. fully_shard has already been applied to the following module"),
     ("fully-shard-not-module", lambda c: fully_shard(3), ValueError, "fully_shard expects an nn.Module, got int"),
     ("fully-shard-reshard-after-forward", lambda c: fully_shard(nn.Linear(2, 2), reshard_after_forward="yes"),
      ValueError, "reshard_after_forward should be a bool or an int representing the group size to reshard to, "

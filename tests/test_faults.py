@@ -28,7 +28,7 @@ EXPECTED = {
              "group ranks not waiting on #4 all_reduce of this group",
              "computing elsewhere): 2 (world rank 2)",
              "collectives issued by rank ",  # each rank prints its own ring; who prints first varies
-             "reduce_scatter(count=3104, dtype=float32, op=AVG) on group 'shard' (size 4, world ranks [0, 1, 2, 3])"],
+             "reduce_scatter(count=3104, dtype=float32, op=AVG) on group 'mesh_dim_0' (size 4, world ranks [0, 1, 2, 3])"],  # fully_shard's default mesh is unnamed, as PyTorch's
     # os._exit leaves no trace in the process; MPICH's Hydra reports the bad termination. See the report in
     # test_rank_that_exits: Hydra names the pid, not the rank (gap reported to the launcher's owner).
     "exit": ["BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"],

@@ -142,8 +142,9 @@ def test_unshard_on_meta_moves_nothing_and_gives_meta_params_in_param_dtype():
     block.reshard()
     assert all(isinstance(p, DTensor) and p.dtype == hp.float32 for p in block.parameters())
     x = hp.tensor(np.zeros((1, 8), dtype=np.int64))
-    with pytest.raises(RuntimeError, match="meta device.*to_empty"):
+    with pytest.raises(RuntimeError, match="still on meta device: \\['transformer.wte.weight'") as err:  # the root's, by name
         model(x, x)
+    assert "to_empty" in str(err.value)
     model.to_empty(device="cpu")
     for m in model.modules():
         if hasattr(m, "reset_parameters"):
@@ -199,7 +200,7 @@ def test_seed_argument_checks():
     with pytest.raises(ValueError, match="same module twice"):
         fully_shard([lin, lin])
     fully_shard(lin)
-    with pytest.raises(RuntimeError, match="already been applied"):
+    with pytest.raises(AssertionError, match="already been applied"):  # PyTorch's type
         fully_shard(lin)
     with pytest.raises(ValueError, match="reshard_after_forward should be a bool or an int"):
         fully_shard(nn.Linear(2, 2), reshard_after_forward="yes")

@@ -9,6 +9,34 @@ from ..autograd.grad_mode import enable_grad, is_grad_enabled
 
 __all__ = ["checkpoint"]
 
+# What a module hook can ask (fully_shard's): is this forward checkpointed, and will it be recomputed (the
+# first number), or is it the recomputation in backward (the second)? See [Note: Recompute under FSDP] in
+# distributed/fsdp/_fully_shard/_fsdp_state.py. Depths, so that nested checkpoints count once each.
+_DEPTH = {"checkpointed_forward": 0, "recompute": 0}
+
+
+def in_checkpointed_forward() -> bool:
+    """True inside the first run of a checkpointed function whose recomputation backward will run."""
+    return _DEPTH["checkpointed_forward"] > 0 and _DEPTH["recompute"] == 0
+
+
+def in_recompute() -> bool:
+    """True while backward recomputes a checkpointed function."""
+    return _DEPTH["recompute"] > 0
+
+
+class _Depth:
+    def __init__(self, key, on=True):
+        self.key, self.on = key, on
+
+    def __enter__(self):
+        if self.on:
+            _DEPTH[self.key] += 1
+
+    def __exit__(self, *exc):
+        if self.on:
+            _DEPTH[self.key] -= 1
+
 # [Note: Activation checkpointing]
 # `checkpoint(fn, *args)` runs `fn` under no_grad: none of its intermediate activations are kept, only
 # its inputs. The result carries one graph node (_CheckpointFunction) whose backward re-runs `fn` with
@@ -111,10 +139,11 @@ class _CheckpointFunction(Function):
         ctx.rng = _RngState([a for a in args if isinstance(a, Tensor)]) if preserve_rng_state else None
         # the recompute runs in the autocast state of this forward, as PyTorch's (backward runs outside it)
         ctx.autocast = {dev: (_autocast.is_enabled(dev), _autocast.get_dtype(dev)) for dev in _autocast.DEFAULT_DTYPES}
-        if ctx.rng is not None:
-            out = ctx.rng.run(lambda: run(*args), recompute=False)
-        else:
-            out = run(*args)
+        with _Depth("checkpointed_forward", box["recompute"]):
+            if ctx.rng is not None:
+                out = ctx.rng.run(lambda: run(*args), recompute=False)
+            else:
+                out = run(*args)
         flat = []
         box["spec"] = _flatten(out, flat)
         ctx.meta = [(tuple(t.shape), t.dtype) for t in flat]
@@ -134,7 +163,7 @@ class _CheckpointFunction(Function):
                 args.append(nt)
         prev = {dev: _autocast.set_state(dev, *state) for dev, state in ctx.autocast.items()}
         try:
-            with enable_grad():
+            with enable_grad(), _Depth("recompute"):
                 if ctx.rng is not None:
                     out = ctx.rng.run(lambda: ctx.run(*args), recompute=True)
                 else:
@@ -195,7 +224,10 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=None, determinism
 
             dev = next((a.device for a in args if isinstance(a, Tensor)), None)
             extra = (hpcfsdp.empty(0, device=dev, requires_grad=True),)
-    box = {}  # forward records the structure of the output here; it is rebuilt around the flat tensors
+    # forward records the structure of the output here; it is rebuilt around the flat tensors. "recompute":
+    # whether backward will run this function again (the output is part of a graph)
+    box = {"recompute": is_grad_enabled() and (bool(extra) or any(isinstance(a, Tensor) and a.requires_grad
+                                                                  for a in args))}
     flat = _CheckpointFunction.apply(run, bool(preserve_rng_state), determinism_check, box, len(args), *args, *extra)
     if not isinstance(flat, tuple):
         flat = (flat,)

@@ -226,6 +226,7 @@ class ReduceResult:
     works: list
     output: Any  # (total,) reduced flat gradient of this rank's shards
     params: list  # the FSDPParams in the buffer, in layout order
+    layouts: list  # where each sits in ``output`` (ParamLayouts of this reduction's parameter set)
     had_grad: list  # per parameter: whether this rank had a gradient for it
     post_divide: Optional[float] = None
     hook: Any = None  # the all-reduce hook to run on ``output`` before the post-divide
@@ -234,7 +235,7 @@ class ReduceResult:
     input_work: Any = None  # the reduce-scatter, whose completion frees its input buffer
 
 
-def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_group: ProcessGroup,
+def foreach_reduce(group, params: list, layouts: list, grads: list, total: int, reduce_scatter_group: ProcessGroup,
                    comm: ReduceScatter, reduce_dtype, device, divide_factor: Optional[float],
                    force_sum_reduction_for_comms: bool, all_reduce_group: Optional[ProcessGroup],
                    all_reduce_grads: bool, partial: Optional[Any]):
@@ -249,8 +250,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
     group.reduce_steps += 1
     had_grad = [g is not None for g in grads]
     inp = _array(comm.allocate((world * total,), dtype=reduce_dtype, device=device), "reduce-scatter input")
-    for p, g in zip(params, grads):
-        layout = p.reduce_scatter_layout
+    for p, layout, g in zip(params, layouts, grads):
         if g is None:
             inp.reshape(world, total)[:, layout.offset:layout.offset + layout.numel] = 0
         else:
@@ -271,7 +271,7 @@ def foreach_reduce(group, params: list, grads: list, total: int, reduce_scatter_
             out += partial
         with CT.independent(after=works[0] if works else None):  # reads the reduce-scatter's output
             works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
-    return ReduceResult(group, works, out, list(params), had_grad, post, None, reduce_scatter_group,
+    return ReduceResult(group, works, out, list(params), list(layouts), had_grad, post, None, reduce_scatter_group,
                         group.reduce_steps, input_work), None
 
 
@@ -294,10 +294,10 @@ def finish_reduce(result: ReduceResult) -> None:
         result.hook(Tensor._wrap(out))
     _divide_if_needed(out, result.post_divide)
     grads = []  # (parameter index, FSDPParam, this rank's gradient shard)
-    for i, (p, had) in enumerate(zip(result.params, result.had_grad)):
+    for i, (p, layout, had) in enumerate(zip(result.params, result.layouts, result.had_grad)):
         if not (had or group.reduce_scatter_unused_params):
             continue
-        g = p.local_grad_from(out)
+        g = p.local_grad_from(out, layout)
         if group.offload:
             g = _backend.to_numpy(g)
         dtype = p.param_dtype if group.keep_low_precision_grads else p.dtype

@@ -45,7 +45,8 @@ def init_default_mesh(device_type: str = "cpu"):
     if mesh is None:
         from ... import distributed_c10d as c10d
 
-        mesh = _dm.init_device_mesh(device_type, (c10d.get_world_size(),), mesh_dim_names=("shard",))
+        # unnamed, as PyTorch's default: it compares equal to init_device_mesh(device_type, (world,))
+        mesh = _dm.init_device_mesh(device_type, (c10d.get_world_size(),))
         _default_meshes[device_type] = mesh
     return mesh
 

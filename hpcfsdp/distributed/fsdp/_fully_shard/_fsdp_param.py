@@ -1,5 +1,6 @@
 """FSDPParam: one parameter's sharding — its place in the group's flat buffers, sharded and unsharded tensors."""
 
+import itertools
 import math
 
 import numpy as np
@@ -122,6 +123,17 @@ class FreedStorage(np.ndarray):
         raise RuntimeError(self.message)
 
 
+_UIDS = itertools.count()
+
+
+def _orig_param_uid(param) -> int:
+    """A number naming the parameter object ``fully_shard`` was given (ids are reused once it is freed)."""
+    uid = param.__dict__.get("_hp_fsdp_orig_uid")
+    if uid is None:
+        uid = param.__dict__["_hp_fsdp_orig_uid"] = next(_UIDS)
+    return uid
+
+
 class FSDPParam:
     """Sharding of one parameter; see [Note: Flat layout]."""
 
@@ -130,29 +142,31 @@ class FSDPParam:
         # A DTensor parameter (tensor parallelism): FSDP shards its local piece; see [Note: FSDP over TP]
         self.tp_spec = param._spec if isinstance(param, DTensor) else None
         shape = tuple(param._data.shape) if self.tp_spec is not None else tuple(param.shape)
-        if not shape:
-            raise ValueError(f"fully_shard cannot shard the 0-dim parameter {owner}; pass it in ignored_params")
-        if not -len(shape) <= shard_dim < len(shape):
-            raise ValueError(f"shard_placement_fn returned Shard({shard_dim}) for {owner} of shape {shape}")
+        if not shape:  # PyTorch's ValueError and words (a ported test may match them)
+            raise ValueError(f"fully_shard doesn't support scalar parameters. Change {module_infos[0][1]} to a 1D "
+                             f"tensor with numel equal to 1. (hpcfsdp: {owner}; or pass it in ignored_params)")
+        if not -len(shape) <= shard_dim < len(shape):  # PyTorch asserts here: AssertionError, its words
+            raise AssertionError(f"Shard dim {shard_dim} is invalid for {len(shape)}D tensor: {param.shape} "
+                                 f"(hpcfsdp: shard_placement_fn's placement for {owner})")
         self.name = owner
+        self.orig_uid = _orig_param_uid(param)  # tied parameters in two groups are refused at lazy init
         self.fqn = None  # fully qualified name under the root, set at lazy init
         self.shard_dim = shard_dim % len(shape)
         self.local_shape = shape  # what FSDP shards and all-gathers: the parameter, or its local tp piece
         self.global_shape = tuple(param.shape)
         self.dtype = param.dtype
-        self.requires_grad = param.requires_grad
+        self._requires_grad = param.requires_grad  # until the sharded parameter exists; see requires_grad
         self.module_infos = module_infos
         moved = (shape[self.shard_dim],) + shape[:self.shard_dim] + shape[self.shard_dim + 1:]
         world, rank, sizes = mesh_info.shard_world_size, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_sizes
         self.layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
-        self.reduce_scatter_layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
         self.post_forward_layout = None
         if post_forward_mesh_info is not None and post_forward_mesh_info is not mesh_info:
             self.post_forward_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
                                                    post_forward_mesh_info.shard_mesh_rank)
-        self.param_dtype = _backend.to_dtype(mp_policy.param_dtype) if mp_policy.param_dtype is not None else self.dtype
-        reduce_dtype = mp_policy.reduce_dtype
-        self.reduce_dtype = _backend.to_dtype(reduce_dtype) if reduce_dtype is not None else self.param_dtype
+        self.mp_policy = mp_policy
+        self.unsharded_param = None
+        self.set_dtype(self.dtype)
         self.mesh_info = mesh_info
         if self.tp_spec is None:
             placements = [Replicate()] * mesh_info.mesh.ndim
@@ -163,7 +177,25 @@ class FSDPParam:
             self.mesh, self.placements = _fsdp_tp_layout(self.tp_spec, mesh_info, self.shard_dim, owner)
         self.sharded_param = None
         self.unsharded_param = None
+        self.accumulated_grad = None  # unreduced gradient kept in the reduce dtype (no-sync micro-batches)
         self._local = None  # this rank's real rows, a view into the group's flat buffer (shard dim in place)
+
+    def set_dtype(self, dtype):
+        """The sharded parameter's dtype (also after ``module.to(dtype)``); the dtypes of the all-gather and
+        the reduction follow it where the mixed-precision policy leaves them unset."""
+        self.dtype = dtype
+        mp = self.mp_policy
+        self.param_dtype = _backend.to_dtype(mp.param_dtype) if mp.param_dtype is not None else dtype
+        self.reduce_dtype = _backend.to_dtype(mp.reduce_dtype) if mp.reduce_dtype is not None else self.param_dtype
+        if self.unsharded_param is not None and self.unsharded_param.dtype != self.param_dtype:
+            self.unsharded_param._data = _backend.meta_array(self.local_shape, self.param_dtype)
+
+    def reduces_grad(self) -> bool:
+        """Whether the group's gradient reduction carries this parameter: it requires grad, or the unsharded
+        parameter (the module attribute while unsharded, which a user may unfreeze) does, or an unreduced
+        gradient is waiting; see [Note: Frozen parameters]."""
+        return (self.requires_grad or self.accumulated_grad is not None
+                or (self.unsharded_param is not None and self.unsharded_param.requires_grad))
 
     # -- shard dim in front ------------------------------------------------------------------------
     def to_front(self, arr):
@@ -188,7 +220,7 @@ class FSDPParam:
         self._local = local
         if self.sharded_param is None:
             dt = DTensor.from_local(Tensor._wrap(local), self.mesh, self.placements, shape=self.global_shape)
-            self.sharded_param = Parameter(dt, requires_grad=self.requires_grad)
+            self.sharded_param = Parameter(dt, requires_grad=self._requires_grad)
             self.sharded_param._hp_fsdp_shard = True  # see [Note: Mixed Tensor and DTensor] (autograd/function.py)
             function.SHARDING[0] = True
         else:
@@ -212,9 +244,8 @@ class FSDPParam:
         """Wrap a local gradient array as a DTensor like the sharded parameter."""
         return DTensor.from_local(Tensor._wrap(local_grad), self.mesh, self.placements, shape=self.global_shape)
 
-    def local_grad_from(self, flat):
-        """This rank's gradient piece (shard dim in place) inside a reduced flat buffer."""
-        layout = self.reduce_scatter_layout
+    def local_grad_from(self, flat, layout):
+        """This rank's gradient piece (shard dim in place) inside a reduced flat buffer laid out by ``layout``."""
         return self.from_front(layout.segment(flat)[:layout.stop - layout.start])
 
     # -- unsharded side ---------------------------------------------------------------------------
@@ -229,6 +260,12 @@ class FSDPParam:
                                                                    spec.stride, self.param_dtype))
             self.unsharded_param = Parameter(full, requires_grad=self.requires_grad)
             self.unsharded_param._hp_storage_swaps = True  # ops re-read its storage in backward
+
+    @property
+    def requires_grad(self) -> bool:
+        """The sharded parameter's flag: the user freezes and unfreezes that one (``requires_grad_`` after
+        fully_shard), and the unsharded parameter follows it at every unshard; see [Note: Frozen parameters]."""
+        return self.sharded_param.requires_grad if self.sharded_param is not None else self._requires_grad
 
     def set_unsharded_data(self, front):
         """``front``: the full parameter with the shard dim in front."""
@@ -247,10 +284,40 @@ class FSDPParam:
             "parameters for backward; call set_unshard_in_backward(True) (the default) or keep them "
             "unsharded after forward (reshard_after_forward=False)"))
 
+    def accumulate_unsharded_grad(self, dtype):
+        """Move the unsharded gradient into ``accumulated_grad`` (``dtype``), adding to what is there."""
+        grad = self.unsharded_param.grad if self.unsharded_param is not None else None
+        if grad is None:
+            return
+        arr = grad._data
+        if self.accumulated_grad is None:
+            self.accumulated_grad = arr.astype(dtype)
+        else:
+            self.accumulated_grad += arr
+        self.unsharded_param.grad = None
+
+    def take_unsharded_grad(self):
+        """The unsharded gradient to reduce (with what accumulated unreduced, in its dtype), or None; clears both."""
+        grad = self.unsharded_param.grad if self.unsharded_param is not None else None
+        acc, self.accumulated_grad = self.accumulated_grad, None
+        if self.unsharded_param is not None:
+            self.unsharded_param.grad = None
+        if acc is None:
+            return grad
+        if grad is not None:
+            acc += grad._data
+        return Tensor._wrap(acc)
+
     def unsharded_front(self):
         return self.to_front(self.unsharded_param._data)
 
     # -- module attributes ------------------------------------------------------------------------
+    def to_unsharded(self):
+        """Make the modules use the unsharded parameter, with the sharded one's ``requires_grad``."""
+        if self.unsharded_param.requires_grad != self.requires_grad:
+            self.unsharded_param.requires_grad_(self.requires_grad)
+        self.set_on_modules(self.unsharded_param)
+
     def set_on_modules(self, param):
         for module, name in self.module_infos:
             module._parameters[name] = param

@@ -19,6 +19,7 @@ This bounds memory to a few unsharded groups while reductions overlap compute.
 """
 
 import contextlib
+import copy
 
 from .... import _backend, _trace
 from ...._tensor import Tensor
@@ -57,8 +58,7 @@ class FSDPParamGroup:
         self.param_dtype = params[0].param_dtype
         self.reduce_dtype = params[0].reduce_dtype
         self.total = self._assign_offsets([p.layout for p in params])
-        self.reduce_scatter_params = [p for p in params if p.requires_grad]
-        self.reduce_scatter_total = self._assign_offsets([p.reduce_scatter_layout for p in self.reduce_scatter_params])
+        self._reduce_plans = {}  # which parameters require grad -> (params, layouts, total); see _reduce_plan
         self.post_forward_total = (self._assign_offsets([p.post_forward_layout for p in params])
                                    if params[0].post_forward_layout else 0)
         self.sharded_state = ShardedState.SHARDED
@@ -84,11 +84,32 @@ class FSDPParamGroup:
         self._post_forward_buffer = None  # this rank's rows over the post-forward group (SHARDED_POST_FORWARD)
         self._partial_reduce = None  # HSDP without all-reduce: locally accumulated reduce-scatter output
         self.uses_left = 0  # forward calls whose post-backward has not run yet
+        self.pending_recomputes = 0  # checkpointed module calls not yet recomputed; see [Note: Recompute under FSDP]
         self.backward_steps = 0  # completed backward passes (for error messages)
         self.reduce_steps = 0  # gradient reductions issued (HPCFSDP_CHECK_FINITE's step, from 1)
         self.finite_error = None  # agreed HPCFSDP_CHECK_FINITE failure, raised at the end of backward
         self.needs_post_backward = False
         self._init_sharded_storage()
+
+    def _reduce_plan(self):
+        """(params, layouts, total) of the gradient reduction: the parameters that require grad now.
+
+        [Note: Frozen parameters]
+        ``requires_grad_`` after fully_shard is set on the sharded parameter; every unshard copies it to the
+        unsharded one (FSDPParam.to_unsharded), so a frozen parameter gets no gradient, and the reduction
+        leaves it out (PyTorch reduce-scatters the parameters that have a gradient; here those that require
+        one, so the buffer is the same on every rank even where a rank's forward did not use a parameter).
+        While unsharded, the module attribute is the unsharded parameter: unfreezing that one counts too,
+        until the next unshard copies the sharded parameter's flag over it again (as in PyTorch).
+        Each set of trainable parameters has layouts of its own, so a reduction still in flight keeps the
+        offsets it was packed with when the set changes."""
+        params = [p for p in self.fsdp_params if p.reduces_grad()]
+        key = tuple(id(p) for p in params)
+        plan = self._reduce_plans.get(key)
+        if plan is None:
+            layouts = [copy.copy(p.layout) for p in params]
+            plan = self._reduce_plans[key] = (params, layouts, self._assign_offsets(layouts))
+        return plan
 
     @staticmethod
     def _assign_offsets(layouts) -> int:
@@ -134,7 +155,9 @@ class FSDPParamGroup:
         self.device = _backend.device_of_array(sample) if not self.offload else self.device
         self.dtype = sample.dtype
         for p in self.fsdp_params:
-            p.dtype = sample.dtype
+            p.set_dtype(sample.dtype)
+        self.param_dtype = self.fsdp_params[0].param_dtype
+        self.reduce_dtype = self.fsdp_params[0].reduce_dtype
         self.is_meta = _backend.is_meta_array(sample)
         if self.offload and not self.is_meta:
             self.flat = self._host_zeros()
@@ -150,10 +173,13 @@ class FSDPParamGroup:
                 p.sharded_param.grad = None
 
     def _check_not_meta(self, what):
-        if self.is_meta:
+        if self.is_meta:  # PyTorch's words, with the parameters' names under the root
+            names = [p.fqn or p.name for p in self.fsdp_params]
             raise RuntimeError(
-                f"FSDP cannot {what} parameters on the meta device; call module.to_empty(device=...) and "
-                "reset_parameters() first")
+                "FSDP parameters should be materialized from meta device before training, but the following were "
+                f"still on meta device: {names}\nFor example, call module.to_empty(device) to materialize to "
+                f"device and call module.reset_parameters() on each module to initialize values. (hpcfsdp: FSDP "
+                f"cannot {what} parameters on the meta device)")
 
     # -- unshard ------------------------------------------------------------------------------------
     def lazy_init(self):
@@ -180,7 +206,7 @@ class FSDPParamGroup:
         self.lazy_init()
         if self.is_meta:  # as PyTorch's collectives' meta kernels: nothing moves, the full parameters are meta
             for p in self.fsdp_params:
-                p.set_on_modules(p.unsharded_param)
+                p.to_unsharded()
             self.sharded_state = ShardedState.UNSHARDED
             return
         if _trace.RECORDER is not None:  # the unit these collectives belong to; see [Note: Timeline]
@@ -205,7 +231,7 @@ class FSDPParamGroup:
             return
         foreach_all_gather_copy_out(self._all_gather_result, self.fsdp_params)
         for p in self.fsdp_params:
-            p.set_on_modules(p.unsharded_param)
+            p.to_unsharded()
         self._all_gather_result = None
         self._post_forward_buffer = None
         self.sharded_state = ShardedState.UNSHARDED
@@ -277,15 +303,17 @@ class FSDPParamGroup:
     def post_backward(self, reductions):
         """One use of the group finished its backward; reduce once every use has. ``reductions``: the
         queue of reductions in flight shared by the root's states."""
-        if self.uses_left > 1:
-            self.uses_left -= 1
+        if self.uses_left > 1 or self.pending_recomputes > 0:
+            self.uses_left = max(self.uses_left - 1, 0)
             return
         self.uses_left = 0
         if not self.needs_post_backward:
             return
         self.needs_post_backward = False
         self.training_state = check_transition(self.training_state, TrainingState.POST_BACKWARD, "post-backward")
-        if self.reduce_grads and self.reduce_scatter_params:
+        if not self.reduce_grads:
+            self._accumulate_unreduced()
+        elif any(p.reduces_grad() for p in self.fsdp_params):
             self._reduce(reductions)
         if self.reshard_after_backward:
             self.reshard()
@@ -294,7 +322,8 @@ class FSDPParamGroup:
         """End of backward: reduce what no post-backward reduced, wait for every reduction in ``reductions``
         (unless ``wait`` is false: not the last backward of the step), go IDLE."""
         has_grads = self.reduce_grads and any(
-            p.unsharded_param is not None and p.unsharded_param.grad is not None for p in self.reduce_scatter_params)
+            p.accumulated_grad is not None or (p.unsharded_param is not None and p.unsharded_param.grad is not None)
+            for p in self.fsdp_params)
         if self.needs_post_backward or has_grads:
             self.uses_left = 0
             self.needs_post_backward = True
@@ -304,11 +333,21 @@ class FSDPParamGroup:
         while reductions and wait:
             finish_reduce(reductions.popleft())
         self.uses_left = 0
+        self.pending_recomputes = 0
         self.needs_post_backward = False
         self.backward_steps += 1
         self.training_state = TrainingState.IDLE
 
     # -- gradient reduction ---------------------------------------------------------------------------
+    def _accumulate_unreduced(self):
+        """No reduction this backward (set_requires_gradient_sync(False)): with a reduce dtype wider than the
+        compute dtype, the unsharded gradients accumulate in the reduce dtype, as PyTorch's
+        (``unsharded_accumulated_grad``); otherwise autograd accumulates them in place."""
+        if self.reduce_dtype == self.param_dtype:
+            return
+        for p in self.fsdp_params:
+            p.accumulate_unsharded_grad(self.reduce_dtype)
+
     def _reduce(self, reductions):
         # At most reduce_scatter_max_input_buffers reduce-scatter inputs alive: wait for the oldest reduce-scatters
         # (not their all-reduces) before this one's input is allocated. See [Note: HSDP all-reduce].
@@ -317,14 +356,18 @@ class FSDPParamGroup:
             wait_reduce_input(live.pop(0))
         while len(reductions) >= MAX_REDUCTIONS_IN_FLIGHT:
             finish_reduce(reductions.popleft())
-        grads = [p.unsharded_param.grad for p in self.reduce_scatter_params]
-        for p in self.reduce_scatter_params:
-            p.unsharded_param.grad = None
+        params, layouts, total = self._reduce_plan()
+        if self._partial_reduce is not None and self._partial_reduce.shape != (total,):
+            raise RuntimeError(
+                "FSDP: the set of parameters that require grad changed while gradients reduced inside the shard "
+                "group wait for their all-reduce (set_requires_all_reduce(False)); change requires_grad only "
+                "after a step that all-reduces")
+        grads = [p.take_unsharded_grad() for p in params]
         info = self.mesh_info
         if _trace.RECORDER is not None:
             _trace.RECORDER.label = _trace.RECORDER.units.get(id(self))
         result, self._partial_reduce = foreach_reduce(
-            self, self.reduce_scatter_params, grads, self.reduce_scatter_total,
+            self, params, layouts, grads, total,
             self.reduce_scatter_group or info.shard_process_group, self.reduce_scatter_comm, self.reduce_dtype,
             self.device, self.gradient_divide_factor, self.force_sum_reduction_for_comms,
             info.replicate_process_group if info.is_hsdp else None, self.all_reduce_grads, self._partial_reduce)

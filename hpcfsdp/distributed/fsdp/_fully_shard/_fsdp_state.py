@@ -29,6 +29,7 @@ from ...._tensor import Tensor
 from ....autograd import engine as _engine
 from ....autograd.function import Function
 from ....autograd.grad_mode import is_grad_enabled
+from ....utils import checkpoint as _ckpt
 from ._fsdp_collectives import finish_reduce, raise_finite_errors
 from ._fsdp_common import get_module_fsdp_state
 
@@ -110,6 +111,10 @@ class FSDPState:
             m.register_forward_hook(functools.partial(self._post_forward_hook, m), prepend=False)
 
     def _pre_forward_hook(self, module, args, kwargs):
+        if _ckpt.in_recompute():
+            return self._recompute_pre_forward(args, kwargs)
+        if _ckpt.in_checkpointed_forward() and self._param_group is not None:
+            self._param_group.pending_recomputes += 1  # one module call backward will run again
         if len(self._modules) > 1:
             if self._modules_to_run:
                 return None
@@ -117,6 +122,8 @@ class FSDPState:
         return self._pre_forward(module, args, kwargs)
 
     def _post_forward_hook(self, registered, module, args, output):
+        if _ckpt.in_recompute():
+            return self._recompute_post_forward(output)
         if len(self._modules) > 1:
             self._modules_to_run.discard(id(registered))
             if self._modules_to_run:
@@ -149,6 +156,7 @@ class FSDPState:
         for root in self._modules:
             for n, p in root.named_parameters(remove_duplicate=False):
                 names.setdefault(id(p), n)
+        _check_no_shared_params(ctx.all_states, names)
         for st in ctx.all_states:
             st._ctx = ctx
             if st._param_group is not None:
@@ -184,9 +192,52 @@ class FSDPState:
                 new = new if isinstance(new, tuple) else (new,)
                 swap = {id(t): n for t, n in zip(ts, new)}
                 args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
-            elif g is not None and any(p.requires_grad for p in g.fsdp_params):
+            elif g is not None and any(p.reduces_grad() for p in g.fsdp_params):
                 g.needs_post_backward = True
         return args, kwargs
+
+    # [Note: Recompute under FSDP]
+    # Activation checkpointing runs a unit's modules twice: in forward under no_grad (the unit gathers and
+    # reshards as usual; nothing is registered for backward), and again inside backward, where the
+    # recomputed graph is backpropagated at once (see [Note: Activation checkpointing]). The recompute is
+    # part of the unit's backward, as in PyTorch: each module call there unshards if needed (no reshard
+    # after it, no prefetch of the next forward unit, no training-state change), hooks its inputs for the
+    # post-backward and its outputs for the pre-backward. Every module call the first forward made under a
+    # checkpoint is counted (``pending_recomputes``) and the group reduces only once all of them have been
+    # recomputed and their backward has run, so a unit of several modules (``fully_shard([m1, m2])``),
+    # each checkpointed on its own, reduces once, after its last module's backward.
+    def _recompute_pre_forward(self, args, kwargs):
+        args, kwargs = self._cast_inputs(args, kwargs)
+        g = self._param_group
+        if g is None:
+            return args, kwargs
+        g._check_not_meta("run forward with")
+        g.pending_recomputes = max(g.pending_recomputes - 1, 0)
+        g.unshard(async_op=True)  # a no-op when a backward prefetch already issued it
+        g.wait_for_unshard()
+        ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
+        if ts:
+            g.uses_left += 1
+            g.needs_post_backward = True
+            new = RegisterPostBackward.apply(self, *ts)
+            new = new if isinstance(new, tuple) else (new,)
+            swap = {id(t): n for t, n in zip(ts, new)}
+            args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
+        elif any(p.reduces_grad() for p in g.fsdp_params):
+            g.needs_post_backward = True
+        return args, kwargs
+
+    def _recompute_post_forward(self, output):
+        for t in _tensors_in(output, []):
+            if t.requires_grad:
+                t.register_hook(self._pre_backward)
+        return self._cast_output(output)
+
+    def _cast_output(self, output):
+        if self._mp_policy.output_dtype is None:
+            return output
+        odt = _backend.to_dtype(self._mp_policy.output_dtype)
+        return _map_tensors(output, lambda t: t.to(dtype=odt) if _backend.is_floating_dtype(t.dtype) else t)
 
     def _root_pre_forward(self):
         ctx = self._ctx
@@ -234,10 +285,7 @@ class FSDPState:
             for t in _tensors_in(output, []):
                 if t.requires_grad:
                     t.register_hook(self._pre_backward)
-        if self._is_root and self._mp_policy.output_dtype is not None:
-            odt = _backend.to_dtype(self._mp_policy.output_dtype)
-            output = _map_tensors(output, lambda t: t.to(dtype=odt) if _backend.is_floating_dtype(t.dtype) else t)
-        return output
+        return self._cast_output(output)  # every unit's output_dtype, as PyTorch's (not the root's only)
 
     # -- backward -------------------------------------------------------------------------------------
     def _pre_backward(self, grad):
@@ -298,8 +346,24 @@ class FSDPState:
             st._pre_backward_hook_ran = False
             if st._param_group is not None:
                 st._param_group.uses_left = 0
+                st._param_group.pending_recomputes = 0
         ctx.final_callback_queued = False
         ctx.post_forward_order = []
+
+
+def _check_no_shared_params(states, names) -> None:
+    """One parameter object given to two fully_shard calls would become two shards trained apart (silently
+    untied): PyTorch's ValueError instead."""
+    seen = set()
+    for st in states:
+        for fp in (st._param_group.fsdp_params if st._param_group is not None else ()):
+            if fp.orig_uid in seen:
+                name = names.get(id(fp.sharded_param), fp.name)
+                raise ValueError(
+                    f"Parameter '{name}' is shared with a parameter already managed by another FSDP group. For "
+                    "shared/tied parameters, use fully_shard([module_a, module_b]) to place them in the same FSDP "
+                    "group.")
+            seen.add(fp.orig_uid)
 
 
 def _trace_unit(st) -> str:

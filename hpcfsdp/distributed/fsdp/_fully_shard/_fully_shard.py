@@ -96,7 +96,9 @@ def fully_shard(
         validate_module(item)
         reg = registry(item)
         if _FULLY_SHARD_STATE_KEY in reg:
-            raise RuntimeError("fully_shard has already been applied to this module")
+            raise AssertionError(  # PyTorch's composable contract asserts (AssertionError), in these words
+                "Each distinct composable distributed API can only be applied to a module once. fully_shard has "
+                f"already been applied to the following module:\n{item}")
         if "__replicate_state_key__" in reg or "__replicate_with_fsdp_state__" in reg:
             raise RuntimeError("fully_shard cannot be applied to a replicated module")
     if reshard_after_forward is not None and not isinstance(reshard_after_forward, (bool, int)):
@@ -164,7 +166,7 @@ fully_shard.state = _fully_shard_state
 
 
 def _unimplemented_deepcopy(*args: Any, **kwargs: Any) -> None:
-    raise AssertionError("FSDP modules do not support deepcopy; use state dict serialization")
+    raise AssertionError("FSDP does not support deepcopy. Please use state dict for serialization.")
 
 
 class FSDPModule:
