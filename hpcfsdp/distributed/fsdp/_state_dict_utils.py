@@ -198,7 +198,7 @@ def _local_state_dict(root, sd, offload):
     for k, v in sd.items():
         if k in names:
             g, fp = names[k]
-            piece = fp.layout.segment(g.flat).reshape(-1)
+            piece = fp.layout.raw(g.flat)
             t = Tensor._wrap(piece.copy())
             out[k] = _host(t) if offload else t
             layout[k] = {"global_shape": list(fp.global_shape), "shard_dim": fp.shard_dim,
@@ -217,7 +217,7 @@ def _load_local(root, sd, strict):
         if k not in sd:
             continue
         v = sd[k]
-        seg = fp.layout.segment(g.flat).reshape(-1)
+        seg = fp.layout.raw(g.flat)
         if tuple(v.shape) != tuple(seg.shape):
             raise RuntimeError(f"LOCAL state dict entry {k} has shape {tuple(v.shape)}, this rank's piece is "
                                f"{tuple(seg.shape)}: it was saved with another world size or layout")

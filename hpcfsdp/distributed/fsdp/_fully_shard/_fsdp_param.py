@@ -25,13 +25,17 @@ class ParamLayout:
     parameter is exactly the DTensor piece), then zero padding. A group's flat buffer on one rank is the
     concatenation of its parameters' padded shards; the all-gather output is W such buffers back to back,
     so parameter p's rows from rank r sit at ``out[r*S + offset : r*S + offset + padded*row_numel]``.
+    A piece is stored in the parameter's own dim order (the rows' dim where the parameter has it), so that
+    with ``Shard(d)``, d > 0, the sharded parameter of an evenly divided dim is contiguous, as PyTorch's.
     When the group flattens several mesh dims (``mesh_sizes``), the pieces nest in mesh-dim order as
     DTensor's Shard placements on each of those dims do; with one dim, piece r is rows
     [r*padded, (r+1)*padded) clipped to ``rows`` (``regular``), and copies need no per-rank loop.
     """
 
-    def __init__(self, rows: int, row_shape: tuple, world: int, rank: int, mesh_sizes: tuple = ()):
+    def __init__(self, rows: int, row_shape: tuple, world: int, rank: int, mesh_sizes: tuple = (),
+                 shard_dim: int = 0):
         self.rows, self.row_shape, self.world = rows, row_shape, world
+        self.shard_dim = shard_dim  # where the rows' dim sits in the stored piece; see [Note: Flat layout]
         self.row_numel = math.prod(row_shape)
         sizes = tuple(mesh_sizes) or (world,)
         if math.prod(sizes) != world:
@@ -46,23 +50,38 @@ class ParamLayout:
         self.numel = self.padded * self.row_numel
         self.offset = 0  # set by the group
 
+    def raw(self, flat):
+        """This rank's padded shard inside a flat (S,) buffer, as the 1-D slice it is stored in."""
+        return flat[self.offset:self.offset + self.numel]
+
+    def _stored_shape(self) -> tuple:
+        d = self.shard_dim
+        return self.row_shape[:d] + (self.padded,) + self.row_shape[d:]
+
     def segment(self, flat):
-        """This rank's padded shard inside a flat (S,) buffer, shaped (padded, *row_shape)."""
-        return flat[self.offset:self.offset + self.numel].reshape((self.padded,) + self.row_shape)
+        """This rank's padded shard inside a flat (S,) buffer, viewed as (padded, *row_shape)."""
+        stored = self.raw(flat).reshape(self._stored_shape())
+        return _backend.array_module(flat).moveaxis(stored, self.shard_dim, 0) if self.shard_dim else stored
 
     def _per_rank(self, buf, total):
         """View of a rank-major (world*total,) buffer as (world, padded, *row_shape) for this parameter."""
-        return buf.reshape(self.world, total)[:, self.offset:self.offset + self.numel].reshape(
-            (self.world, self.padded) + self.row_shape)
+        # splits only the contiguous last axis of the (world, numel) slice: always a view, so writes land
+        stored = buf.reshape(self.world, total)[:, self.offset:self.offset + self.numel].reshape(
+            (self.world,) + self._stored_shape())
+        return _backend.array_module(buf).moveaxis(stored, self.shard_dim + 1, 1) if self.shard_dim else stored
 
     def gathered(self, out, total, xp, dtype):
         """Copy this parameter out of an all-gather output (world*total,) into a fresh (rows, ...) array."""
         seg = self._per_rank(out, total)
-        if self.bounds is None:
-            full = xp.empty((self.world * self.padded,) + self.row_shape, dtype=dtype)
-            full.reshape((self.world, self.padded) + self.row_shape)[...] = seg
-            return full[:self.rows]
-        full = xp.empty((self.rows,) + self.row_shape, dtype=dtype)
+        d, pre, post = self.shard_dim, self.row_shape[:self.shard_dim], self.row_shape[self.shard_dim:]
+        if self.bounds is None:  # the full array in the parameter's dim order, written through a view
+            whole = xp.empty(pre + (self.world, self.padded) + post, dtype=dtype)
+            xp.moveaxis(whole, (d, d + 1), (0, 1))[...] = seg
+            full = xp.moveaxis(whole.reshape(pre + (self.world * self.padded,) + post), d, 0)[:self.rows]
+            if d and self.rows != self.world * self.padded:  # padding cut off an inner dim: make it contiguous
+                full = xp.moveaxis(xp.ascontiguousarray(xp.moveaxis(full, 0, d)), d, 0)
+            return full
+        full = xp.moveaxis(xp.empty(pre + (self.rows,) + post, dtype=dtype), d, 0)
         for r, (a, b) in enumerate(self.bounds):
             full[a:b] = seg[r, :b - a]
         return full
@@ -159,11 +178,11 @@ class FSDPParam:
         self.module_infos = module_infos
         moved = (shape[self.shard_dim],) + shape[:self.shard_dim] + shape[self.shard_dim + 1:]
         world, rank, sizes = mesh_info.shard_world_size, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_sizes
-        self.layout = ParamLayout(moved[0], moved[1:], world, rank, sizes)
+        self.layout = ParamLayout(moved[0], moved[1:], world, rank, sizes, self.shard_dim)
         self.post_forward_layout = None
         if post_forward_mesh_info is not None and post_forward_mesh_info is not mesh_info:
             self.post_forward_layout = ParamLayout(moved[0], moved[1:], post_forward_mesh_info.shard_world_size,
-                                                   post_forward_mesh_info.shard_mesh_rank)
+                                                   post_forward_mesh_info.shard_mesh_rank, (), self.shard_dim)
         self.mp_policy = mp_policy
         self.unsharded_param = None
         self.set_dtype(self.dtype)
