@@ -37,6 +37,11 @@ def _counts(xml_path):
     return tot
 
 
+def _have_torch(py) -> bool:
+    """Whether ``py`` imports torch (the peer phases run the ported tests on PyTorch with the same python)."""
+    return subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0
+
+
 def _phase(name, argv, env, xml, logdir, timeout=PHASE_TIMEOUT):
     print(f"\n===== {name}: {' '.join(argv)}", flush=True)
     t0 = time.time()
@@ -78,9 +83,20 @@ def main() -> int:
                     py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
             phases.append((f"gpu-sim-mpi-{n}", argv, logdir, _SIM))
         phases.append(("system", [py, "-m", "pytest", "-m", "system", "-rs", "tests"], None))
+        for n in (2, 4):
+            logdir = os.path.join(tmp, f"peer-np{n}")
+            os.makedirs(logdir)
+            argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
+                    py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi", "-q", "tests/ported"]
+            phases.append((f"peer-mpi-{n}", argv, logdir, {"HPCFSDP_PORT_FRAMEWORK": "torch"}))
     failed, totals, times = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}, []
     for name, argv, logdir, *extra_env in phases:
         xml = os.path.join(tmp, f"{name}.xml")
+        if name.startswith("peer-") and not _have_torch(py):
+            print(f"===== {name}: PyTorch is not importable by {py} (pip install -e '.[peer]'): counted as a failure",
+                  flush=True)
+            failed.append(name)
+            continue
         penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "", **(extra_env[0] if extra_env else {}))
         if name == "system":
             penv["HPCFSDP_SYSTEM_TIER"] = "1"

@@ -329,6 +329,9 @@ def _split_osd(root, optim, osd, strict) -> dict:
         raise ValueError(f"the optimizer holds a parameter that is not a parameter of {type(root).__name__}")
     mine_set = set(mine)
     groups = [g for g in osd[_PG] if mine_set & set(g[_PARAMS])]
+    if (len(groups) < len(optim.param_groups) == len(osd[_PG])
+            and all(set(g[_PARAMS]) <= mine_set for g in osd[_PG])):
+        groups = list(osd[_PG])  # this optimizer's, with its empty param groups (matched by position)
     state = {}
     for g in optim.param_groups:
         for p in g[_PARAMS]:

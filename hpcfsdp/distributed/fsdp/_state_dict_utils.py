@@ -13,6 +13,7 @@ from ..._tensor import Tensor
 from ..tensor import DTensor
 from ..tensor._dtensor import _local_ranges, _take
 from ._fully_shard import FSDPModule
+from ._fully_shard._fsdp_common import TrainingState
 from .api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 
 __all__ = [
@@ -128,7 +129,13 @@ def register_state_dict_hooks(state) -> None:
         for group in state._all_param_groups():
             adopt_assigned_params(group)
 
+    def to_sharded_when_idle(*args, **kwargs):  # state_dict() between passes gives the sharded DTensors
+        for group in state._all_param_groups():
+            if group.training_state == TrainingState.IDLE:
+                group.reshard()
+
     for m in state._modules:
+        m.register_state_dict_pre_hook(to_sharded_when_idle)
         m._register_load_state_dict_pre_hook(to_sharded)
         m.register_load_state_dict_post_hook(adopt)
 

@@ -332,6 +332,18 @@ class DTensor(Tensor):
             out._hp_fsdp_shard = True
         return out
 
+    def clone(self, *, memory_format=None) -> "DTensor":
+        """A copy of this rank's piece with the same layout (a state dict copied with ``detach().clone()``
+        loads back). Differentiable clones of DTensors belong to the DTensor op layer, not here yet: refused
+        rather than computed on the shard as a plain tensor."""
+        from ...autograd.grad_mode import is_grad_enabled
+
+        if self.requires_grad and is_grad_enabled():
+            raise NotImplementedError(
+                "hpcfsdp: clone() of a DTensor that requires grad is not differentiable yet; use "
+                "dtensor.detach().clone(), or clone the local piece (to_local().clone()) in your own graph")
+        return DTensor._from_array(self._data.copy(), self._spec)
+
     @property
     def data(self) -> "DTensor":
         """As PyTorch: ``dtensor.data`` is a DTensor (the layout kept), not a plain tensor of the local shard."""

@@ -60,6 +60,8 @@ def validate_mesh(mesh: Any, dp_mesh_dims: DataParallelMeshDims | None) -> None:
                 f"fully_shard expects a 1D mesh (shard) or a 2D mesh (replicate, shard), got a {mesh.ndim}D mesh; "
                 "pass dp_mesh_dims=DataParallelMeshDims(...) to name the data-parallel dims of an N-D mesh"
             )
+        if mesh.ndim == 2 and mesh.mesh_dim_names is None:  # PyTorch asserts (AssertionError), in these words
+            raise AssertionError("Please init the 2D mesh for HSDP with mesh_dim_names specified")
         return
     if not isinstance(dp_mesh_dims, DataParallelMeshDims):
         raise TypeError(f"dp_mesh_dims must be a DataParallelMeshDims, got {type(dp_mesh_dims).__name__}")

@@ -156,6 +156,11 @@ class FSDPState:
         for root in self._modules:
             for n, p in root.named_parameters(remove_duplicate=False):
                 names.setdefault(id(p), n)
+        from .._state_dict_utils import adopt_assigned_params  # that module imports this package
+
+        for st in ctx.all_states:  # parameters replaced on the modules since fully_shard (PyTorch's
+            if st._param_group is not None:  # reset_sharded_param at lazy init); see [Note: Assigned parameters]
+                adopt_assigned_params(st._param_group)
         _check_no_shared_params(ctx.all_states, names)
         for st in ctx.all_states:
             st._ctx = ctx

@@ -1,0 +1,284 @@
+"""Helpers of the ported PyTorch FSDP2 tests (our own, after torch/testing/_internal/common_fsdp.py's roles).
+
+Written only against the names ``_framework`` exports, so they run on hpcfsdp and on PyTorch alike. Data
+comes from NumPy generators (identical on every rank and in both frameworks); a reference is an unsharded
+replica trained on the global batch in the same process, or a "DDP by hand" replica whose gradients are
+all-reduced and averaged explicitly.
+"""
+import math
+
+import numpy as np
+
+from _framework import DTensor, F, dist, nn, torch
+
+# ---------------------------------------------------------------------------------------------- world / data
+
+
+def world():
+    """(world size, rank) of the default group."""
+    return dist.get_world_size(), dist.get_rank()
+
+
+def randn(*shape, seed=0, dtype=None):
+    """A float32 (or ``dtype``) tensor from a NumPy generator: the same on every rank and framework."""
+    t = torch.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+    return t if dtype is None else t.to(dtype)
+
+
+def randint(high, *shape, seed=0):
+    return torch.tensor(np.random.default_rng(seed).integers(0, high, shape).astype(np.int64))
+
+
+def local(t):
+    """This rank's slice (dim 0) of a global batch."""
+    w, r = world()
+    n = t.shape[0] // w
+    return t[r * n:(r + 1) * n]
+
+
+def to_np(t):
+    """Float64 NumPy copy of a tensor; a DTensor is gathered first (collective)."""
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def assert_close(actual, expected, rtol=1e-5, atol=1e-6, msg=""):
+    a = actual if isinstance(actual, (float, int, np.ndarray)) else to_np(actual)
+    e = expected if isinstance(expected, (float, int, np.ndarray)) else to_np(expected)
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=msg)
+
+
+def global_sum(loss) -> float:
+    """Sum over ranks of a per-rank scalar (the global-batch loss of a `.sum()` loss)."""
+    t = loss.detach().to(torch.float64).reshape(1).clone()
+    dist.all_reduce(t)  # SUM: gloo has no AVG
+    return float(t.item())
+
+
+def allreduce_avg_grads(module) -> None:
+    """DDP by hand: average every gradient over the ranks."""
+    w, _ = world()
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(w)
+
+
+def broadcast_params(module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            dist.broadcast(p.data, src=0)
+
+
+def ref_loss_backward(ref, global_inp, *, loss_fn=None):
+    """Reference step on the global batch: returns the global `.sum()` loss; the backward runs on loss / world,
+    which is what FSDP's averaged gradients of the per-rank `.sum()` losses equal."""
+    w, _ = world()
+    loss = (loss_fn or (lambda m, x: m(x).sum()))(ref, global_inp)
+    (loss / w).backward()
+    return loss
+
+
+def check_sharded_parity(ref, model, rtol=1e-4, atol=1e-5, prefixes_to_ignore=(), check_grads=True, reshard=False):
+    """Each sharded parameter (and gradient) of ``model``, gathered, equals ``ref``'s unsharded one.
+    ``reshard``: first reshard every FSDP module (a root with reshard_after_forward=False whose backward
+    never ran keeps its parameters unsharded)."""
+    if reshard:
+        from _framework import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+    ref_params = dict(ref.named_parameters())
+    names = []
+    for name, p in model.named_parameters():
+        clean = name
+        for prefix in prefixes_to_ignore:
+            clean = clean.replace(prefix, "")
+        names.append(clean)
+        rp = ref_params[clean]
+        assert isinstance(p, DTensor), f"{name} is not sharded: {type(p)}"
+        assert tuple(p.shape) == tuple(rp.shape), name
+        assert_close(p, rp, rtol=rtol, atol=atol, msg=f"param {name}")
+        if not check_grads:
+            continue
+        if rp.grad is None:
+            assert p.grad is None, f"{name}: reference has no gradient, the sharded one has"
+        else:
+            assert p.grad is not None, f"{name}: the sharded parameter has no gradient"
+            assert isinstance(p.grad, DTensor), f"{name}.grad is not a DTensor"
+            assert_close(p.grad, rp.grad, rtol=rtol, atol=atol, msg=f"grad {name}")
+    assert sorted(names) == sorted(ref_params), (names, list(ref_params))
+
+
+def copy_model(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+class MLP(nn.Module):
+    """in_proj -> relu -> out_proj (+ an optional buffer added to the input), as common_fsdp.MLP."""
+
+    def __init__(self, dim, dim_multiplier=4, bias=True, with_buffer=False, device=None):
+        super().__init__()
+        self.in_proj = nn.Linear(dim, dim * dim_multiplier, bias=bias, device=device)
+        self.out_proj = nn.Linear(dim * dim_multiplier, dim, bias=bias, device=device)
+        if with_buffer:
+            self.register_buffer("buffer", torch.randn((dim,), device=device), persistent=True)
+        else:
+            self.buffer = None
+
+    def forward(self, x):
+        z = self.in_proj(x)  # (B, dim*m)
+        z = F.relu(z)
+        z = self.out_proj(z)  # (B, dim)
+        if self.buffer is not None:
+            z = z + self.buffer
+        return z
+
+    def reset_parameters(self):
+        if self.buffer is not None:
+            torch.nn.init.normal_(self.buffer)
+
+
+class DoubleLinear(nn.Module):
+    """Two linears; returns both outputs (or only the first's twice), as common_fsdp.DoubleLinear."""
+
+    def __init__(self, dim, use_second_linear=True):
+        super().__init__()
+        self.lin1 = nn.Linear(dim, dim)
+        self.lin2 = nn.Linear(dim, dim)
+        self.relu = nn.ReLU()
+        self.use_second_linear = use_second_linear
+
+    def forward(self, x):
+        if self.use_second_linear:
+            return self.relu(self.lin1(x)), self.relu(self.lin2(x))
+        return self.relu(self.lin1(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.n_heads
+        q = self.wq(x).view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.wk(x).view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.wv(x).view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+        mask = torch.tensor(np.triu(np.ones((T, T), dtype=bool), k=1))
+        att = att.masked_fill(mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden)
+        self.w2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = FeedForward(dim, 4 * dim)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))  # (B, T, C)
+        return h + self.feed_forward(self.ffn_norm(h))  # (B, T, C)
+
+
+class Transformer(nn.Module):
+    """A tiny GPT-like model (the role of common_dtensor.Transformer): token + position embeddings, blocks,
+    final norm, output projection optionally tied to the token embedding; blocks optionally checkpointed."""
+
+    def __init__(self, vocab_size=17, dim=8, n_layers=2, n_heads=2, max_seq_len=8, weight_tying=False,
+                 checkpoint_activations=False):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.checkpoint_activations = checkpoint_activations
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.pos_embeddings = nn.Embedding(max_seq_len, dim)
+        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        if weight_tying:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens):
+        from _framework import checkpoint
+
+        B, T = tokens.shape
+        pos = torch.arange(0, T, dtype=torch.int64)  # (T,)
+        h = self.tok_embeddings(tokens) + self.pos_embeddings(pos)  # (B, T, C)
+        for layer in self.layers:
+            if self.checkpoint_activations:
+                h = checkpoint(layer, h, use_reentrant=False)
+            else:
+                h = layer(h)
+        return self.output(self.norm(h))  # (B, T, vocab)
+
+
+def train_parity(ref, model, make_global_inp, iters=3, lr=1e-2, rtol=1e-4, atol=1e-5, check_every_iter=True,
+                 loss_fn=None, prefixes_to_ignore=()):
+    """Train ``model`` (sharded) on each rank's slice and ``ref`` on the global batch with Adam; assert equal
+    global losses every iteration and sharded parity (parameters and gradients). Returns the losses."""
+    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    ref_optim = torch.optim.Adam(ref.parameters(), lr=lr)
+    loss_fn = loss_fn or (lambda m, x: m(x).sum())
+    losses = []
+    for it in range(iters):
+        global_inp = make_global_inp(it)
+        for o in (optim, ref_optim):
+            o.zero_grad(set_to_none=(it % 2 == 0))
+        loss = loss_fn(model, local(global_inp))
+        loss.backward()
+        ref_loss = ref_loss_backward(ref, global_inp, loss_fn=loss_fn)
+        assert_close(global_sum(loss), float(ref_loss.item()), rtol=rtol, atol=atol, msg=f"loss at iter {it}")
+        if check_every_iter:
+            check_sharded_parity(ref, model, rtol=rtol, atol=atol, prefixes_to_ignore=prefixes_to_ignore)
+        optim.step()
+        ref_optim.step()
+        losses.append(float(ref_loss.item()))
+    check_sharded_parity(ref, model, rtol=rtol, atol=atol, prefixes_to_ignore=prefixes_to_ignore,
+                         check_grads=False)
+    return losses
+
+
+class CheckpointedSequential(nn.Sequential):
+    """A Sequential whose children run under activation checkpointing (the composable ``checkpoint(mlp)``
+    of PyTorch's tests, expressed with torch.utils.checkpoint)."""
+
+    def forward(self, x):
+        from _framework import checkpoint
+
+        for m in self:
+            x = checkpoint(m, x, use_reentrant=False)
+        return x
+
+
+def freeze(module, keep=lambda name: "bias" in name):
+    """requires_grad_(False) on every parameter whose name ``keep`` rejects (BitFit: train biases only)."""
+    for name, p in module.named_parameters():
+        if not keep(name):
+            p.requires_grad_(False)
