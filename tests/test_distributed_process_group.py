@@ -342,6 +342,8 @@ def test_object_encoding_carries_tensors_but_not_dtensors():
     np.testing.assert_array_equal(got.detach().numpy(), t.detach().numpy())
     assert step.dtype == hp.bfloat16 and not step.requires_grad and step.tolist() == [1.5, -2.0]
     assert back["groups"] == [{"lr": 0.1}]
+    scalar = B.decode_object(B.encode_object([hp.tensor(3.0), np.array(2.0, np.float64)]))  # Adam's "step"
+    assert scalar[0].shape == () and scalar[0].item() == 3.0 and scalar[1].shape == () and scalar[1] == 2.0
     sharded = distribute_tensor(hp.zeros(4), init_device_mesh("cpu", (1,)), [Shard(0)])
     with pytest.raises(TypeError, match="DTensor"):
         B.encode_object([sharded])

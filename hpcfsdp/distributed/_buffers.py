@@ -415,7 +415,7 @@ def _enc(o: Any) -> Any:
     if isinstance(o, np.dtype):
         return {"__dtype": o.name}
     if isinstance(o, np.ndarray):
-        a = np.ascontiguousarray(o)
+        a = np.asarray(o, order="C")  # keeps 0-dim arrays 0-dim (ascontiguousarray makes them (1,))
         return {"__array": [a.dtype.name, list(a.shape), _b64.b64encode(a.tobytes()).decode("ascii")]}
     if isinstance(o, Tensor):
         if hasattr(o, "device_mesh"):

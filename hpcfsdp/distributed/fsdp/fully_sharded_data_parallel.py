@@ -18,6 +18,7 @@ from ._fully_shard import (
     OffloadPolicy,
     fully_shard,
 )
+from ._fully_shard._fsdp_common import get_module_fsdp_state
 from ._strategy import strategy_kwargs, strategy_mesh
 from ._unshard_params import summon_full_params as _summon_full_params
 from .api import (
@@ -120,7 +121,7 @@ class FullyShardedDataParallel(Module):
         sharding_strategy = ShardingStrategy.FULL_SHARD if sharding_strategy is None else sharding_strategy
         _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
                     device_mesh, sharding_strategy)
-        ignored = _ignored_params(ignored_modules, ignored_states)
+        ignored = _ignored_params(module, ignored_modules, ignored_states)
         device = _resolve_device(device_id)
         _materialize_meta(module, param_init_fn, device, ignored)
         if device is not None:
@@ -201,6 +202,8 @@ class FullyShardedDataParallel(Module):
             v = sd.get(name)
             if isinstance(v, Tensor) and v.dtype != dtype:
                 sd[name] = v.to(dtype=dtype)
+        if prefix:  # every key under ``prefix``, as Module.state_dict (it was dropped: a silent rename)
+            sd = type(sd)((prefix + k, v) for k, v in sd.items())
         return sd
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -236,6 +239,9 @@ class FullyShardedDataParallel(Module):
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
         """Clip the sharded gradients by their global norm (one all-reduce); returns the total norm as a
         plain (full) tensor, as PyTorch's FSDP1 does."""
+        state = get_module_fsdp_state(self.module)
+        if state is not None and state._is_root is False:  # nested in another instance (PyTorch's check)
+            raise RuntimeError("`clip_grad_norm_()` should only be called on the root FSDP instance")
         total = _clip_grad_norm(list(self.parameters()), max_norm, norm_type=norm_type)
         return total.full_tensor() if isinstance(total, DTensor) else total
 
@@ -462,20 +468,35 @@ def _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_i
         raise TypeError(f"cpu_offload must be a CPUOffload, got {type(cpu_offload).__name__}")
     if backward_prefetch is not None and not isinstance(backward_prefetch, BackwardPrefetch):
         raise TypeError(f"backward_prefetch must be a BackwardPrefetch or None, got {backward_prefetch!r}")
-    if param_init_fn is not None and not callable(param_init_fn):
-        raise TypeError(f"param_init_fn must be a callable taking a module, got {param_init_fn!r}")
+    if param_init_fn is not None and not callable(param_init_fn):  # PyTorch's ValueError and words
+        raise ValueError(f"Expected {param_init_fn} to be callable but got {type(param_init_fn)}")
     if process_group is not None and device_mesh is not None:
         raise ValueError("Cannot pass both process_group and device_mesh at the same time. "
                          "Please just pass only one of them.")
 
 
-def _ignored_params(ignored_modules, ignored_states) -> set:
-    """Parameters FSDP leaves alone: those of ``ignored_modules`` and ``ignored_states`` (parameters or modules)."""
+def _ignored_params(root, ignored_modules, ignored_states) -> set:
+    """Parameters FSDP leaves alone: those of ``ignored_modules`` and ``ignored_states`` (parameters or modules).
+    PyTorch's checks and words: ``ignored_modules`` holds modules only, none of them FSDP instances; ignoring the
+    root itself warns."""
     if ignored_modules is not None and ignored_states is not None:
         raise ValueError("Cannot pass both ignored_modules and ignored_states at the same time. "
                          "Please just pass ignored_states.")
+    prefix = "`ignored_modules` should be an iterable of `torch.nn.Module`s "
+    try:
+        modules = list(ignored_modules) if ignored_modules is not None else []
+    except TypeError as e:
+        raise TypeError(prefix + f"but got {type(ignored_modules)}") from e
+    for m in modules:
+        if not isinstance(m, Module):
+            raise TypeError(prefix + f"but got an iterable with {type(m)}")
+        if isinstance(m, (FSDPModule, FullyShardedDataParallel)):
+            raise ValueError("`ignored_modules` should not include FSDP modules")
+    if any(m is root for m in modules + [s for s in (ignored_states or ()) if isinstance(s, Module)]):
+        warnings.warn("Trying to ignore the top-level module passed into the FSDP constructor itself will result "
+                      f"in all parameters being ignored and is not well-supported: {root}", stacklevel=3)
     ignored = set()
-    for item in list(ignored_modules or ()) + list(ignored_states or ()):
+    for item in modules + list(ignored_states or ()):
         if isinstance(item, Module):
             ignored.update(item.parameters())
         elif isinstance(item, Tensor):
@@ -600,6 +621,10 @@ def _sync_module_states(module: Module, mesh, ignored: set) -> None:
 def _select_units(module: Module, auto_wrap_policy, ignored: set) -> list:
     if auto_wrap_policy is None:
         return []
+    for name, m in module.named_modules():  # PyTorch's check and words (ValueError)
+        if isinstance(m, (FSDPModule, FullyShardedDataParallel)):
+            raise ValueError(f"FSDP auto wrapping requires modules to not already have FSDP applied but found "
+                             f"{name} in\n{module}")
     units = select_units(module, auto_wrap_policy, {id(p) for p in ignored})
     if not units:
         warnings.warn(f"auto_wrap_policy {auto_wrap_policy!r} wrapped no submodule of "

@@ -3,6 +3,8 @@
 import contextlib
 from typing import Any, Callable, Iterable
 
+from ... import nn as _nn
+
 __all__ = ["ModuleWrapPolicy", "CustomPolicy", "size_based_auto_wrap_policy", "always_wrap_policy",
            "transformer_auto_wrap_policy", "lambda_auto_wrap_policy", "enable_wrap", "wrap", "select_units"]
 
@@ -50,8 +52,10 @@ def _containers():
     return {ModuleList, ModuleDict}
 
 
-size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES = set()
-size_based_auto_wrap_policy.FORCE_LEAF_MODULES = set()
+# PyTorch's defaults: containers without forward are never units, and MultiheadAttention is never entered (its
+# out_proj as a unit of its own would be used outside that unit's forward)
+size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES = {_nn.ModuleList, _nn.ModuleDict}
+size_based_auto_wrap_policy.FORCE_LEAF_MODULES = {_nn.MultiheadAttention}
 
 
 class ModuleWrapPolicy:

@@ -456,28 +456,35 @@ def _reduce_mixed_norm(grads, norm_type, inf: bool, op) -> float:
     """Gradients with different shardings on slices of one mesh (FSDP over TP: some sharded over dp and
     tp, some over dp only, maybe on mesh["dp"]): each rank adds every gradient's local partial divided by
     the number of ranks of the whole mesh holding that same piece (the mesh dims it does not shard), and
-    the sum (or max) runs over the whole mesh (collective)."""
+    the sum (or max) runs over the whole mesh (collective). Meshes of different roots over the same ranks
+    (FSDP1 instances of different sharding strategies: NO_SHARD beside FULL_SHARD) reduce the same way."""
     root = grads[0]._spec.mesh._root
+    flat = _flat_group(root)
     groups: dict = {}
     for g in grads:
         spec = g._spec
-        if spec.mesh._root is not root:
+        other = spec.mesh._root
+        if other is not root and sorted(_flat_group(other).world_ranks) != sorted(flat.world_ranks):
             raise RuntimeError(
-                f"clip_grad_norm_: DTensor gradients on different meshes ({grads[0]._spec.mesh!r} vs {spec.mesh!r}) "
-                "cannot share one reduction")
+                f"clip_grad_norm_: DTensor gradients on meshes over different ranks ({grads[0]._spec.mesh!r} vs "
+                f"{spec.mesh!r}) cannot share one reduction")
         sharded = tuple(sorted(d for d, p in zip(spec.mesh._dims, spec.placements) if isinstance(p, Shard)))
-        groups.setdefault(sharded, []).append(g)
+        groups.setdefault((id(other), sharded), (other, sharded, []))[2].append(g)
     total = 0.0
-    for sharded, gs in groups.items():
+    for mesh_root, sharded, gs in groups.values():
         part = _local_partial(gs, norm_type, inf)
         if inf:
             total = max(total, part)
         else:
-            total += part / math.prod(root.size(d) for d in range(root.ndim) if d not in sharded)
+            total += part / math.prod(mesh_root.size(d) for d in range(mesh_root.ndim) if d not in sharded)
     buf = np.array([total], np.float64)
-    flat = root._flatten().get_group() if root.ndim > 1 else root.get_group()
     flat.all_reduce_(buf, op)
     return float(buf[0])
+
+
+def _flat_group(root):
+    """The process group of all ranks of a root mesh."""
+    return root._flatten().get_group() if root.ndim > 1 else root.get_group()
 
 
 def _local_partial(tensors, norm_type, inf: bool) -> float:

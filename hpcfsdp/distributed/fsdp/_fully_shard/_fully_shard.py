@@ -174,11 +174,6 @@ class FSDPModule:
 
     _orig_cls_mro_index = 2
 
-    @property
-    def module(self) -> Any:
-        """The module itself: ``fully_shard`` changes the class in place rather than wrapping, so there is no inner module."""
-        return self
-
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         orig_cls = cls.__mro__[cls._orig_cls_mro_index]
         self = orig_cls.__new__(orig_cls, *args, **kwargs)
