@@ -409,6 +409,13 @@ def _trained(steps=3, seed=0):
     return fsdp, opt, ref, ropt
 
 
+def _by_name(rosd, ref):
+    """An index-keyed optimizer state dict of ``ref``'s optimizer keyed by ``ref``'s parameter names."""
+    names = [n for n, _ in ref.named_parameters()]
+    return {"state": {names[i]: v for i, v in rosd["state"].items()},
+            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in rosd["param_groups"]]}
+
+
 def _assert_same_optim_state(osd, rosd):
     assert set(osd["state"]) == set(rosd["state"]) and [g["params"] for g in osd["param_groups"]] == \
         [g["params"] for g in rosd["param_groups"]]
@@ -419,20 +426,22 @@ def _assert_same_optim_state(osd, rosd):
 
 
 def test_full_optim_state_dict_is_the_unsharded_optimizers_and_scatters_back():
-    """FSDP1's older optimizer-state API (PyTorch's FSDP tutorials save with it): the full state keyed by index
-    equals the unsharded optimizer's state dict; scattered into a fresh model, training continues as the
-    reference does."""
+    """FSDP1's older optimizer-state API (PyTorch's FSDP tutorials save with it): the full state keyed by
+    parameter name (PyTorch's keys; it was keyed by index) equals the unsharded optimizer's state dict, Adam's
+    step 0-dim; scattered into a fresh model, training continues as the reference does."""
     rank = dist.get_rank()
     fsdp, opt, ref, ropt = _trained()
     with pytest.warns(FutureWarning, match="full_optim_state_dict"):
         full_osd = FSDP.full_optim_state_dict(fsdp, opt)
     if rank == 0:
-        _assert_same_optim_state(full_osd, ropt.state_dict())
+        _assert_same_optim_state(full_osd, _by_name(ropt.state_dict(), ref))
+        assert all(tuple(e["step"].shape) == () for e in full_osd["state"].values())
     else:
         assert full_osd == {}
     with pytest.warns(FutureWarning):
         everyone = FSDP.full_optim_state_dict(fsdp, opt, rank0_only=False)
-    _assert_same_optim_state(everyone, ropt.state_dict())
+    _assert_same_optim_state(everyone, _by_name(ropt.state_dict(), ref))
+    assert all(tuple(e["step"].shape) == () for e in everyone["state"].values())
     # into a fresh model with the trained parameters: by scatter (rank 0's) and by shard (every rank's)
     for how in ("scatter", "shard"):
         fresh = FSDP(_blocks(3), auto_wrap_policy=_wrap_policy())
@@ -469,12 +478,16 @@ def test_rekey_sharded_optim_state_dict_fsdp_modules_and_check_is_root():
     fsdp, opt, ref, ropt = _trained(steps=2)
     with pytest.warns(FutureWarning):
         full_osd = FSDP.full_optim_state_dict(fsdp, opt, rank0_only=False)
-    by_name = FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_NAME, fsdp)
     names = [n for n, _ in ref.named_parameters()]
-    assert set(by_name["state"]) == set(names) and by_name["param_groups"][0]["params"] == names
-    back = FSDP.rekey_optim_state_dict(by_name, OptimStateKeyType.PARAM_ID, fsdp)
-    assert back["param_groups"][0]["params"] == full_osd["param_groups"][0]["params"]
-    assert FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_ID, fsdp) is full_osd
+    assert set(full_osd["state"]) == set(names) and full_osd["param_groups"][0]["params"] == names
+    by_id = FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_ID, fsdp)
+    assert by_id["param_groups"][0]["params"] == list(range(len(names))) and set(by_id["state"]) <= set(range(len(names)))
+    back = FSDP.rekey_optim_state_dict(by_id, OptimStateKeyType.PARAM_NAME, fsdp)
+    assert back["param_groups"][0]["params"] == names
+    assert FSDP.rekey_optim_state_dict(full_osd, OptimStateKeyType.PARAM_NAME, fsdp) is full_osd
+    with pytest.warns(FutureWarning):  # an index-keyed full state dict still scatters
+        sharded = FSDP.shard_full_optim_state_dict(by_id, fsdp)
+    assert sorted(sharded["state"]) == sorted(by_id["state"])
     with pytest.raises(TypeError, match="OptimStateKeyType"):
         FSDP.rekey_optim_state_dict(full_osd, "names", fsdp)
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="optim_input"):

@@ -343,14 +343,13 @@ class FullyShardedDataParallel(Module):
     # -- FSDP1's older optimizer-state API (deprecated in PyTorch, still in its tutorials) -----------------------
     @staticmethod
     def full_optim_state_dict(model, optim, optim_input=None, rank0_only: bool = True, group=None) -> dict:
-        """The whole optimizer state, gathered, keyed by parameter index as ``optim.state_dict()`` (every rank
-        takes part; with ``rank0_only`` the others get ``{}``). Deprecated in PyTorch for ``optim_state_dict``."""
+        """The whole optimizer state, gathered, keyed by parameter name as PyTorch's (every rank takes part;
+        with ``rank0_only`` the others get ``{}``). Deprecated in PyTorch for ``optim_state_dict``."""
         _deprecated("full_optim_state_dict", "optim_state_dict")
         _no_optim_input(optim_input)
-        root = _root(model)
-        named = sdu.optim_state_dict(root, optim, StateDictType.FULL_STATE_DICT,
+        named = sdu.optim_state_dict(_root(model), optim, StateDictType.FULL_STATE_DICT,
                                      FullOptimStateDictConfig(rank0_only=rank0_only))
-        return sdu.rekey(named, root, sdu._optim_params(optim), to_names=False) if named else {}
+        return named or {}
 
     @staticmethod
     def sharded_optim_state_dict(model, optim, group=None) -> dict:
@@ -430,13 +429,16 @@ def _no_optim_input(optim_input) -> None:
 
 
 def _load_full_by_index(full_osd, model, optim, broadcast: bool) -> dict:
-    """``optim.load_state_dict`` input from an index-keyed full optimizer state dict (rank 0's only, broadcast,
-    with ``broadcast``); indices as ``optim``'s parameters, else ``model.parameters()``."""
+    """``optim.load_state_dict`` input from a full optimizer state dict keyed by parameter name (PyTorch's) or
+    by index (``rekey_optim_state_dict(..., PARAM_ID)``; indices as ``optim``'s parameters, else
+    ``model.parameters()``), rank 0's only and broadcast with ``broadcast``."""
     root = _root(model)
     params = sdu._optim_params(optim) if optim is not None else list(model.parameters())
     named = None
     if not broadcast or sdu._world_rank() == 0:
-        named = sdu.rekey(full_osd, root, params, to_names=True)
+        by_name = all(isinstance(k, str) for k in full_osd.get("state", {})) and all(
+            isinstance(k, str) for g in full_osd.get("param_groups", []) for k in g["params"])
+        named = full_osd if by_name else sdu.rekey(full_osd, root, params, to_names=True)
     if broadcast:
         named = sdu.broadcast_optim_state_dict(root, named)
     if optim is None:  # an optimizer's outline for the index order: its groups as the state dict's
