@@ -136,8 +136,10 @@ class FullyShardedDataParallel(Module):
         common = dict(mesh=mesh, dp_mesh_dims=dims, offload_policy=offload, ignored_params=ignored or None,
                       **strategy_kwargs(sharding_strategy))
         units = _select_units(module, auto_wrap_policy, ignored)
+        if mixed_precision is not None and auto_wrap_policy is not None:
+            _warn_on_overridden_mixed_precision(module, mixed_precision)
         _shard(module, units, mixed_precision, common)
-        self._buffer_dtypes = _cast_buffers(module, mixed_precision)
+        self._buffer_dtypes = _cast_buffers(module, mixed_precision, _ignored_modules(ignored_modules, ignored_states))
         self._fsdp_wrapped_module = module
         for inner in _wrappers(module, required=False):  # hand-nested instances: not roots (check_is_root)
             inner.__dict__["_hp_wrapped_by_fsdp"] = True
@@ -152,6 +154,9 @@ class FullyShardedDataParallel(Module):
         self.use_orig_params = bool(use_orig_params)
         self.compute_device = device if device is not None else _backend.device(device_type)
         self._device_mesh = mesh
+        # PyTorch's attributes: the shard group (HYBRID_SHARD: inside the node), this rank in it, its size
+        self.process_group = mesh.get_group(mesh.ndim - 1)
+        self.rank, self.world_size = self.process_group.rank(), self.process_group.size()
         _configure_units(module, mixed_precision, forward_prefetch, backward_prefetch)
         self._state_dict_settings = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(),
                                                       FullOptimStateDictConfig())
@@ -195,9 +200,18 @@ class FullyShardedDataParallel(Module):
         ``buffer_dtype`` cast come back in their original dtype, as PyTorch's FSDP returns them. Inside an
         outer wrapper's state dict (``destination`` given) this one adds its entries as a plain module."""
         if args or destination is not None:
-            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+            if _STATE_DICT_DEPTH[0] or args:  # inside an outer wrapper's state dict: that one converts
+                return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+            # a plain module holds this instance: its entries, converted by its own state-dict type
+            for k, v in self.state_dict(prefix=prefix, keep_vars=keep_vars).items():
+                destination[k] = v
+            return destination
         s = self._state_dict_settings
-        sd = sdu.model_state_dict(self.module, s.state_dict_type, s.state_dict_config)
+        _STATE_DICT_DEPTH[0] += 1
+        try:
+            sd = sdu.model_state_dict(self.module, s.state_dict_type, s.state_dict_config)
+        finally:
+            _STATE_DICT_DEPTH[0] -= 1
         for name, dtype in self._buffer_dtypes.items():
             v = sd.get(name)
             if isinstance(v, Tensor) and v.dtype != dtype:
@@ -416,6 +430,7 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+_STATE_DICT_DEPTH = [0]  # > 0 while an instance's state_dict() converts its tree (nested instances add raw entries)
 
 
 def _deprecated(name: str, instead: str) -> None:
@@ -652,28 +667,56 @@ def _shard(module: Module, units: list, mp: MixedPrecision | None, common: dict)
             if isinstance(m, mp_ignore) and any(True for _ in m.parameters(recurse=False)):
                 fully_shard(m, mp_policy=fp32, **common)
                 _cast_output_to_input_dtype(m)
+        if get_module_fsdp_state(module) is not None:  # the root itself is of an ignored class: it is that unit
+            return
     for unit in units:
         if not isinstance(unit, mp_ignore):
             fully_shard(unit, mp_policy=_mp_policy(mp, mp is not None and mp.cast_forward_inputs), **common)
     fully_shard(module, mp_policy=_mp_policy(mp, mp is not None and mp.cast_root_forward_inputs), **common)
+    if mp is not None:  # an instance that turns out nested in another casts as a non-root (PyTorch decides then)
+        get_module_fsdp_state(module)._nonroot_cast_forward_inputs = bool(mp.cast_forward_inputs
+                                                                          and mp.param_dtype is not None)
 
 
-def _cast_buffers(module: Module, mp: MixedPrecision | None) -> dict:
-    """Cast floating buffers to ``buffer_dtype`` (not those of the classes MixedPrecision ignores); returns
-    {buffer name: original dtype} for the ones it changed."""
+def _cast_buffers(module: Module, mp: MixedPrecision | None, ignored_modules: set = frozenset()) -> dict:
+    """Cast floating buffers to ``buffer_dtype`` (not those of the classes MixedPrecision ignores, nor of ignored
+    modules); returns {buffer name as state dicts spell it: original dtype} for the ones cast here or by an
+    instance nested inside (whose buffers are already cast), so a FULL state dict gives them back as they were."""
+    original = {}
+    for prefix, m in module.named_modules():  # nested instances' records, under this tree's names
+        if isinstance(m, FullyShardedDataParallel) and m is not module:
+            for name, dtype in m.__dict__.get("_buffer_dtypes", {}).items():
+                original[sdu.clean_fqn(f"{prefix}.{name}")] = dtype
     if mp is None or mp.buffer_dtype is None:
-        return {}
+        return original
     bdt = _backend.to_dtype(mp.buffer_dtype)
     skip = tuple(mp._module_classes_to_ignore)
-    original = {}
+    skipped = {id(x) for m in module.modules() if isinstance(m, skip) or id(m) in ignored_modules
+               for x in m.modules()}
     for prefix, m in module.named_modules():
-        if isinstance(m, skip):
+        if id(m) in skipped:
             continue
         for name, b in m._buffers.items():
             if b is not None and _backend.is_floating_dtype(b.dtype) and b.dtype != bdt:
-                original[f"{prefix}.{name}" if prefix else name] = b.dtype
+                original[sdu.clean_fqn(f"{prefix}.{name}" if prefix else name)] = b.dtype
                 m._buffers[name] = b.to(dtype=bdt)
     return original
+
+
+def _ignored_modules(ignored_modules, ignored_states) -> set:
+    """Ids of the modules FSDP leaves alone (their buffers too)."""
+    items = list(ignored_modules or ()) + [x for x in (ignored_states or ()) if isinstance(x, Module)]
+    return {id(m) for m in items}
+
+
+def _warn_on_overridden_mixed_precision(module: Module, mp: MixedPrecision) -> None:
+    """PyTorch's warning: with an auto_wrap_policy, submodules of the classes MixedPrecision ignores become
+    instances of their own without mixed precision."""
+    classes = {type(m) for m in module.modules() if isinstance(m, tuple(mp._module_classes_to_ignore))}
+    if classes:
+        warnings.warn("Both mixed precision and an auto_wrap_policy were specified to FSDP, where the wrapped "
+                      f"module has submodules of type:\n{classes}\nThese modules will be wrapped as separate FSDP "
+                      "instacnes with mixed precision disabled.", stacklevel=3)
 
 
 def _configure_units(module: Module, mp: MixedPrecision | None, forward_prefetch: bool, backward_prefetch) -> None:

@@ -101,6 +101,9 @@ class FSDPState:
         self._pre_backward_hook_ran = False
         self._modules_to_run = set()  # ids of this unit's modules whose forward has not run yet (several modules)
         self._backward_prefetch_post = False  # FSDP1 BACKWARD_POST: prefetch after this module's backward
+        # FSDP1 MixedPrecision: cast_forward_inputs when this state is not the root (cast_root_forward_inputs
+        # is its policy's), since whether an instance is the root shows only at lazy init
+        self._nonroot_cast_forward_inputs = None
 
     # -- hooks ----------------------------------------------------------------------------------------
     def register_hooks(self):
@@ -256,7 +259,10 @@ class FSDPState:
 
     def _cast_inputs(self, args, kwargs):
         dt = self._mp_policy.param_dtype
-        if dt is None or not self._mp_policy.cast_forward_inputs:
+        cast = self._mp_policy.cast_forward_inputs
+        if self._nonroot_cast_forward_inputs is not None and self._is_root is False:
+            cast = self._nonroot_cast_forward_inputs
+        if dt is None or not cast:
             return args, kwargs
         dt = _backend.to_dtype(dt)
 
