@@ -133,19 +133,24 @@ def _like(t, dtype, device):
             _backend.to_device(device) if device is not None else t.device)
 
 
-def zeros_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
+def _filled_like(input, dtype, device, requires_grad, how):
     dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(new_array(dev, input.shape, dt, "zeros"), requires_grad)
+    like = getattr(input, "__hp_like__", None)
+    if like is not None:  # a DTensor: the same layout, each rank filling its local piece (PyTorch's result)
+        return like(new_array(dev, input._data.shape, dt, how), requires_grad)
+    return Tensor._wrap(new_array(dev, input.shape, dt, how), requires_grad)
+
+
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    return _filled_like(input, dtype, device, requires_grad, "zeros")
 
 
 def ones_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(new_array(dev, input.shape, dt, "ones"), requires_grad)
+    return _filled_like(input, dtype, device, requires_grad, "ones")
 
 
 def empty_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(new_array(dev, input.shape, dt, "empty"), requires_grad)
+    return _filled_like(input, dtype, device, requires_grad, "empty")
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):  # noqa: A002

@@ -104,6 +104,7 @@ class GradScaler:
         """Multiply the gradients of ``optimizer`` by ``inv_scale`` (a float32 value) in place; returns
         {device: 0-d float32 tensor, 1.0 where some gradient on that device has an inf or NaN}."""
         found: dict = {}
+        agreed: dict = {}  # gradient type with an agreement hook (DTensor) -> (its grads, device, any bad here)
         for group in optimizer.param_groups:
             for param in group["params"]:
                 g = param.grad
@@ -126,6 +127,15 @@ class GradScaler:
                     if inv_scale != 1.0:
                         arr *= arr.dtype.type(inv_scale)
                 found[dev] = bad if dev not in found else (found[dev] | bad)
+                if getattr(type(g), "__hp_agree_max__", None) is not None:
+                    gs, _, any_bad = agreed.get(type(g), ([], dev, False))
+                    agreed[type(g)] = (gs + [g], dev, any_bad | bool(bad))
+        # Sharded gradients: an inf in one rank's piece is invisible to the others, so the flag is agreed (MAX)
+        # over the ranks that shard them, as PyTorch's DTensor does in its unscale kernel: every rank skips the
+        # step together (in gradient order, the same on every rank: collective)
+        for cls, (gs, dev, any_bad) in agreed.items():
+            if cls.__hp_agree_max__(gs, 1.0 if any_bad else 0.0):
+                found[dev] = _backend.array_module(gs[0]._data).asarray(True)
         return {dev: Tensor._wrap(_backend.array_module(bad).asarray(bad, dtype=np.float32))
                 for dev, bad in found.items()}
 

@@ -282,3 +282,96 @@ def freeze(module, keep=lambda name: "bias" in name):
     for name, p in module.named_parameters():
         if not keep(name):
             p.requires_grad_(False)
+
+
+# ---------------------------------------------------------------------------------------------- FSDP1 helpers
+# The FSDP1 port (tests/ported/test_fsdp1_*.py). PyTorch's FullyShardedDataParallel holds the module as its
+# child ``_fsdp_wrapped_module`` and puts that component into parameter names (outside summon_full_params) and
+# auto-wrapped children are FSDP instances; hpcfsdp keeps the unwrapped names and makes auto-wrapped children
+# fully_shard units (FSDPModule). These helpers compare in the form both share.
+
+FSDP1_WRAPPED = "_fsdp_wrapped_module."
+
+
+def fsdp1_clean(name: str) -> str:
+    """A parameter / state-dict name without FSDP1's wrapper components."""
+    return name.replace(FSDP1_WRAPPED, "").replace("_checkpoint_wrapped_module.", "")
+
+
+def fsdp1_cpu():
+    """What every ported FSDP1 test passes as ``device_id``."""
+    return torch.device("cpu")
+
+
+def fsdp1_is_unit(module) -> bool:
+    """Whether ``module`` is an FSDP1 unit: a FullyShardedDataParallel instance (PyTorch: also every auto-wrapped
+    child), or for hpcfsdp an auto-wrapped child, which is a fully_shard unit."""
+    from _framework import IS_TORCH, FSDPModule, FullyShardedDataParallel
+
+    if IS_TORCH:
+        return isinstance(module, FullyShardedDataParallel)
+    return isinstance(module, (FullyShardedDataParallel, FSDPModule))
+
+
+def fsdp1_units(model) -> list:
+    """The FSDP1 units in ``model`` (a hand-made wrapper and the module it shards count once)."""
+    from _framework import IS_TORCH, FSDPModule, FullyShardedDataParallel
+
+    kind = FullyShardedDataParallel if IS_TORCH else FSDPModule
+    return [m for m in model.modules() if isinstance(m, kind)]
+
+
+def fsdp1_inner(module):
+    """The module an FSDP1 unit computes with (PyTorch: the wrapper's ``.module``; hpcfsdp: the unit itself
+    for an auto-wrapped child)."""
+    from _framework import FullyShardedDataParallel
+
+    return module.module if isinstance(module, FullyShardedDataParallel) else module
+
+
+def fsdp1_full_params(model) -> dict:
+    """{clean name: float64 NumPy array} of ``model``'s full parameters (summon_full_params; collective)."""
+    from _framework import FullyShardedDataParallel
+
+    with FullyShardedDataParallel.summon_full_params(model, writeback=False):
+        return {fsdp1_clean(n): to_np(p) for n, p in model.named_parameters()}
+
+
+def fsdp1_check_params(ref, model, rtol=1e-4, atol=1e-5):
+    """``model``'s full parameters equal ``ref``'s, name by name."""
+    full = fsdp1_full_params(model)
+    ref_params = {n: to_np(p) for n, p in ref.named_parameters()}
+    assert sorted(full) == sorted(ref_params), (sorted(full), sorted(ref_params))
+    for name, value in ref_params.items():
+        assert_close(full[name], value, rtol=rtol, atol=atol, msg=f"param {name}")
+
+
+def fsdp1_train_parity(ref, model, make_global_inp, iters=3, lr=1e-2, rtol=1e-4, atol=1e-5, loss_fn=None,
+                       optim_cls=None, clip=None):
+    """FSDP1 ``model`` on each rank's slice, ``ref`` on the global batch (Adam, or ``optim_cls``): equal global
+    losses every iteration and equal full parameters at the end. ``clip``: max norm for
+    ``model.clip_grad_norm_`` against ``clip_grad_norm_`` of the reference (the total norms compared too)."""
+    from _framework import clip_grad_norm_
+
+    optim_cls = optim_cls or torch.optim.Adam
+    optim = optim_cls(model.parameters(), lr=lr)
+    ref_optim = optim_cls(ref.parameters(), lr=lr)
+    loss_fn = loss_fn or (lambda m, x: m(x).sum())
+    losses = []
+    for it in range(iters):
+        global_inp = make_global_inp(it)
+        loss = loss_fn(model, local(global_inp))
+        loss.backward()
+        ref_loss = ref_loss_backward(ref, global_inp, loss_fn=loss_fn)
+        assert_close(global_sum(loss), float(ref_loss.item()), rtol=rtol, atol=atol, msg=f"loss at iter {it}")
+        if clip is not None:
+            norm = model.clip_grad_norm_(clip)
+            ref_norm = clip_grad_norm_(list(ref.parameters()), clip)
+            assert_close(norm, ref_norm, rtol=rtol, atol=atol, msg=f"total norm at iter {it}")
+        optim.step()
+        ref_optim.step()
+        optim.zero_grad()
+        ref_optim.zero_grad()
+        losses.append(float(ref_loss.item()))
+    fsdp1_check_params(ref, model, rtol=rtol, atol=atol)
+    return losses

@@ -103,3 +103,79 @@ def init_world() -> None:
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # N ranks share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=size)
+
+# ---- FSDP1 names (the ported FSDP1 tests, tests/ported/test_fsdp1_*.py) ------------------------------------
+if IS_TORCH:
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        FullyShardedDataParallel,
+        LocalStateDictConfig,
+        MixedPrecision,
+        OptimStateKeyType,
+        ShardedOptimStateDictConfig,
+        ShardedStateDictConfig,
+        ShardingStrategy,
+        StateDictType,
+    )
+    from torch.distributed.fsdp.wrap import (
+        CustomPolicy,
+        ModuleWrapPolicy,
+        always_wrap_policy,
+        enable_wrap,
+        lambda_auto_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+        wrap,
+    )
+else:
+    from hpcfsdp.distributed.fsdp import (  # noqa: F401
+        BackwardPrefetch,
+        CPUOffload,
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        FullyShardedDataParallel,
+        LocalStateDictConfig,
+        MixedPrecision,
+        OptimStateKeyType,
+        ShardedOptimStateDictConfig,
+        ShardedStateDictConfig,
+        ShardingStrategy,
+        StateDictType,
+    )
+    from hpcfsdp.distributed.fsdp.wrap import (  # noqa: F401
+        CustomPolicy,
+        ModuleWrapPolicy,
+        always_wrap_policy,
+        enable_wrap,
+        lambda_auto_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+        wrap,
+    )
+FSDP = FullyShardedDataParallel
+
+__all__ += [
+    "BackwardPrefetch", "CPUOffload", "FullOptimStateDictConfig", "FullStateDictConfig", "FullyShardedDataParallel",
+    "FSDP", "LocalStateDictConfig", "MixedPrecision", "OptimStateKeyType", "ShardedOptimStateDictConfig",
+    "ShardedStateDictConfig", "ShardingStrategy", "StateDictType", "CustomPolicy", "ModuleWrapPolicy",
+    "always_wrap_policy", "enable_wrap", "lambda_auto_wrap_policy", "size_based_auto_wrap_policy",
+    "transformer_auto_wrap_policy", "wrap",
+]
+
+# -- names of the FSDP2 ports of the second pass (comm, grad scaler, dtensor, 2d, compose, conversion)
+if IS_TORCH:
+    from torch.amp import GradScaler
+    from torch.distributed.fsdp import DataParallelMeshDims
+    from torch.distributed.tensor import distribute_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+else:
+    from hpcfsdp.amp import GradScaler
+    from hpcfsdp.distributed.fsdp import DataParallelMeshDims
+    from hpcfsdp.distributed.tensor import distribute_module
+    from hpcfsdp.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+__all__ += ["GradScaler", "DataParallelMeshDims", "distribute_module", "ColwiseParallel", "RowwiseParallel",
+            "parallelize_module"]

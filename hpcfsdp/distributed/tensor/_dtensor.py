@@ -353,6 +353,13 @@ class DTensor(Tensor):
     def data(self, other) -> None:
         self._data = other._data if isinstance(other, Tensor) else other
 
+    def __hp_like__(self, array, requires_grad: bool = False) -> "DTensor":
+        """``zeros_like``/``ones_like``/``empty_like``/``full_like`` of a DTensor: ``array`` (a new local piece,
+        maybe of another dtype) laid out as this one."""
+        spec = self._spec
+        return DTensor._from_array(array, DTensorSpec(spec.mesh, spec.placements, spec.shape, spec.stride,
+                                                      array.dtype), requires_grad)
+
     def __hp_wrap_like__(self, array) -> "DTensor":
         """Optimizer state of a DTensor parameter is a DTensor laid out like it (PyTorch's behaviour)."""
         return DTensor._from_array(array, self._spec)
@@ -443,6 +450,22 @@ class DTensor(Tensor):
         buf = np.array([local_value], np.float64)
         for i in sorted({i for i, p in enumerate(first.placements) if isinstance(p, Shard)}):
             first.mesh.get_group(i).all_reduce_(buf, op)
+        return float(buf[0])
+
+    @classmethod
+    def __hp_agree_max__(cls, tensors, value: float) -> float:
+        """The largest ``value`` over every rank of the meshes ``tensors`` live on (GradScaler's found-inf flag;
+        one all-reduce per mesh, in the tensors' order: collective)."""
+        buf = np.array([value], np.float64)
+        roots = []
+        for t in tensors:
+            root = t._spec.mesh._root
+            if all(root is not r for r in roots):
+                roots.append(root)
+        for root in roots:
+            group = _flat_group(root)
+            if group.size() > 1:
+                group.all_reduce_(buf, ReduceOp.MAX)
         return float(buf[0])
 
     @classmethod

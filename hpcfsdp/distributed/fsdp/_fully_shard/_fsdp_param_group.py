@@ -169,8 +169,12 @@ class FSDPParamGroup:
             if not self.is_meta:
                 segment[...] = p.to_front(new_locals[id(p)])
             p.bind_flat(self.flat)
-            if p.sharded_param.grad is not None:
+            grad = p.sharded_param.grad
+            if grad is not None:  # converted like the parameter (Module._apply does so), as PyTorch's
+                out = fn(Tensor._wrap(grad._data))
                 p.sharded_param.grad = None
+                if not _backend.is_meta_array(out._data if isinstance(out, Tensor) else out):
+                    p.sharded_param.grad = p.sharded_grad(out._data if isinstance(out, Tensor) else out)
 
     def _check_not_meta(self, what):
         if self.is_meta:  # PyTorch's words, with the parameters' names under the root
