@@ -231,7 +231,7 @@ def _load_local(root, sd, strict):
         seg[...] = _backend.array_module(seg).asarray(v._data)
     rest = {k: v for k, v in sd.items() if k not in names}
     res = root.load_state_dict(rest, strict=False)
-    missing += [k for k in res.missing_keys if k not in names]
+    missing += [k for k in res.missing_keys if clean_fqn(k) not in names]  # nested wrappers' raw names too
     unexpected = list(res.unexpected_keys)
     if strict and (missing or unexpected):
         raise RuntimeError(f"Error(s) in loading LOCAL state_dict: missing keys {missing}, "
@@ -276,7 +276,10 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
     keep = not (full and getattr(cfg, "rank0_only", False)) or _world_rank() == 0
     offload = bool(getattr(cfg, "offload_to_cpu", False))
     state = {}
-    for i in sorted(osd["state"]):
+    # in the model's parameter order, not the optimizer's: ranks whose optimizers list the parameters in other
+    # orders still gather (FULL: a collective per tensor) in one order
+    order = {id(q): j for j, q in enumerate(root.parameters())}
+    for i in sorted(osd["state"], key=lambda i: (order.get(id(params[i]), len(order)), i)):
         p = params[i]
         if id(p) not in names:
             raise ValueError(f"optimizer parameter {i} is not a parameter of {type(root).__name__}")

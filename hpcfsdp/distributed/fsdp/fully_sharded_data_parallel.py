@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable
 
 from ... import _backend
 from ..._tensor import Tensor
-from ...nn import Module
+from ...nn import Module, ModuleDict, ModuleList
 from ...nn.utils import clip_grad_norm_ as _clip_grad_norm
 from ..tensor import DTensor
 from . import _state_dict_utils as sdu
@@ -19,6 +19,7 @@ from ._fully_shard import (
     fully_shard,
 )
 from ._fully_shard._fsdp_common import get_module_fsdp_state
+from ._fully_shard._fully_shard import shard_container
 from ._strategy import strategy_kwargs, strategy_mesh
 from ._unshard_params import summon_full_params as _summon_full_params
 from .api import (
@@ -672,7 +673,11 @@ def _shard(module: Module, units: list, mp: MixedPrecision | None, common: dict)
     for unit in units:
         if not isinstance(unit, mp_ignore):
             fully_shard(unit, mp_policy=_mp_policy(mp, mp is not None and mp.cast_forward_inputs), **common)
-    fully_shard(module, mp_policy=_mp_policy(mp, mp is not None and mp.cast_root_forward_inputs), **common)
+    root_policy = _mp_policy(mp, mp is not None and mp.cast_root_forward_inputs)
+    if isinstance(module, (ModuleList, ModuleDict)) and type(module).forward is Module.forward:
+        shard_container(module, mp_policy=root_policy, **common)  # PyTorch wraps containers too
+    else:
+        fully_shard(module, mp_policy=root_policy, **common)
     if mp is not None:  # an instance that turns out nested in another casts as a non-root (PyTorch decides then)
         get_module_fsdp_state(module)._nonroot_cast_forward_inputs = bool(mp.cast_forward_inputs
                                                                           and mp.param_dtype is not None)

@@ -155,6 +155,22 @@ def fully_shard(
     return module if input_is_list else converted[0]
 
 
+def shard_container(container: Any, **kwargs: Any) -> Any:
+    """FSDP1's instance over an ``nn.ModuleList``/``nn.ModuleDict`` (no forward of its own, so fully_shard
+    refuses it): its children that are not units yet form one unit (``fully_shard([...])``, whose hooks run when
+    those children run), and the container carries that unit's state, or an empty one when an auto-wrap
+    policy made every child a unit. Returns the container, now an FSDPModule."""
+    kids = [c for c in container.children() if get_module_fsdp_state(c) is None]
+    if kids:
+        fully_shard(kids, **kwargs)
+        state = get_module_fsdp_state(kids[0])
+    else:
+        state = FSDPState([], kwargs.get("mp_policy") or MixedPrecisionPolicy())
+    converted = _as_fsdp_module(container)
+    registry(converted)[_FULLY_SHARD_STATE_KEY] = state
+    return converted
+
+
 def _fully_shard_state(module: Any) -> FSDPState:
     state = get_module_fsdp_state(module)
     if state is None:
