@@ -14,6 +14,7 @@ from hpcfsdp import nn
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import process_group as P
 from hpcfsdp.distributed.fsdp import FSDP, ShardingStrategy
+from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy
 from hpcfsdp.distributed.process_group import ProcessGroup, ReduceOp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,8 +76,12 @@ def test_hsdp_mesh_crossing_nodes(monkeypatch):
                             device_mesh=mesh), ValueError, "would span nodes")
     # ranks-per-node that does not tile the world: HYBRID_SHARD without a mesh refuses too
     monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "3")
-    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD),
+    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                            auto_wrap_policy=ModuleWrapPolicy({nn.Linear})),
                ValueError, "HYBRID_SHARD needs the same number of ranks on every node")
+    # without a group, a mesh or a policy: PyTorch's refusal of hand-wrapped hybrid instances
+    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD),
+               ValueError, "Manual wrapping with ShardingStrategy.HYBRID_SHARD requires explicit specification")
 
 
 @pytest.mark.mpi(min_size=2)

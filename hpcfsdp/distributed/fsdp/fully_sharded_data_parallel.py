@@ -122,6 +122,11 @@ class FullyShardedDataParallel(Module):
         sharding_strategy = ShardingStrategy.FULL_SHARD if sharding_strategy is None else sharding_strategy
         _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
                     device_mesh, sharding_strategy)
+        if (sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+                and process_group is None and device_mesh is None and auto_wrap_policy is None):
+            # PyTorch's check: hand-wrapped instances could not be sure to share one pair of groups
+            raise ValueError(f"Manual wrapping with {sharding_strategy} requires explicit specification of process "
+                             "group or device_mesh.")
         ignored = _ignored_params(module, ignored_modules, ignored_states)
         device = _resolve_device(device_id)
         _materialize_meta(module, param_init_fn, device, ignored)
