@@ -48,6 +48,9 @@ def _host(t: Tensor) -> Tensor:
     return t if t.device.type == "cpu" else Tensor._wrap(_backend.to_numpy(t._data))
 
 
+SUMMONED: set = set()  # ids of the FSDP states whose full parameters are summoned now
+
+
 @contextlib.contextmanager
 def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
                        offload_to_cpu: bool = False, with_grads: bool = False):
@@ -65,6 +68,10 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
                       "OOM. We recommend using offload_to_cpu=True with rank0_only=True.", stacklevel=3)
     states = _states(module, recurse)
     _check_idle(states)
+    if any(id(st) in SUMMONED for st in states):
+        raise ValueError("expected to be in states [<TrainingState.IDLE: 1>] but current state is "
+                         "TrainingState.SUMMON_FULL_PARAMS (hpcfsdp: summon_full_params is already active on "
+                         "these FSDP units)")
     for m in module.modules():
         if isinstance(m, FSDPModule) and get_module_fsdp_state(m) in states:
             m.reshard()
@@ -88,9 +95,11 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
             if show:
                 m._parameters[name] = full_of[id(p)][1]
                 swapped.append((m, name, p))
+    SUMMONED.update(id(st) for st in states)
     try:
         yield
     finally:
+        SUMMONED.difference_update(id(st) for st in states)
         for m, name, p in swapped:
             m._parameters[name] = p
         if writeback:

@@ -256,12 +256,27 @@ class FullyShardedDataParallel(Module):
         finally:
             self.module.set_requires_gradient_sync(True)
 
+    def apply(self, fn):
+        """``fn`` on every submodule with the full parameters summoned and written back (PyTorch's FSDP1
+        ``apply``: an initialisation sees whole weights); not inside ``summon_full_params``."""
+        if _APPLY_DEPTH[0]:  # reached by an outer instance's apply, which summoned this tree already
+            return super().apply(fn)
+        with FullyShardedDataParallel.summon_full_params(self, writeback=True):
+            _APPLY_DEPTH[0] += 1
+            try:
+                return super().apply(fn)
+            finally:
+                _APPLY_DEPTH[0] -= 1
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
         """Clip the sharded gradients by their global norm (one all-reduce); returns the total norm as a
         plain (full) tensor, as PyTorch's FSDP1 does."""
         state = get_module_fsdp_state(self.module)
         if state is not None and state._is_root is False:  # nested in another instance (PyTorch's check)
             raise RuntimeError("`clip_grad_norm_()` should only be called on the root FSDP instance")
+        if not any(p.grad is not None for p in self.parameters()):  # PyTorch's warning (this rank)
+            warnings.warn(f"Called FSDP.clip_grad_norm_() on rank {self.rank} with no gradients -- returning the "
+                          "total norm in the default dtype float32", stacklevel=2)
         total = _clip_grad_norm(list(self.parameters()), max_norm, norm_type=norm_type)
         return total.full_tensor() if isinstance(total, DTensor) else total
 
@@ -436,6 +451,7 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+_APPLY_DEPTH = [0]  # > 0 while an instance's apply() runs ``fn`` over its summoned tree
 _STATE_DICT_DEPTH = [0]  # > 0 while an instance's state_dict() converts its tree (nested instances add raw entries)
 
 
@@ -510,9 +526,15 @@ def _ignored_params(root, ignored_modules, ignored_states) -> set:
         modules = list(ignored_modules) if ignored_modules is not None else []
     except TypeError as e:
         raise TypeError(prefix + f"but got {type(ignored_modules)}") from e
+    if not all(isinstance(m, Module) for m in modules):  # PyTorch's ValueError and words
+        kinds = sorted({type(m) for m in modules}, key=repr)
+        raise ValueError(f"ignored_modules expects nn.Module list elements but got types {kinds}")
+    states = list(ignored_states or ())
+    if states and not (all(isinstance(x, Module) for x in states) or all(isinstance(x, Tensor) for x in states)):
+        kinds = sorted({type(x) for x in states}, key=repr)
+        raise ValueError(f"ignored_states expects all nn.Parameter or all nn.Module list elements but got types "
+                         f"{kinds}")
     for m in modules:
-        if not isinstance(m, Module):
-            raise TypeError(prefix + f"but got an iterable with {type(m)}")
         if isinstance(m, (FSDPModule, FullyShardedDataParallel)):
             raise ValueError("`ignored_modules` should not include FSDP modules")
     if any(m is root for m in modules + [s for s in (ignored_states or ()) if isinstance(s, Module)]):
