@@ -191,17 +191,23 @@ class FSDPState:
             g.pre_forward(self._prefetch_forward)
         else:
             self._prefetch_forward()
-        if is_grad_enabled():
-            ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
-            if ts and g is not None:
-                g.uses_left += 1
-                g.needs_post_backward = True
-                new = RegisterPostBackward.apply(self, *ts)
-                new = new if isinstance(new, tuple) else (new,)
-                swap = {id(t): n for t, n in zip(ts, new)}
-                args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
-            elif g is not None and any(p.reduces_grad() for p in g.fsdp_params):
-                g.needs_post_backward = True
+        if is_grad_enabled() and g is not None:
+            args, kwargs = self._register_post_backward(g, args, kwargs)
+        return args, kwargs
+
+    def _register_post_backward(self, g, args, kwargs):
+        """Wrap the inputs that require grad in RegisterPostBackward (one more use of the group to wait for in
+        backward); without such inputs the end-of-backward callback reduces the group."""
+        ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
+        if ts:
+            g.uses_left += 1
+            g.needs_post_backward = True
+            new = RegisterPostBackward.apply(self, *ts)
+            new = new if isinstance(new, tuple) else (new,)
+            swap = {id(t): n for t, n in zip(ts, new)}
+            args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
+        elif any(p.reduces_grad() for p in g.fsdp_params):
+            g.needs_post_backward = True
         return args, kwargs
 
     # [Note: Recompute under FSDP]
@@ -223,17 +229,7 @@ class FSDPState:
         g.pending_recomputes = max(g.pending_recomputes - 1, 0)
         g.unshard(async_op=True)  # a no-op when a backward prefetch already issued it
         g.wait_for_unshard()
-        ts = [t for t in _tensors_in((args, kwargs), []) if t.requires_grad]
-        if ts:
-            g.uses_left += 1
-            g.needs_post_backward = True
-            new = RegisterPostBackward.apply(self, *ts)
-            new = new if isinstance(new, tuple) else (new,)
-            swap = {id(t): n for t, n in zip(ts, new)}
-            args, kwargs = _map_tensors((args, kwargs), lambda t: swap.get(id(t), t))
-        elif any(p.reduces_grad() for p in g.fsdp_params):
-            g.needs_post_backward = True
-        return args, kwargs
+        return self._register_post_backward(g, args, kwargs)
 
     def _recompute_post_forward(self, output):
         for t in _tensors_in(output, []):
