@@ -7,7 +7,7 @@ from ._creation import (arange, as_tensor, cat, concat, concatenate, empty, empt
                         from_numpy, full, full_like, is_tensor, linspace, numel, ones, ones_like, rand, rand_like,
                         randint, randn, randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like)
 from ._ops_api import (abs, allclose, amax, equal, amin, argmax, argmin, clamp, clip, exp, log, matmul, max, maximum,  # noqa: A004
-                       mean, min, minimum, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
+                       mean, min, minimum, relu, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
                        get_default_dtype, is_floating_point, promote_types)
 from ._tensor import Size, Tensor
 from .autograd.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled

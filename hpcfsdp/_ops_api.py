@@ -5,7 +5,7 @@ from ._array import promote_types as _promote
 from ._tensor import Tensor
 
 __all__ = ["abs", "allclose", "equal", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
-           "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
+           "maximum", "mean", "min", "minimum", "relu", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
            "var", "get_default_dtype", "is_floating_point", "promote_types"]
 
 
@@ -38,6 +38,7 @@ mean = _method_as_function("mean")
 min = _method_as_function("min")  # noqa: A001
 minimum = _method_as_function("minimum")
 rsqrt = _method_as_function("rsqrt")
+relu = _method_as_function("relu")
 sigmoid = _method_as_function("sigmoid")
 softmax = _method_as_function("softmax")
 log_softmax = _method_as_function("log_softmax")

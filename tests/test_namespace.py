@@ -55,3 +55,14 @@ def test_import_under_an_mpi_launcher_exports_torchrun_variables_without_mpi():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["3", "4", "1", "2", "False"]
+
+
+def test_relu_at_the_top_level():
+    """torch.relu(x), as PyTorch's (the ported FSDP1 tests found it missing); it is differentiable."""
+    import hpcfsdp as hp
+
+    x = hp.tensor([-1.5, 0.0, 2.0], requires_grad=True)
+    y = hp.relu(x)
+    assert y.tolist() == [0.0, 0.0, 2.0]
+    y.sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 1.0]
