@@ -25,7 +25,7 @@ __all__ = [
     "from_numpy", "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu",
     "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled",
     "abs", "allclose", "equal", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
-    "maximum", "mean", "min", "minimum", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
+    "maximum", "mean", "min", "minimum", "relu", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
     "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
     "save", "load",
 ]

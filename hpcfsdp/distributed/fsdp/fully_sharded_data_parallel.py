@@ -3,6 +3,7 @@ offload, prefetch, no_sync, summon_full_params, clip_grad_norm_ and the state-di
 
 import contextlib
 import warnings
+import weakref
 from typing import Any, Callable, Iterable
 
 from ... import _backend
@@ -119,6 +120,19 @@ class FullyShardedDataParallel(Module):
         device_mesh: Any = None,
     ):
         super().__init__()
+        prev = module.__dict__.get("_hp_fsdp1_wrapper") if isinstance(module, FSDPModule) else None
+        prev = prev() if prev is not None else None
+        if prev is not None and prev._fsdp_wrapped_module is module:  # wrapped again (PyTorch allows it)
+            settings = (process_group, sharding_strategy, cpu_offload, auto_wrap_policy, mixed_precision,
+                        ignored_modules, param_init_fn, device_mesh, ignored_states)
+            if (any(x is not None for x in settings) or sync_module_states or forward_prefetch or use_orig_params
+                    or not limit_all_gathers or backward_prefetch is not BackwardPrefetch.BACKWARD_PRE):
+                raise RuntimeError(
+                    f"{type(module).__name__} is already the module of a FullyShardedDataParallel instance; wrapping "
+                    "it again reuses that instance's sharding, so pass no other settings than device_id (or build "
+                    "the model anew to shard it differently)")
+            _adopt_wrapper(self, prev, module)
+            return
         sharding_strategy = ShardingStrategy.FULL_SHARD if sharding_strategy is None else sharding_strategy
         _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
                     device_mesh, sharding_strategy)
@@ -141,7 +155,7 @@ class FullyShardedDataParallel(Module):
         offload: OffloadPolicy = CPUOffloadPolicy() if cpu_offload and cpu_offload.offload_params else OffloadPolicy()
         common = dict(mesh=mesh, dp_mesh_dims=dims, offload_policy=offload, ignored_params=ignored or None,
                       **strategy_kwargs(sharding_strategy))
-        units = _select_units(module, auto_wrap_policy, ignored)
+        units = _select_units(module, auto_wrap_policy, ignored, _ignored_modules(ignored_modules, ignored_states))
         if mixed_precision is not None and auto_wrap_policy is not None:
             _warn_on_overridden_mixed_precision(module, mixed_precision)
         _shard(module, units, mixed_precision, common)
@@ -166,6 +180,7 @@ class FullyShardedDataParallel(Module):
         _configure_units(module, mixed_precision, forward_prefetch, backward_prefetch)
         self._state_dict_settings = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(),
                                                       FullOptimStateDictConfig())
+        module.__dict__["_hp_fsdp1_wrapper"] = weakref.ref(self)  # a second FSDP(module) adopts this one
 
     # -- module plumbing: names are the wrapped module's; see [Note: Nested FSDP1 wrappers] --------------
     @property
@@ -451,6 +466,22 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+
+# what a second FullyShardedDataParallel around the same module takes from the first (the same sharded module)
+_ADOPTED = ("_buffer_dtypes", "sharding_strategy", "mixed_precision", "cpu_offload", "backward_prefetch",
+            "forward_prefetch", "limit_all_gathers", "use_orig_params", "compute_device", "_device_mesh",
+            "process_group", "rank", "world_size", "_state_dict_settings")
+
+
+def _adopt_wrapper(new: "FullyShardedDataParallel", prev: "FullyShardedDataParallel", module: Module) -> None:
+    """``new`` wraps ``module`` as ``prev`` does: the same units, settings and state-dict type (PyTorch's test
+    wraps a trained model's module again for inference and expects the same outputs)."""
+    new._fsdp_wrapped_module = module
+    new._register_state_dict_hook(_drop_wrapper_prefix)
+    new._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
+    for name in _ADOPTED:
+        object.__setattr__(new, name, prev.__dict__[name])
+    module.__dict__["_hp_fsdp1_wrapper"] = weakref.ref(new)
 _APPLY_DEPTH = [0]  # > 0 while an instance's apply() runs ``fn`` over its summoned tree
 _STATE_DICT_DEPTH = [0]  # > 0 while an instance's state_dict() converts its tree (nested instances add raw entries)
 
@@ -663,7 +694,9 @@ def _sync_module_states(module: Module, mesh, ignored: set) -> None:
             c10d.broadcast(t, group=group, group_src=0)
 
 
-def _select_units(module: Module, auto_wrap_policy, ignored: set) -> list:
+def _select_units(module: Module, auto_wrap_policy, ignored: set, ignored_modules: set = frozenset()) -> list:
+    """The submodules ``auto_wrap_policy`` makes units of, never an ignored module or one inside it (PyTorch's
+    recursive wrap skips them)."""
     if auto_wrap_policy is None:
         return []
     for name, m in module.named_modules():  # PyTorch's check and words (ValueError)
@@ -671,6 +704,8 @@ def _select_units(module: Module, auto_wrap_policy, ignored: set) -> list:
             raise ValueError(f"FSDP auto wrapping requires modules to not already have FSDP applied but found "
                              f"{name} in\n{module}")
     units = select_units(module, auto_wrap_policy, {id(p) for p in ignored})
+    inside = {id(x) for m in module.modules() if id(m) in ignored_modules for x in m.modules()}
+    units = [u for u in units if id(u) not in inside]
     if not units:
         warnings.warn(f"auto_wrap_policy {auto_wrap_policy!r} wrapped no submodule of "
                       f"{type(module).__name__}: the whole model is one FSDP unit, so every rank "
