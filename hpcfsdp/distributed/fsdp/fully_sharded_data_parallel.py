@@ -204,6 +204,9 @@ class FullyShardedDataParallel(Module):
 
     def forward(self, *args, **kwargs):
         """Run the wrapped module (FSDP's hooks gather and free the parameters around it)."""
+        if not self.__dict__.get("_hp_checked_homogeneous"):  # PyTorch's lazy-init check, once per root
+            _check_homogeneous(self)
+            self.__dict__["_hp_checked_homogeneous"] = True
         return self.module(*args, **kwargs)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
@@ -466,6 +469,16 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+
+
+def _check_homogeneous(root: "FullyShardedDataParallel") -> None:
+    """The settings every instance under a root must share (PyTorch's ValueError at lazy init; here they change
+    nothing, but a script mixing them is refused as there)."""
+    wrappers = [root] + [w for w in _wrappers(root.module, required=False) if w is not root]
+    for attr, name in (("use_orig_params", "_use_orig_params"), ("limit_all_gathers", "limit_all_gathers")):
+        values = {getattr(w, attr) for w in wrappers}
+        if len(values) != 1:
+            raise ValueError(f"Expects one homogeneous value for {name} but got {values}")
 
 # what a second FullyShardedDataParallel around the same module takes from the first (the same sharded module)
 _ADOPTED = ("_buffer_dtypes", "sharding_strategy", "mixed_precision", "cpu_offload", "backward_prefetch",
