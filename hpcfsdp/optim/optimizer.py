@@ -99,8 +99,34 @@ def _lerp_(xp, start, end, weight):
         xp.subtract(end, diff, out=start)
 
 
+def _check_not_replaced(optimizer) -> None:
+    """Refuse to step parameters that fully_shard / FullyShardedDataParallel replaced by sharded ones: an optimizer
+    built before sharding would update objects no module uses any more and train nothing, silently."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if "_hp_fsdp_orig_uid" in p.__dict__:
+                raise RuntimeError(
+                    f"{type(optimizer).__name__}.step(): a parameter of shape {tuple(p.shape)} was replaced by its "
+                    "sharded DTensor when the model was sharded (fully_shard / FullyShardedDataParallel), so this "
+                    "optimizer would train nothing; build the optimizer after sharding, from model.parameters() "
+                    "(hpcfsdp keeps no original parameter objects, also with use_orig_params=True)")
+
+
 class Optimizer:
     """Base class: ``Optimizer(params, defaults)``; subclasses implement ``step``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "_hp_checks_params", False):
+            def checked_step(self, *args, **kw):
+                _check_not_replaced(self)
+                return step(self, *args, **kw)
+
+            checked_step.__name__, checked_step.__doc__ = step.__name__, step.__doc__
+            checked_step.__qualname__ = step.__qualname__
+            checked_step._hp_checks_params = True
+            cls.step = checked_step
 
     def __init__(self, params, defaults: Dict[str, Any]) -> None:
         self.defaults = defaults

@@ -179,3 +179,13 @@ else:
 
 __all__ += ["GradScaler", "DataParallelMeshDims", "distribute_module", "ColwiseParallel", "RowwiseParallel",
             "parallelize_module"]
+
+# -- names of the third FSDP1 pass (activation-checkpoint wrappers, ShardedGradScaler)
+if IS_TORCH:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+else:
+    from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from hpcfsdp.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+__all__ += ["CheckpointImpl", "checkpoint_wrapper", "ShardedGradScaler"]

@@ -182,3 +182,107 @@ def test_policies_pick_units(policy):
     for n, p in ref.named_parameters():
         assert_close_np = to_np(p)
         assert (abs(full[n] - assert_close_np) < 1e-6).all(), n
+
+
+def _nested_sequential():
+    """TestFSDPWrap.NestedSequentialModel: two linears and a Sequential of two linears (5x5 each)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5), nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5)))
+
+
+def test_auto_wrap_preset_exclude_wrap_include_children():
+    """A ModuleList is not wrapped, its large enough child is."""
+    seq = nn.ModuleList([nn.Linear(10, 10)])
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=40)
+    fsdp = FSDP(seq, auto_wrap_policy=policy, device_id=fsdp1_cpu())
+    assert fsdp1_is_unit(fsdp1_inner(fsdp)[0])
+
+
+def test_auto_wrap_preset_force_leaf_custom():
+    """force_leaf_modules extended by nn.Linear: no Linear becomes a unit, only the root is one."""
+    policy = functools.partial(
+        size_based_auto_wrap_policy, min_num_params=40,
+        force_leaf_modules=size_based_auto_wrap_policy.FORCE_LEAF_MODULES.union({nn.Linear}))
+    model = nn.Sequential(nn.Linear(10, 10), nn.ModuleList([nn.Linear(10, 10)]))
+    fsdp = FSDP(model, auto_wrap_policy=policy, device_id=fsdp1_cpu())
+    inner = fsdp1_inner(fsdp)
+    assert not fsdp1_is_unit(inner[0]) and not fsdp1_is_unit(inner[1]) and not fsdp1_is_unit(inner[1][0])
+    assert len(fsdp1_units(fsdp)) == 1
+
+
+@pytest.mark.parametrize("wrap_method", ["fsdp_ctor", "wrap_api"])
+def test_always_wrap_with_ignored_modules(wrap_method):
+    """always_wrap_policy with ignored modules: every other module with parameters is a unit, the ignored
+    ones are not; forward and backward run."""
+    w, _ = world()
+    seq = _nested_sequential()
+    kwargs = dict(auto_wrap_policy=always_wrap_policy, ignored_modules=[seq[1], seq[2][0]], device_id=fsdp1_cpu())
+    if wrap_method == "fsdp_ctor":
+        fsdp = FSDP(seq, **kwargs)
+    else:
+        with enable_wrap(wrapper_cls=FSDP, **kwargs):
+            fsdp = wrap(seq)
+    assert isinstance(fsdp, FSDP)
+    inner = fsdp1_inner(fsdp)
+    assert fsdp1_is_unit(inner[0]) and fsdp1_is_unit(inner[2])
+    assert not fsdp1_is_unit(inner[1])
+    inner2 = fsdp1_inner(inner[2])
+    assert not fsdp1_is_unit(inner2[0]) and fsdp1_is_unit(inner2[1])
+    x = randn(2 * w, 5, seed=1)
+    fsdp(x[:2]).sum().backward()  # runs (the ignored linears hold local, unsynchronised gradients)
+
+
+@pytest.mark.parametrize("wrap_method", ["fsdp_ctor", "wrap_api"])
+def test_auto_wrap_with_ignored_modules(wrap_method):
+    """size_based_auto_wrap_policy(min_num_params=40) with seq[1] and seq[2][0] ignored: the inner Sequential
+    no longer reaches the threshold, so only the root is a unit."""
+    seq = _nested_sequential()
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=40)
+    kwargs = dict(auto_wrap_policy=policy, ignored_modules=[seq[1], seq[2][0]], device_id=fsdp1_cpu())
+    if wrap_method == "fsdp_ctor":
+        fsdp = FSDP(seq, **kwargs)
+    else:
+        with enable_wrap(wrapper_cls=FSDP, **kwargs):
+            fsdp = wrap(seq)
+    assert isinstance(fsdp, FSDP)
+    inner = fsdp1_inner(fsdp)
+    assert not any(fsdp1_is_unit(m) for m in (inner[0], inner[1], inner[2], inner[2][0], inner[2][1]))
+    assert len(fsdp1_units(fsdp)) == 1
+
+
+def test_main_wrap_api():
+    """TestFSDPWrap.test_main_wrap_api: min_num_params=0 wraps every module holding parameters (a nested one
+    too); the root carries backward_prefetch / forward_prefetch; six SGD steps train as the reference."""
+    from _framework import BackwardPrefetch
+
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.nested_lin = nn.Linear(1, 1, bias=False)
+
+        def forward(self, x):
+            return self.nested_lin(x)
+
+    class MyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin1 = nn.Linear(1, 1, bias=False)
+            self.lin2 = nn.Linear(1, 1, bias=False)
+            self.lin3 = nn.Linear(1, 1, bias=False)
+            self.lin4 = Nested()
+
+        def forward(self, x):
+            return self.lin4(self.lin3(self.lin2(self.lin1(x))))
+
+    w, _ = world()
+    model = MyModel()
+    ref = copy_model(model)
+    fsdp = FSDP(model, auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=0),
+                backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True, device_id=fsdp1_cpu())
+    inner = fsdp1_inner(fsdp)
+    for m in (inner.lin1, inner.lin2, inner.lin3, inner.lin4, fsdp1_inner(inner.lin4).nested_lin):
+        assert fsdp1_is_unit(m)
+    assert fsdp.backward_prefetch == BackwardPrefetch.BACKWARD_POST and fsdp.forward_prefetch
+    fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 1, seed=it), iters=6,
+                       optim_cls=lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9))
