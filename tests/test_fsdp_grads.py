@@ -136,3 +136,17 @@ def test_a_parameter_tied_across_two_groups_is_refused():
     with pytest.raises(ValueError, match="Parameter '1.weight' is shared with a parameter already managed by "
                                          "another FSDP group"):
         model(hp.tensor(np.zeros((2, 3), dtype=np.int64)))
+
+
+def test_an_optimizer_built_before_fully_shard_refuses_to_step():
+    """fully_shard replaces every parameter object by its sharded DTensor: an optimizer over the old objects
+    trained nothing, silently (PyTorch's too); its step raises instead, and one built afterwards trains."""
+    model = _mlps(n=1)
+    early = hp.optim.SGD(model.parameters(), lr=0.1)
+    fully_shard(model)
+    model(_local(_inputs(1)[0])).sum().backward()
+    with pytest.raises(RuntimeError, match="build the optimizer after sharding"):
+        early.step()
+    before = [full(p).copy() for p in model.parameters()]
+    hp.optim.SGD(model.parameters(), lr=0.1).step()
+    assert all(not np.array_equal(full(p), b) for p, b in zip(model.parameters(), before))
