@@ -30,6 +30,7 @@ from ....autograd import engine as _engine
 from ....autograd.function import Function
 from ....autograd.grad_mode import is_grad_enabled
 from ....utils import checkpoint as _ckpt
+from ._fsdp_assigned import adopt_assigned_params
 from ._fsdp_collectives import finish_reduce, raise_finite_errors
 from ._fsdp_common import get_module_fsdp_state
 
@@ -159,11 +160,9 @@ class FSDPState:
         for root in self._modules:
             for n, p in root.named_parameters(remove_duplicate=False):
                 names.setdefault(id(p), n)
-        from .._state_dict_utils import adopt_assigned_params  # that module imports this package
-
         for st in ctx.all_states:  # parameters replaced on the modules since fully_shard (PyTorch's
             if st._param_group is not None:  # reset_sharded_param at lazy init); see [Note: Assigned parameters]
-                adopt_assigned_params(st._param_group)
+                adopt_assigned_params(st._param_group, "a Parameter set on the module after fully_shard")
         _check_no_shared_params(ctx.all_states, names)
         for st in ctx.all_states:
             st._ctx = ctx
