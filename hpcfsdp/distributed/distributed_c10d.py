@@ -52,6 +52,7 @@ __all__ = [
     "barrier",
     "all_reduce",
     "all_gather_into_tensor",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
     "broadcast",
     "all_gather",
@@ -401,6 +402,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     out = _arr(output, "reduce_scatter_tensor: output", writable=True)
     inp = _arr(input, "reduce_scatter_tensor: input")
     return g.reduce_scatter_into(out, inp, op, async_op)
+
+
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
+    """PyTorch's newer name of ``reduce_scatter_tensor`` (its FSDP1 communication hooks call it)."""
+    return reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):

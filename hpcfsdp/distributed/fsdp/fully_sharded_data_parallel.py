@@ -14,6 +14,7 @@ from ..tensor import DTensor
 from . import _state_dict_utils as sdu
 from ._fully_shard import (
     CPUOffloadPolicy,
+    ReduceScatter,
     FSDPModule,
     OffloadPolicy,
 )
@@ -295,6 +296,30 @@ class FullyShardedDataParallel(Module):
             finally:
                 _APPLY_DEPTH[0] -= 1
 
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Reduce every unit's gradients with ``hook(state, grad, output)`` instead of the built-in reduce-scatter
+        (the hook divides; see hpcfsdp.distributed.algorithms._comm_hooks). Root only, once, sharded strategies:
+        PyTorch's checks; NO_SHARD's ``hook(state, grad)`` is not supported here yet."""
+        if not self.check_is_root():
+            raise AssertionError("register_comm_hook can only be called on a root instance.")
+        wrappers = [self] + [w for w in _wrappers(self.module, required=False) if w is not self]
+        for w in wrappers:
+            if w.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+                raise AssertionError(f"Communication hook is not supported for hybrid strategies: {w.sharding_strategy}")
+            if w.__dict__.get("_comm_hook") is not None:
+                raise AssertionError("A communication hook is already registered")
+            if not callable(hook):
+                raise ValueError(f"The communication hook must be callable but got {hook}")
+            if w.sharding_strategy == ShardingStrategy.NO_SHARD:
+                raise NotImplementedError("hpcfsdp: register_comm_hook with NO_SHARD (hook(state, grad), an all-reduce) "
+                                          "is not supported yet; FULL_SHARD and SHARD_GRAD_OP are")
+        for w in wrappers:
+            w.__dict__["_comm_hook"], w.__dict__["_comm_hook_state"] = hook, state
+        for group in sdu.fsdp_groups(self.module):  # the hook reduces and divides: the unit only sums
+            group.reduce_scatter_comm = _HookReduceScatter(state, hook)
+            group.gradient_divide_factor = 1.0
+            group.force_sum_reduction_for_comms = True
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
         """Clip the sharded gradients by their global norm (one all-reduce); returns the total norm as a
         plain (full) tensor, as PyTorch's FSDP1 does."""
@@ -478,6 +503,21 @@ class FullyShardedDataParallel(Module):
 
 
 FSDP = FullyShardedDataParallel
+
+
+class _HookReduceScatter(ReduceScatter):
+    """A unit's gradient reduction through an FSDP1 communication hook: ``hook(state, grad, output)`` with this
+    rank's flat gradient (every rank's piece back to back) and its own piece; it runs at once (done on return)."""
+
+    def __init__(self, state, hook):
+        self.state, self.hook = state, hook
+
+    def allocate(self, size, *, dtype, device):
+        return super().allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        self.hook(self.state, input_tensor, output_tensor)
+        return None
 
 
 def _check_homogeneous(root: "FullyShardedDataParallel") -> None:
