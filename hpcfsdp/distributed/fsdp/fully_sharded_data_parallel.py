@@ -220,9 +220,13 @@ class FullyShardedDataParallel(Module):
         return self.module(*args, **kwargs)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        """The wrapped module's named parameters, under their original names (no wrapper prefix)."""
+        """The wrapped module's named parameters, under their original names (no wrapper prefix); always the
+        sharded parameters, whether or not a unit is unsharded now (PyTorch's FSDP1 hands out the same objects
+        at any time, so an optimizer built between a forward and its backward trains them)."""
+        sharded = {id(fp.unsharded_param): fp.sharded_param
+                   for g in sdu.fsdp_groups(self.module) for fp in g.fsdp_params if fp.unsharded_param is not None}
         for name, p in self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate):
-            yield name.replace(_WRAPPED_PREFIX, ""), p
+            yield name.replace(_WRAPPED_PREFIX, ""), sharded.get(id(p), p)
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         """The wrapped module's named buffers, under their original names (no wrapper prefix)."""

@@ -332,10 +332,24 @@ class FSDPParam:
 
     # -- module attributes ------------------------------------------------------------------------
     def to_unsharded(self):
-        """Make the modules use the unsharded parameter, with the sharded one's ``requires_grad``."""
-        if self.unsharded_param.requires_grad != self.requires_grad:
-            self.unsharded_param.requires_grad_(self.requires_grad)
+        """Make the modules use the unsharded parameter, ``requires_grad`` agreed between the two."""
+        self.sync_requires_grad()
         self.set_on_modules(self.unsharded_param)
+
+    def sync_requires_grad(self):
+        """Carry a ``requires_grad_`` made since the last call to the other parameter: one made on the sharded
+        parameter (the user's, or one that ``model.parameters()`` of FSDP1 hands out) wins, else one made on the
+        unsharded parameter while it was the module attribute; see [Note: Frozen parameters]."""
+        if self.unsharded_param is None:
+            return
+        sharded, unsharded = self.sharded_param.requires_grad, self.unsharded_param.requires_grad
+        last = self.__dict__.get("_synced_requires_grad", sharded)
+        value = sharded if sharded != last or unsharded == last else unsharded
+        if unsharded != value:
+            self.unsharded_param.requires_grad_(value)
+        if sharded != value:
+            self.sharded_param.requires_grad_(value)
+        self._synced_requires_grad = value
 
     def set_on_modules(self, param):
         for module, name in self.module_infos:

@@ -289,6 +289,8 @@ class FSDPParamGroup:
         if prefetch is not None:
             prefetch()
         self.wait_for_unshard()
+        for p in self.fsdp_params:  # still unsharded from an earlier forward: a freeze since then counts too
+            p.sync_requires_grad()
 
     def post_forward(self):
         self.reshard_post_forward()
