@@ -344,6 +344,7 @@ def fsdp1_check_params(ref, model, rtol=1e-4, atol=1e-5):
     assert sorted(full) == sorted(ref_params), (sorted(full), sorted(ref_params))
     for name, value in ref_params.items():
         assert_close(full[name], value, rtol=rtol, atol=atol, msg=f"param {name}")
+    return full
 
 
 def fsdp1_train_parity(ref, model, make_global_inp, iters=3, lr=1e-2, rtol=1e-4, atol=1e-5, loss_fn=None,

@@ -32,8 +32,9 @@ def test_ignored_modules_with_parameters_raises():
 def test_ignore_root_warns():
     """Ignoring the module FSDP wraps warns that all parameters are ignored (test_diff_ignored_modules_*)."""
     model = _model()
-    with pytest.warns(UserWarning, match="Trying to ignore the top-level module"):
+    with pytest.warns(UserWarning, match="Trying to ignore the top-level module") as rec:
         FSDP(model, ignored_modules=[model], device_id=fsdp1_cpu())
+    assert any("all parameters being ignored" in str(r.message) for r in rec)
 
 
 def test_hybrid_shard_without_process_group_or_policy_raises():

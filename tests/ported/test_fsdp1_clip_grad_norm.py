@@ -42,7 +42,8 @@ def test_ddp_parity(strategy, use_orig_params, norm_type):
     ref = copy_model(model)
     fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=fsdp1_cpu(),
                 sharding_strategy=getattr(ShardingStrategy, strategy), use_orig_params=use_orig_params)
-    _train_clipped(ref, fsdp, w, norm_type)
+    norms = _train_clipped(ref, fsdp, w, norm_type)
+    assert max(norms) > 0.5, norms  # the norm exceeded max_norm: clipping changed the gradients that trained
 
 
 def _train_clipped(ref, fsdp, w, norm_type, max_norm=0.5):
@@ -51,6 +52,7 @@ def _train_clipped(ref, fsdp, w, norm_type, max_norm=0.5):
 
     optim = torch.optim.SGD(fsdp.parameters(), lr=0.1)
     ref_optim = torch.optim.SGD(ref.parameters(), lr=0.1)
+    norms = []
     for it in range(2):
         x = randn(2 * w, 4, seed=it)
         loss = fsdp(local(x)).sum()
@@ -60,11 +62,13 @@ def _train_clipped(ref, fsdp, w, norm_type, max_norm=0.5):
         norm = fsdp.clip_grad_norm_(max_norm, norm_type=norm_type)
         ref_norm = clip_grad_norm_(list(ref.parameters()), max_norm, norm_type=norm_type)
         assert_close(norm, ref_norm, rtol=1e-4, atol=1e-5, msg=f"total norm at iter {it}")
+        norms.append(float(ref_norm))
         optim.step()
         ref_optim.step()
         optim.zero_grad()
         ref_optim.zero_grad()
     fsdp1_check_params(ref, fsdp)
+    return norms
 
 
 def test_mixed_sharding_strategies():
@@ -75,7 +79,8 @@ def test_mixed_sharding_strategies():
     ref = copy_model(model)
     model[0] = FSDP(model[0], device_id=fsdp1_cpu(), sharding_strategy=ShardingStrategy.NO_SHARD)
     fsdp = FSDP(model, device_id=fsdp1_cpu(), sharding_strategy=ShardingStrategy.FULL_SHARD)
-    _train_clipped(ref, fsdp, w, 2.0)
+    norms = _train_clipped(ref, fsdp, w, 2.0)
+    assert max(norms) > 0.5, norms  # clipping engaged across both kinds of instances
 
 
 def test_no_gradients():
@@ -96,4 +101,5 @@ def test_train_parity_with_clip():
     model = _model()
     ref = copy_model(model)
     fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=fsdp1_cpu())
-    fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=2, clip=0.5)
+    losses = fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=2, clip=0.5)
+    assert len(losses) == 2 and losses[0] != losses[1]  # clipped steps moved the model

@@ -199,7 +199,8 @@ def test_multi_forward():
         for o in (optim, ddp_optim):
             o.step()
             o.zero_grad()
-    fsdp1_check_params(ddp, model)
+    full = fsdp1_check_params(ddp, model)
+    assert len(full) == len(list(ddp.parameters()))  # every parameter, the one used twice included
 
 
 class ContainerInput(nn.Module):
@@ -226,9 +227,10 @@ def test_input_type(kind):
     model = ContainerInput()
     ref = copy_model(model)
     fsdp = _fsdp(model)
-    fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=3,
-                       loss_fn=lambda m, x: m(_pack(kind, x)).sum(),
-                       optim_cls=lambda p, lr: torch.optim.SGD(p, lr=0.1))
+    losses = fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=3,
+                                loss_fn=lambda m, x: m(_pack(kind, x)).sum(),
+                                optim_cls=lambda p, lr: torch.optim.SGD(p, lr=0.1))
+    assert len(losses) == 3 and len(set(losses)) == 3  # the container input trained the layer
 
 
 def test_one_iteration_uneven():

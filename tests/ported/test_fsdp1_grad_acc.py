@@ -2,6 +2,7 @@
 accumulation inside and outside ``no_sync()``) on CPU."""
 import contextlib
 
+import numpy as np
 import pytest
 
 from _common import (
@@ -98,6 +99,7 @@ def _check_grad_acc(configs, *, sharding_strategy, backward_prefetch, use_orig_p
         for n, p in ref.named_parameters():
             assert_close(full[n], to_np(p.grad), rtol=1e-4, atol=1e-5, msg=f"grad {n} vs replica")
     optim.step()  # does not error
+    return acc_grads
 
 
 @pytest.mark.parametrize("num_iters_to_acc", [2, 4])
@@ -106,8 +108,9 @@ def test_no_sync(num_iters_to_acc, backward_prefetch):
     """TestNoSync.test_no_sync: all but the last batch under no_sync() accumulate to the gradients of one
     step on the concatenated batch (its CPUOffload(offload_params=True) cases: PyTorch needs an accelerator)."""
     prefetch = getattr(BackwardPrefetch, backward_prefetch) if backward_prefetch else None
-    _check_grad_acc([(True, num_iters_to_acc)], sharding_strategy=ShardingStrategy.FULL_SHARD,
-                    backward_prefetch=prefetch, use_orig_params=False)
+    grads = _check_grad_acc([(True, num_iters_to_acc)], sharding_strategy=ShardingStrategy.FULL_SHARD,
+                            backward_prefetch=prefetch, use_orig_params=False)
+    assert grads and any(np.abs(g).max() > 0 for g in grads)  # a real gradient accumulated
 
 
 _CONFIGS = {
@@ -124,5 +127,6 @@ def test_grad_acc(configs, sharding_strategy):
     cycled over the cases (every value of each is exercised)."""
     prefetches = [None, BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST]
     i = sorted(_CONFIGS).index(configs) * 3 + ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"].index(sharding_strategy)
-    _check_grad_acc(_CONFIGS[configs], sharding_strategy=getattr(ShardingStrategy, sharding_strategy),
-                    backward_prefetch=prefetches[i % 3], use_orig_params=bool(i % 2))
+    grads = _check_grad_acc(_CONFIGS[configs], sharding_strategy=getattr(ShardingStrategy, sharding_strategy),
+                            backward_prefetch=prefetches[i % 3], use_orig_params=bool(i % 2))
+    assert grads and any(np.abs(g).max() > 0 for g in grads)  # a real gradient accumulated

@@ -152,6 +152,7 @@ def test_pure_fp16_training():
     ref = ref.half()
     fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it).half(), iters=1, rtol=2e-2, atol=2e-2,
                        optim_cls=torch.optim.SGD)
+    assert all(p.dtype == torch.float16 for p in fsdp.parameters())  # it trained in float16
 
 
 class ConvBN(nn.Module):
@@ -169,8 +170,9 @@ def test_batchnorm_wrapped_separately_warns():
     wrapped as separate FSDP instances with mixed precision disabled (test_mp_batchnorm)."""
     model = ConvBN()
     policy = functools.partial(size_based_auto_wrap_policy, min_num_params=10**6)
-    with pytest.warns(UserWarning, match="wrapped as separate FSDP"):
+    with pytest.warns(UserWarning, match="wrapped as separate FSDP") as rec:
         FSDP(model, auto_wrap_policy=policy, mixed_precision=_mp(), device_id=fsdp1_cpu())
+    assert any("BatchNorm1d" in str(r.message) for r in rec)  # the warning names the class
 
 
 def test_batchnorm_root_with_mixed_precision():

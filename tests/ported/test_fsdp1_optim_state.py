@@ -105,6 +105,7 @@ def test_shard_full_optim_state_dict_round_trip(scatter):
     again = FSDP.full_optim_state_dict(new_model, new_optim, rank0_only=False)
     expected = _reference_state()
     _check_state({fsdp1_clean(k): v for k, v in again["state"].items()}, expected)
+    assert new_optim.state and sorted(fsdp1_clean(k) for k in again["state"]) == sorted(expected)  # all arrived
 
 
 def test_shard_full_optim_state_dict_different_param_order():
