@@ -16,7 +16,7 @@ __all__ = [
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
     "cupy_available", "generator", "generator_for", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
     "pinned_bytes", "is_pinned", "host_empty", "current_cuda_device", "use_cuda_device", "cuda_simulated",
-    "cupy_bfloat16", "MPI_BUFFER_CHECK",
+    "cupy_bfloat16", "MPI_BUFFER_CHECK", "cupy_unavailable_reason",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -101,29 +101,56 @@ def cuda_simulated():
     return _CUDA_SIM
 
 
+_cupy_missing = ""  # why CuPy is unusable here ("" while it is usable or not yet probed)
+
+# [Note: CuPy without a GPU]
+# The CuPy wheel imports on a machine without a GPU or driver (CI installs it there so the simulated device
+# can be held to its real surface). CuPy is usable only where it also sees a GPU: otherwise device 'cuda'
+# raises naming the cause (not importable: which extra to install; no GPU: what CuPy's runtime said).
+
+
 def _try_cupy():
-    global _cupy, _cupy_checked
+    global _cupy, _cupy_checked, _cupy_missing
     if not _cupy_checked:
         _cupy_checked = True
         try:
             import cupy  # noqa: PLC0415
-
-            _cupy = cupy
-        except Exception:  # ImportError, or a broken CUDA install
-            _cupy = None
+        except Exception as e:  # ImportError, or a broken CUDA install
+            _cupy, _cupy_missing = None, (
+                f"needs CuPy, which is not importable ({type(e).__name__}: {e}); install hpcfsdp with the "
+                "'cuda12' or 'cuda13' extra (pip install 'hpcfsdp[cuda12]')")
+        else:
+            if _CUDA_SIM or _cupy_sees_gpu(cupy):
+                _cupy = cupy
+            else:
+                _cupy, _cupy_missing = None, (
+                    f"needs a CUDA GPU: CuPy {cupy.__version__} is installed but sees none (no device or no "
+                    "driver); use device 'cpu' here, or HPCFSDP_CUDA_SIM=1 for the simulated device")
     return _cupy
 
 
+def _cupy_sees_gpu(cupy) -> bool:
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # CUDARuntimeError: no driver, no device, insufficient driver
+        return False
+
+
 def cupy_available():
+    """Whether CuPy is importable and sees at least one GPU (see [Note: CuPy without a GPU])."""
     return _try_cupy() is not None
+
+
+def cupy_unavailable_reason() -> str:
+    """Why ``cupy_available()`` is False, as the end of a sentence starting "device 'cuda' ..."."""
+    _try_cupy()
+    return _cupy_missing
 
 
 def _need_cupy():
     cp = _try_cupy()
     if cp is None:
-        raise RuntimeError(
-            "device 'cuda' needs CuPy, which is not importable; install hpcfsdp with the "
-            "'cuda12' or 'cuda13' extra (pip install 'hpcfsdp[cuda12]')")
+        raise RuntimeError(f"device 'cuda' {_cupy_missing}")
     return cp
 
 

@@ -49,6 +49,8 @@ def is_initialized() -> bool:
 def _lazy_init():
     """CuPy, or PyTorch's error for a machine without CUDA (See [Note: torch.cuda on CuPy])."""
     if not _backend.cupy_available():
+        if "needs a CUDA GPU" in _backend.cupy_unavailable_reason():  # PyTorch built with CUDA, no GPU here
+            raise RuntimeError("No CUDA GPUs are available: CuPy is importable but sees no CUDA device")
         raise AssertionError(_NO_CUDA)
     if accelerator.device_count() == 0:
         raise RuntimeError("No CUDA GPUs are available: CuPy is importable but sees no CUDA device")

@@ -245,6 +245,7 @@ def test_sdp_switches_and_is_built(monkeypatch):
 @pytest.fixture
 def no_cupy(monkeypatch):
     monkeypatch.setattr(_backend, "_try_cupy", lambda: None)
+    monkeypatch.setattr(_backend, "_cupy_missing", "needs CuPy, which is not importable")
 
 
 def test_cuda_without_cupy_answers_as_a_cpu_build(no_cupy):

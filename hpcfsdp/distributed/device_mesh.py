@@ -251,12 +251,11 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *, mesh_dim_na
 
 
 def _select_gpu(world: ProcessGroup) -> None:
-    try:
-        import cupy
-    except Exception as e:
-        raise RuntimeError(
-            "init_device_mesh('cuda', ...) needs CuPy: pip install 'hpcfsdp[cuda12]' or 'hpcfsdp[cuda13]'"
-        ) from e
+    from hpcfsdp import _backend
+
+    if not _backend.cupy_available():
+        raise RuntimeError(f"init_device_mesh('cuda', ...): device 'cuda' {_backend.cupy_unavailable_reason()}")
+    cupy = _backend._try_cupy()
     from hpcfsdp.distributed.process_group import _call_sync
 
     _, local = _call_sync("node_comm", lambda: _node_index_noobj(world))
