@@ -376,3 +376,77 @@ def fsdp1_train_parity(ref, model, make_global_inp, iters=3, lr=1e-2, rtol=1e-4,
         losses.append(float(ref_loss.item()))
     fsdp1_check_params(ref, model, rtol=rtol, atol=atol)
     return losses
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+# torch.distributed's functions FSDP1 calls (on CPU PyTorch 2.13 gathers through ``all_gather`` into a list of
+# chunks and reduces through ``reduce_scatter_single``), by the kind hpcfsdp's process group counts
+_COLLECTIVE_KINDS = {"all_gather": "all_gather", "all_gather_single": "all_gather",
+                     "all_gather_into_tensor": "all_gather", "reduce_scatter_single": "reduce_scatter",
+                     "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
+
+
+class CollectiveLog(list):
+    """(kind, dtype name) of every all-gather / reduce-scatter / all-reduce this process issued, in order."""
+
+    def num(self, kind) -> int:
+        return sum(1 for k, _ in self if k == kind)
+
+    def dtypes(self, kind) -> set:
+        return {d for k, d in self if k == kind}
+
+
+def record_collectives():
+    """Context manager yielding a CollectiveLog of the all-gathers, reduce-scatters and all-reduces issued inside
+    it (PyTorch's tests patch ``dist.all_gather_into_tensor`` / ``reduce_scatter_tensor`` / ``all_reduce``, which
+    FSDP1 calls; on PyTorch this wraps those and the variants 2.13 calls on CPU, on hpcfsdp it reads the process group's bookkeeping of each
+    collective, the one ``collective_counts()`` reports). Only the ``dist`` calls of the code under test should
+    run inside it."""
+    import contextlib
+
+    from _framework import IS_TORCH
+
+    @contextlib.contextmanager
+    def _torch():
+        import torch.distributed as tdist
+
+        log, saved = CollectiveLog(), {}
+
+        def wrap(name, orig):
+            def counted(tensor, *args, **kwargs):
+                src = args[0] if name != "all_reduce" and args else tensor
+                log.append((_COLLECTIVE_KINDS[name], str(src.dtype).replace("torch.", "")))
+                return orig(tensor, *args, **kwargs)
+            return counted
+
+        for name in _COLLECTIVE_KINDS:
+            if not hasattr(tdist, name):
+                continue
+            saved[name] = getattr(tdist, name)
+            setattr(tdist, name, wrap(name, saved[name]))
+        try:
+            yield log
+        finally:
+            for name, orig in saved.items():
+                setattr(tdist, name, orig)
+
+    @contextlib.contextmanager
+    def _hpcfsdp():
+        import numpy as _np
+
+        from hpcfsdp.distributed import process_group as pgmod
+
+        log, orig = CollectiveLog(), pgmod.ProcessGroup._note
+
+        def note(self, kind, nbytes, count=-1, dtype=None, *args, **kwargs):
+            if kind in ("all_gather", "reduce_scatter", "all_reduce") and kwargs.get("counted", True):
+                log.append((kind, str(_np.dtype(dtype)) if dtype is not None else None))
+            return orig(self, kind, nbytes, count, dtype, *args, **kwargs)
+
+        pgmod.ProcessGroup._note = note
+        try:
+            yield log
+        finally:
+            pgmod.ProcessGroup._note = orig
+
+    return _torch() if IS_TORCH else _hpcfsdp()

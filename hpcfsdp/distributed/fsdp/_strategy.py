@@ -60,7 +60,9 @@ def strategy_mesh(strategy: ShardingStrategy, device_type: str = "cpu", device_m
 
 
 def strategy_kwargs(strategy: ShardingStrategy) -> dict:
-    """fully_shard keyword arguments of ``strategy`` (besides the mesh)."""
+    """fully_shard keyword arguments of ``strategy`` (besides the mesh). FULL_SHARD / HYBRID_SHARD pass None:
+    every unit frees its parameters after forward except the root, which keeps them for the backward that
+    follows at once (PyTorch's FSDP1: one all-gather fewer per iteration)."""
     keep = strategy in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2,
                         ShardingStrategy.NO_SHARD)
-    return {"reshard_after_forward": not keep}
+    return {"reshard_after_forward": False if keep else None}

@@ -21,7 +21,8 @@ __all__ = ["summon_full_params"]
 # once and stay tied. On exit the sharded parameters go back; with ``writeback`` each rank first copies
 # its rows of the (possibly modified) full tensor into its shard, in place, so the unit's flat buffer
 # and the optimizer's references stay valid. Full gradients (``with_grads``) are gathered from the
-# sharded ones and are not written back.
+# sharded ones and written back the same way. Under NO_SHARD (Replicate placements) changes persist even
+# without ``writeback`` (unless offloaded), as in PyTorch, whose FSDP1 then exposes the unit's own storage.
 
 
 def _states(module, recurse: bool) -> list:
@@ -39,13 +40,19 @@ def _states(module, recurse: bool) -> list:
 def _check_idle(states) -> None:
     for state in states:
         for group in state._all_param_groups():
-            if group.training_state != TrainingState.IDLE:
-                raise RuntimeError(f"summon_full_params cannot run during forward or backward (an FSDP unit is in "
-                                   f"{group.training_state.name}); call it between iterations")
+            if group.training_state != TrainingState.IDLE:  # PyTorch's AssertionError and words
+                raise AssertionError(f"Cannot manually unshard parameters during forward/backward (an FSDP unit is "
+                                     f"in {group.training_state.name}); call summon_full_params between iterations")
 
 
 def _host(t: Tensor) -> Tensor:
     return t if t.device.type == "cpu" else Tensor._wrap(_backend.to_numpy(t._data))
+
+
+def _replicated(p) -> bool:
+    from ..tensor import Replicate
+
+    return all(isinstance(pl, Replicate) for pl in p.placements)
 
 
 SUMMONED: set = set()  # ids of the FSDP states whose full parameters are summoned now
@@ -95,6 +102,7 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
             if show:
                 m._parameters[name] = full_of[id(p)][1]
                 swapped.append((m, name, p))
+    shown = {id(p) for _, _, p in swapped}
     SUMMONED.update(id(st) for st in states)
     try:
         yield
@@ -102,7 +110,14 @@ def summon_full_params(module, *, recurse: bool = True, writeback: bool = True, 
         SUMMONED.difference_update(id(st) for st in states)
         for m, name, p in swapped:
             m._parameters[name] = p
-        if writeback:
-            for p, new in full_of.values():
-                piece = local_chunk(Tensor._wrap(new._data), p)
-                p._data[...] = piece._data.astype(p._data.dtype, copy=False)
+        for p, new in full_of.values():
+            # NO_SHARD (every placement Replicate): the summoned tensors stand for the ones the unit holds, so
+            # changes persist whatever ``writeback`` says, as PyTorch's FSDP1 exposes that storage itself
+            if not (writeback or (_replicated(p) and not offload_to_cpu)) or id(p) not in shown:
+                continue
+            piece = local_chunk(Tensor._wrap(new._data), p)
+            p._data[...] = piece._data.astype(p._data.dtype, copy=False)
+            g, full_g = p.grad, new._grad
+            if with_grads and isinstance(g, DTensor) and full_g is not None and full_g is not g:
+                piece = local_chunk(Tensor._wrap(full_g._data), g)  # gradients too (PyTorch writes them back)
+                g._data[...] = piece._data.astype(g._data.dtype, copy=False)

@@ -2,6 +2,7 @@
 offload, prefetch, no_sync, summon_full_params, clip_grad_norm_ and the state-dict type API."""
 
 import contextlib
+import itertools
 import warnings
 import weakref
 from typing import Any, Callable, Iterable
@@ -144,6 +145,10 @@ class FullyShardedDataParallel(Module):
             _adopt_wrapper(self, prev, module)
             return
         sharding_strategy = ShardingStrategy.FULL_SHARD if sharding_strategy is None else sharding_strategy
+        # read once: a generator (PyTorch's tests pass one) would be empty the second time, and the ignored
+        # parameters then sharded like the others
+        ignored_modules = _as_list(ignored_modules, "ignored_modules")
+        ignored_states = _as_list(ignored_states, "ignored_states")
         _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
                     device_mesh, sharding_strategy)
         if (sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
@@ -169,6 +174,9 @@ class FullyShardedDataParallel(Module):
         if mixed_precision is not None and auto_wrap_policy is not None:
             _warn_on_overridden_mixed_precision(module, mixed_precision)
         _shard(module, units, mixed_precision, common)
+        for m in module.modules():  # the units made here (nested instances tagged theirs): see no_sync
+            if isinstance(m, FSDPModule) and "_hp_fsdp1_strategy" not in m.__dict__:
+                m.__dict__["_hp_fsdp1_strategy"] = sharding_strategy
         self._buffer_dtypes = _cast_buffers(module, mixed_precision, _ignored_modules(ignored_modules, ignored_states))
         self._fsdp_wrapped_module = module
         for inner in _wrappers(module, required=False):  # hand-nested instances: not roots (check_is_root)
@@ -225,13 +233,26 @@ class FullyShardedDataParallel(Module):
         at any time, so an optimizer built between a forward and its backward trains them)."""
         sharded = {id(fp.unsharded_param): fp.sharded_param
                    for g in sdu.fsdp_groups(self.module) for fp in g.fsdp_params if fp.unsharded_param is not None}
-        for name, p in self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate):
-            yield name.replace(_WRAPPED_PREFIX, ""), sharded.get(id(p), p)
+        for name, p in self._own_then_wrapped("named_parameters", prefix, recurse, remove_duplicate):
+            yield name, sharded.get(id(p), p)
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         """The wrapped module's named buffers, under their original names (no wrapper prefix)."""
-        for name, b in self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate):
-            yield name.replace(_WRAPPED_PREFIX, ""), b
+        yield from self._own_then_wrapped("named_buffers", prefix, recurse, remove_duplicate)
+
+    def _own_then_wrapped(self, call: str, prefix: str, recurse: bool, remove_duplicate: bool):
+        """As PyTorch's (Module's walk with the wrapper component dropped): the instance's own entries (one
+        registered on the FSDP instance itself), then with ``recurse`` the wrapped module's."""
+        seen = set()
+        own = getattr(super(), call)(prefix=prefix, recurse=False, remove_duplicate=remove_duplicate)
+        inner = getattr(self.module, call)(prefix=prefix, recurse=True, remove_duplicate=remove_duplicate) \
+            if recurse else ()
+        for name, t in itertools.chain(own, inner):
+            if remove_duplicate:
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+            yield name.replace(_WRAPPED_PREFIX, ""), t
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The wrapped module's state dict of the current state-dict type; buffers that MixedPrecision's
@@ -281,12 +302,20 @@ class FullyShardedDataParallel(Module):
     # -- FSDP1 controls -----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self):
-        """Gradients accumulate locally, unsharded and unreduced, inside this context."""
+        """Gradients accumulate locally, unsharded and unreduced, inside this context. As PyTorch's FSDP1, the
+        units of strategies that keep their parameters after forward (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2) keep
+        them after a backward run here too, so the next forward gathers nothing."""
+        keep = [m for m in self.module.modules() if isinstance(m, FSDPModule) and m.__dict__.get(
+            "_hp_fsdp1_strategy") in (ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy._HYBRID_SHARD_ZERO2)]
         self.module.set_requires_gradient_sync(False)
+        for m in keep:
+            m.set_reshard_after_backward(False, recurse=False)
         try:
             yield
         finally:
             self.module.set_requires_gradient_sync(True)
+            for m in keep:
+                m.set_reshard_after_backward(True, recurse=False)
 
     def apply(self, fn):
         """``fn`` on every submodule with the full parameters summoned and written back (PyTorch's FSDP1
@@ -345,7 +374,8 @@ class FullyShardedDataParallel(Module):
         to the full parameters are copied into the shards on exit. ``rank0_only``: only global rank 0
         holds the full parameters; the others keep seeing their shards (not with ``writeback``).
         ``offload_to_cpu``: the full parameters live in host memory. ``with_grads``: the full gradients
-        are gathered too and visible as ``param.grad`` (read-only: they are not written back).
+        are gathered too and visible as ``param.grad``, written back as the parameters are. Under NO_SHARD changes persist
+        even with ``writeback=False`` (PyTorch's FSDP1 exposes the unit's own storage then), unless ``offload_to_cpu``.
         Collective: every rank must enter it.
         """
         if with_grads and isinstance(module, FullyShardedDataParallel) and not module.use_orig_params:
@@ -590,6 +620,15 @@ class _GroupsOnly:
     def __init__(self, param_groups):
         self.param_groups = param_groups
 
+
+
+def _as_list(items, what: str):
+    if items is None or isinstance(items, Module):  # a Module: the checks name it as PyTorch's do
+        return items
+    try:
+        return list(items)
+    except TypeError as e:
+        raise TypeError(f"`{what}` should be an iterable of `torch.nn.Module`s but got {type(items)}") from e
 
 
 def _root(model):
