@@ -108,6 +108,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "ranks per node, overriding MPI's shared-memory split (simulates several nodes on one machine)"),
     Setting("HPCFSDP_CUDA_AWARE", _parse_auto_bool, None,
             "whether MPI takes GPU buffers; unset or auto = probe the MPI library"),
+    Setting("HPCFSDP_GPU_COMM", _choice("auto", "nccl", "mpi", "staged"), "auto",
+            "how collectives move CuPy arrays: nccl (NCCL on a stream of its own), mpi (device pointers to a "
+            "CUDA-aware MPI), staged (through pinned host memory), auto = nccl where every rank of the group has "
+            "its own GPU, else mpi where the MPI is CUDA-aware, else staged (hpcfsdp info says what and why)"),
     Setting("HPCFSDP_MALLOC_TUNE", _choice("speed", "memory", "off", aliases={"1": "speed", "0": "off", "none": "off"}),
             "speed", "how NumPy's host memory is reused between steps: speed (keep freed pages), memory "
             "(return large blocks to the OS), off (leave malloc alone); read at import"),
@@ -138,6 +142,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("HPCFSDP_CUDA_SIM", parse_bool, False,
             "replace CuPy by the simulated CUDA device (NumPy arrays, 2 GPUs) that enforces stream, event and "
             "device rules; for tests on machines without a GPU; read at import"),
+    Setting("HPCFSDP_CUDA_SIM_RECORD", str, None,
+            "testing aid: a directory; the simulated device records the cupy names each process uses there "
+            "(python -m hpcfsdp.testing.cupy_names <dir> checks them against the installed CuPy)", internal=True),
+    Setting("HPCFSDP_CUDA_SIM_SHARED_GPUS", parse_bool, False,
+            "simulated device: the processes of one host share their simulated GPUs (the same PCI bus ids), as "
+            "ranks sharing a real GPU do; off = every process has GPUs of its own; for tests"),
     Setting("HPCFSDP_LOG_LEVEL", _choice("debug", "info", "warning", "error", "critical", aliases={"warn": "warning"}),
             "warning", "level of the `hpcfsdp` logger (rank-prefixed lines on stderr): debug, info, warning, error or "
             "critical; `hpcfsdp train --log-level` overrides it"),

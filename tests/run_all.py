@@ -7,7 +7,7 @@ each phase is expected to run tests.
 
 `--system` adds the system tier after those phases: tests marked `system`, which need root or a long
 setup (simulated hosts on network namespaces), and the GPU code paths on the simulated CUDA device
-(hpcfsdp/testing/cuda_sim.py, serially and at 2 and 4 ranks), within SYSTEM_TIMEOUT. There a test whose setup cannot
+(hpcfsdp/testing/cuda_sim.py, serially, and at 2 and 4 ranks on NCCL and staged), within SYSTEM_TIMEOUT. There a test whose setup cannot
 start fails instead of skipping (HPCFSDP_SYSTEM_TIER=1), and so does a system test that is skipped.
 Its peer phases run tests/ported on PyTorch (the `peer` extra), all of it: also the cases marked
 `dtensor_ops`, which the hpcfsdp phases leave out until ops on DTensors propagate placements (setup.cfg).
@@ -78,12 +78,15 @@ def main() -> int:
         phases.append((f"mpi-{n}", argv, logdir))
     if system:
         phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, _SIM))
-        for n in (2, 4):
-            logdir = os.path.join(tmp, f"sim-np{n}")
-            os.makedirs(logdir)
-            argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
-                    py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
-            phases.append((f"gpu-sim-mpi-{n}", argv, logdir, _SIM))
+        # each GPU path at 2 and 4 ranks: NCCL (every simulated rank has GPUs of its own), and staged through
+        # pinned host memory (the fixtures of tests/test_gpu_fsdp.py add the CUDA-aware MPI path)
+        for path in ("nccl", "staged"):
+            for n in (2, 4):
+                logdir = os.path.join(tmp, f"sim-{path}-np{n}")
+                os.makedirs(logdir)
+                argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
+                        py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
+                phases.append((f"gpu-sim-{path}-mpi-{n}", argv, logdir, dict(_SIM, HPCFSDP_GPU_COMM=path)))
         phases.append(("system", [py, "-m", "pytest", "-m", "system", "-rs", "tests"], None))
         for n in (2, 4):
             logdir = os.path.join(tmp, f"peer-np{n}")

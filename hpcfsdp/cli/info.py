@@ -11,7 +11,8 @@ def add_parser(subparsers):
         "info",
         help="print the MPI / GPU capability probe",
         description="Print the MPI vendor, thread level, node layout, CUDA-awareness (and how it was "
-        "decided), half-precision MPI types and CuPy/GPU availability, and the effective HPCFSDP_* "
+        "decided), half-precision MPI types, CuPy/GPU and NCCL availability, how collectives will move CuPy "
+        "arrays (gpu_comm: nccl, CUDA-aware mpi or staged, and why), and the effective HPCFSDP_* "
         "settings (value, and whether set or the default). Run it under mpiexec/srun to see the job's layout.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -44,9 +45,11 @@ def run(args) -> int:
     from hpcfsdp import _settings
 
     try:  # importing hpcfsdp.distributed already reads settings (the torchrun variables)
-        from hpcfsdp.distributed import _mpi
+        from hpcfsdp.distributed import _mpi, _nccl
 
-        info = dict(_mpi.probe(), settings=_settings.effective())
+        nccl, nccl_why = _nccl.nccl_status()
+        info = dict(_mpi.probe(), nccl=nccl_why if nccl is not None else f"unavailable: {nccl_why}",
+                    gpu_comm=_nccl.auto_choice_text(), settings=_settings.effective())
     except ValueError as e:  # an HPCFSDP_* variable the probe reads does not parse: name it, show them all
         print(f"hpcfsdp info: error: {e}", file=sys.stderr)
         print(_text({"settings": _settings.effective()}))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcfsdp import _backend
+from hpcfsdp import _backend, _settings
 from hpcfsdp._backend import array_module, is_cupy_array, to_numpy
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.distributed._mpi import cuda_aware, get_mpi, half_types
@@ -190,8 +190,12 @@ def record_event(a: Any):
 
 
 def needs_staging(a: Any) -> bool:
-    """True when ``a`` lives on a GPU and the MPI library is not CUDA-aware."""
-    return is_cupy_array(a) and not cuda_aware()[0]
+    """True when MPI must not see device array ``a`` itself: HPCFSDP_GPU_COMM=staged, or (auto / nccl, for
+    what NCCL does not run) an MPI that is not CUDA-aware. See [Note: GPU collectives] in _nccl.py."""
+    if not is_cupy_array(a):
+        return False
+    mode = _settings.get("HPCFSDP_GPU_COMM")
+    return mode == "staged" or (mode != "mpi" and not cuda_aware()[0])
 
 
 @contextlib.contextmanager

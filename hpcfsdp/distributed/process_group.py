@@ -61,6 +61,7 @@ from hpcfsdp import _backend, _settings
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
+from hpcfsdp.distributed import _nccl
 from hpcfsdp.distributed._hier import (
     _hier_all_gather,
     _hier_all_gather_staged,
@@ -205,6 +206,7 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         self._hier = None  # (local comm, cross comm, perm) when node-aware: [Note: Node-aware collectives], _hier.py
         self._link = "inter"  # what a flat collective uses: "intra" when the group lies in one node
         self._staged = _settings.get("HPCFSDP_COMM_STAGED")
+        self._gpu: _nccl.GpuPath | None = None  # how device arrays move, set at the first device collective
         if self._size > 1:
             hosts, split = _call_sync("node_split", lambda: node_split_info(self.comm))
             if hosts == 1:
@@ -271,6 +273,21 @@ class ProcessGroup(RootedCollectives, PointToPoint):
             fn = F.debug_checked(self, fn, meta)
         return _submit(desc, fn, async_op, meta)
 
+    def _nccl_for(self, a, meta) -> "_nccl.NcclGroup | None":
+        """The group's NCCL communicator for device array ``a``, or None (host array, or another path); in
+        debug mode the ranks' fingerprints are compared first. See [Note: GPU collectives] in _nccl.py."""
+        if not B.is_cupy_array(a):
+            return None
+        ng = _nccl.gpu_path(self, a).nccl
+        if ng is not None and self._debug:
+            _call_sync("HPCFSDP_DEBUG fingerprint check", F.debug_checked(self, lambda: None, meta), meta)
+        return ng
+
+    @property
+    def gpu_comm(self) -> tuple[str, str] | None:
+        """(path, why) for device arrays once chosen: nccl, mpi or staged ([Note: GPU collectives])."""
+        return None if self._gpu is None else (self._gpu.path, self._gpu.why)
+
     def _staged_ok(self, async_op: bool, *arrays) -> bool:
         """Whether a collective runs staged, left in flight: see [Note: Collectives left in flight] in
         _comm_thread.py. Only asynchronous ones issued inside ``CT.independent()`` on host arrays, and only
@@ -299,6 +316,9 @@ class ProcessGroup(RootedCollectives, PointToPoint):
             in_place = B.ptr(in1) == B.ptr(out1) + rank * k * itemsize
             if not in_place:  # MPI forbids aliased buffers: gather from a copy
                 in1 = in1.copy()
+        ng = self._nccl_for(in1, meta)
+        if ng is not None:
+            return _nccl.all_gather(ng, out1, in1, in_place, k, async_op, desc)
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, hier = self.comm, self._hier
         if self._staged_ok(async_op, in1, out1):
@@ -352,6 +372,11 @@ class ProcessGroup(RootedCollectives, PointToPoint):
             return self._issue(desc, None, async_op, lambda: B.copy_into(out1, in1), meta)
         if k > 0 and B.may_share(in1, out1) and B.overlaps(in1, out1):
             in1 = in1.copy()
+        ng = self._nccl_for(in1, meta)
+        if ng is not None:
+            w = _nccl.reduce_scatter(ng, out1, in1, k, op.name, async_op, desc)
+            if w is not NotImplemented:
+                return w
         ev = B.record_event(in1)  # after the copy: MPI reads it. See [Note: Device arrays]
         comm, mode, hier = self.comm, self._mode, self._hier
         if work_dtype is None and self._staged_ok(async_op, in1, out1):
@@ -404,8 +429,13 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         n = self._size
         if n == 1:
             return self._issue(desc, None, async_op, lambda: None, meta)
-        ev = B.record_event(arr)
         a1 = arr.reshape(-1)
+        ng = self._nccl_for(a1, meta)
+        if ng is not None:
+            w = _nccl.all_reduce(ng, a1, op.name, async_op, desc)
+            if w is not NotImplemented:
+                return w
+        ev = B.record_event(arr)
         comm, mode = self.comm, self._mode
         rsag = use_rsag_allreduce(n, a1.nbytes, self._allreduce_mode)
         if work_dtype is None and self._staged_ok(async_op, a1):
@@ -447,6 +477,9 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         meta = self._note("broadcast", arr.nbytes, arr.size, arr.dtype, root=src)
         if self._size == 1:
             return self._issue(desc, None, async_op, lambda: None, meta)
+        ng = self._nccl_for(arr, meta)
+        if ng is not None:
+            return _nccl.broadcast(ng, arr.reshape(-1), src, async_op, desc)
         ev = B.record_event(arr)
         comm, mode = self.comm, self._mode
 
@@ -552,6 +585,7 @@ class ProcessGroup(RootedCollectives, PointToPoint):
 
     def destroy(self) -> None:
         """Free the communicator (after everything issued on it has run)."""
+        _nccl.destroy(self)
         comm, self.comm = self.comm, None
         check, self._check_comm = self._check_comm, None
         hier, self._hier = self._hier, None
