@@ -201,8 +201,9 @@ def get_default_backend_for_device(device) -> str:
     """PyTorch's default backend name for ``device``: "gloo" for "cpu", "nccl" for "cuda".
 
     The names are PyTorch's, so that ported scripts branching on them take the same branch;
-    ``init_process_group`` accepts either and runs both on MPI (CUDA arrays go through CUDA-aware MPI
-    or host staging), and ``get_backend()`` then reports the name given. Other device types have no
+    ``init_process_group`` accepts either: host arrays go over MPI, CUDA arrays over NCCL where every
+    rank has its own GPU, else CUDA-aware MPI or host staging (HPCFSDP_GPU_COMM, [Note: GPU collectives]
+    in _nccl.py), and ``get_backend()`` then reports the name given. Other device types have no
     backend: ValueError, as PyTorch.
     """
     from hpcfsdp import _backend
