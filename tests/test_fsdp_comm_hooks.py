@@ -46,9 +46,11 @@ def test_low_precision_hook_equals_reduce_dtype(hook, dtype):
     assert hook in LOW_PRECISION_HOOKS
 
 
-def test_no_shard_and_a_non_callable_hook_are_refused():
+def test_no_shard_hook_accepted_and_a_non_callable_hook_refused():
+    """NO_SHARD takes ``hook(state, grad)`` (tests/ported/test_fsdp1_comm_hooks.py checks its gradients)."""
     state = default_hooks.DefaultState(dist.group.WORLD)
-    with pytest.raises(NotImplementedError, match="NO_SHARD"):
-        _nested(sharding_strategy=ShardingStrategy.NO_SHARD).register_comm_hook(state, default_hooks.allreduce_hook)
+    no_shard = _nested(sharding_strategy=ShardingStrategy.NO_SHARD)
+    no_shard.register_comm_hook(state, default_hooks.allreduce_hook)
+    assert no_shard._comm_hook is default_hooks.allreduce_hook
     with pytest.raises(ValueError, match="must be callable"):
         _nested().register_comm_hook(state, 42)

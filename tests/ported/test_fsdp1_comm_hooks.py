@@ -86,3 +86,35 @@ def test_training_with_the_hook_matches_the_reference():
     fsdp.register_comm_hook(default_hooks.DefaultState(dist.group.WORLD), default_hooks.reduce_scatter_hook)
     losses = fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 6, seed=10 + it), iters=2)
     assert losses[0] != losses[1]  # the hook-reduced gradients moved the model
+
+
+@pytest.mark.parametrize("hook_kind", ["allreduce_hook", "noisy_hook"])
+def test_no_shard_communication_hook(hook_kind):
+    """NO_SHARD: the hook is called as ``hook(state, grad)`` with each instance's whole (flat) gradient and
+    all-reduces it in place (test_default_communication_hook_behavior / _initialization's NO_SHARD cases and
+    DummyHook.dummy_hook_for_no_shard_fsdp): the default all-reduce hook gives the no-hook gradients; a hook
+    adding noise then summing gives W * (average + noise)."""
+    w, _ = world()
+    x = randn(2 * w, 6, seed=1)
+    kw = dict(sharding_strategy=ShardingStrategy.NO_SHARD, use_orig_params=True)
+    plain, hooked = _nested(_model(), **kw), _nested(_model(), **kw)
+    calls, noise = [], 0.5
+
+    def noisy(state, grad):
+        calls.append(tuple(grad.shape))
+        grad.add_(noise)
+        dist.all_reduce(grad, group=state.process_group)
+
+    def counted(state, grad):
+        calls.append(tuple(grad.shape))
+        default_hooks.allreduce_hook(state, grad)
+
+    hook = counted if hook_kind == "allreduce_hook" else noisy
+    hooked.register_comm_hook(default_hooks.DefaultState(dist.group.WORLD), hook)
+    expected, got = _grads_after_step(plain, x), _grads_after_step(hooked, x)
+    sizes = sorted(n for shape in calls for n in shape)
+    assert len(calls) == 2 and sizes == sorted([6 * 8 + 8, 8 * 4 + 4]), calls  # one flat gradient per instance
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        want = expected[name] if hook_kind == "allreduce_hook" else w * (expected[name] + noise)
+        assert_close(got[name], want, rtol=1e-5, atol=1e-5, msg=name)

@@ -331,8 +331,9 @@ class FullyShardedDataParallel(Module):
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         """Reduce every unit's gradients with ``hook(state, grad, output)`` instead of the built-in reduce-scatter
-        (the hook divides; see hpcfsdp.distributed.algorithms._comm_hooks). Root only, once, sharded strategies:
-        PyTorch's checks; NO_SHARD's ``hook(state, grad)`` is not supported here yet."""
+        (the hook divides; see hpcfsdp.distributed.algorithms._comm_hooks); under NO_SHARD ``hook(state, grad)``
+        with the unit's whole flat gradient, which the hook all-reduces in place (``allreduce_hook``). Root only,
+        once, not hybrid strategies: PyTorch's checks."""
         if not self.check_is_root():
             raise AssertionError("register_comm_hook can only be called on a root instance.")
         wrappers = [self] + [w for w in _wrappers(self.module, required=False) if w is not self]
@@ -343,13 +344,14 @@ class FullyShardedDataParallel(Module):
                 raise AssertionError("A communication hook is already registered")
             if not callable(hook):
                 raise ValueError(f"The communication hook must be callable but got {hook}")
-            if w.sharding_strategy == ShardingStrategy.NO_SHARD:
-                raise NotImplementedError("hpcfsdp: register_comm_hook with NO_SHARD (hook(state, grad), an all-reduce) "
-                                          "is not supported yet; FULL_SHARD and SHARD_GRAD_OP are")
         for w in wrappers:
             w.__dict__["_comm_hook"], w.__dict__["_comm_hook_state"] = hook, state
+        no_shard = {id(g) for m in self.module.modules() if isinstance(m, FSDPModule)
+                    and m.__dict__.get("_hp_fsdp1_strategy") == ShardingStrategy.NO_SHARD
+                    for g in m._get_fsdp_state()._all_param_groups()}
         for group in sdu.fsdp_groups(self.module):  # the hook reduces and divides: the unit only sums
-            group.reduce_scatter_comm = _HookReduceScatter(state, hook)
+            group.reduce_scatter_comm = _HookReduceScatter(state, hook, all_reduce=id(group) in no_shard)
+            group.replicas_reduced_by_comm = id(group) in no_shard
             group.gradient_divide_factor = 1.0
             group.force_sum_reduction_for_comms = True
 
@@ -541,16 +543,22 @@ FSDP = FullyShardedDataParallel
 
 class _HookReduceScatter(ReduceScatter):
     """A unit's gradient reduction through an FSDP1 communication hook: ``hook(state, grad, output)`` with this
-    rank's flat gradient (every rank's piece back to back) and its own piece; it runs at once (done on return)."""
+    rank's flat gradient (every rank's piece back to back) and its own piece; under NO_SHARD (``all_reduce``: the
+    shard group is this rank alone and the unit does not all-reduce) ``hook(state, grad)`` with the unit's whole
+    flat gradient, reduced in place. It runs at once (done on return)."""
 
-    def __init__(self, state, hook):
-        self.state, self.hook = state, hook
+    def __init__(self, state, hook, all_reduce: bool = False):
+        self.state, self.hook, self.all_reduce = state, hook, all_reduce
 
     def allocate(self, size, *, dtype, device):
         return super().allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        self.hook(self.state, input_tensor, output_tensor)
+        if self.all_reduce:
+            output_tensor._data[...] = input_tensor._data.reshape(output_tensor._data.shape)
+            self.hook(self.state, output_tensor)
+        else:
+            self.hook(self.state, input_tensor, output_tensor)
         return None
 
 

@@ -77,6 +77,7 @@ class FSDPParamGroup:
         self.all_gather_comm = DefaultAllGather()
         self.reduce_scatter_comm = DefaultReduceScatter()
         self.all_reduce_hook = None
+        self.replicas_reduced_by_comm = False  # FSDP1 NO_SHARD comm hook: reduce_scatter_comm all-reduces itself
         self.post_optim_event = None  # set_post_optim_event: the next all-gather waits on it
         self.reduce_scatter_group = None  # set_separate_reduce_scatter_group: a duplicate of the shard group
         # per-pass state
@@ -376,7 +377,8 @@ class FSDPParamGroup:
             self, params, layouts, grads, total,
             self.reduce_scatter_group or info.shard_process_group, self.reduce_scatter_comm, self.reduce_dtype,
             self.device, self.gradient_divide_factor, self.force_sum_reduction_for_comms,
-            info.replicate_process_group if info.is_hsdp else None, self.all_reduce_grads, self._partial_reduce)
+            info.replicate_process_group if info.is_hsdp and not self.replicas_reduced_by_comm else None,
+            self.all_reduce_grads, self._partial_reduce)
         if _trace.RECORDER is not None:
             _trace.RECORDER.label = None
         if result is not None:
