@@ -17,6 +17,7 @@ from _common import (
     global_sum,
     local,
     randn,
+    record_collectives,
     to_np,
     world,
 )
@@ -225,6 +226,53 @@ def test_fsdp_hybrid_shard_basic_setup(strategy, by, use_orig_params):
                  device_id=fsdp1_cpu(), **kw)
     assert sorted(dist.get_process_group_ranks(model.process_group)) == shard_ranks
     fsdp1_train_parity(ref, model, lambda it: randn(2 * w, 6, seed=it), iters=3)
+
+
+class EmbedBodyHead(nn.Module):
+    """``embed`` and ``head`` around a two-linear ``body`` (the role of TransformerWithSharedParams' embedding,
+    transformer and output projection in upstream's MIXED_HYBRID_FULL_SHARD mode)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(6, 6)
+        self.body = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+        self.head = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(torch.relu(self.embed(x)))))
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True])
+@pytest.mark.parametrize("by", ["device_mesh_2d", "process_group"])
+@pytest.mark.parametrize("strategy", ["HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"])
+def test_fsdp_hybrid_shard_mixed_with_full_shard(strategy, by, use_orig_params):
+    """test_fsdp_hybrid_shard_basic_setup's MIXED_HYBRID_FULL_SHARD mode: the body is an HSDP instance (its
+    linears auto-wrapped), given a 2-D mesh or the (shard, replicate) pair, under a FULL_SHARD root over the
+    rest. The instances keep their strategies and shard groups; one iteration all-reduces once per HSDP unit
+    and reduce-scatters once per unit; and the model trains as the unsharded reference."""
+    w, _ = world()
+    shard_pg, replicate_pg, shard_ranks = _hsdp_groups()
+    hsdp_kw = (dict(device_mesh=init_device_mesh("cpu", (_replicas(), w // _replicas()),
+                                                 mesh_dim_names=("replicate", "shard")))
+               if by == "device_mesh_2d" else dict(process_group=(shard_pg, replicate_pg)))
+    hsdp = getattr(ShardingStrategy, strategy)
+    ref, model = EmbedBodyHead(), EmbedBodyHead()
+    model.body = FSDP(model.body, sharding_strategy=hsdp, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                      use_orig_params=use_orig_params, device_id=fsdp1_cpu(), **hsdp_kw)
+    fsdp = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=use_orig_params,
+                device_id=fsdp1_cpu())
+    assert fsdp.sharding_strategy == ShardingStrategy.FULL_SHARD and fsdp.body.sharding_strategy == hsdp
+    assert sorted(dist.get_process_group_ranks(fsdp.process_group)) == list(range(w))
+    assert sorted(dist.get_process_group_ranks(fsdp.body.process_group)) == shard_ranks
+    with record_collectives() as log:
+        fsdp(local(randn(2 * w, 6, seed=10))).sum().backward()
+    num_hsdp_units, num_units = 2, 3  # the body's two linears; they and the root
+    assert log.num("all_reduce") == num_hsdp_units, log
+    assert log.num("reduce_scatter") == num_units, log
+    for p in fsdp.parameters():
+        p.grad = None
+    fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 6, seed=it), iters=3)
 
 
 # -------------------------------------------------------------------------------------- test_fsdp_fine_tune
