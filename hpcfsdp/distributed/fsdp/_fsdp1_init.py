@@ -98,6 +98,20 @@ def _resolve_device(device_id):
     return dev
 
 
+def _move_to_device(module: Module, device, ignored: set, ignored_modules: set) -> None:
+    """``module.to(device)`` but for the ignored parameters and the ignored modules' tensors, which stay where
+    they are (PyTorch's _move_module_to_device: an ignored meta module stays on meta, an ignored CPU one on CPU)."""
+    skip = {id(x) for m in module.modules() if id(m) in ignored_modules for x in m.modules()}
+    ignored_ids = {id(p) for p in ignored}
+
+    def convert(t):
+        return t if id(t) in ignored_ids else t.to(device=device)
+
+    for m in module.modules():
+        if id(m) not in skip:
+            m._apply(convert, recurse=False)
+
+
 def _has_meta(module: Module) -> bool:
     tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     return any(_backend.is_meta_array(t._data) for t in tensors)

@@ -27,6 +27,7 @@ from ._fsdp1_init import (
     _ignored_params,
     _materialize_meta,
     _mesh_from_process_group,
+    _move_to_device,
     _resolve_device,
     _select_units,
     _shard,
@@ -160,7 +161,7 @@ class FullyShardedDataParallel(Module):
         device = _resolve_device(device_id)
         _materialize_meta(module, param_init_fn, device, ignored)
         if device is not None:
-            module.to(device)
+            _move_to_device(module, device, ignored, _ignored_modules(ignored_modules, ignored_states))
         device_type = "cuda" if any(p.device.type == "cuda" for p in module.parameters()) else "cpu"
         mesh = _mesh_from_process_group(process_group, sharding_strategy, device_type) \
             if process_group is not None else device_mesh
