@@ -121,11 +121,26 @@ def array_matmul(a, b):
     return array_module(a).matmul(a, b)
 
 
+# cupyx.scatter_add (CUDA's atomicAdd) takes only these dtypes (cupy/_core/_routines_indexing.pyx, _scatter_op).
+_CUPY_SCATTER_ADD = frozenset(np.dtype(t) for t in (np.int32, np.float16, np.float32, np.float64, np.uint32,
+                                                    np.uint64))
+
+
 def index_add(out, index, values):
-    """out[index] += values with repeated indices accumulating (np.add.at / cupyx.scatter_add)."""
+    """out[index] += values with repeated indices accumulating (np.add.at / cupyx.scatter_add).
+
+    On CuPy a dtype its scatter_add lacks (bfloat16, int64, ...) accumulates in float32 (float64 for integers) and is
+    rounded back once, as PyTorch's CUDA embedding backward accumulates bfloat16 in float.
+    """
     if isinstance(out, np.ndarray):
         np.add.at(out, index, values)
-    else:
-        import cupyx  # noqa: PLC0415  (only with CuPy arrays, which imply CuPy is installed)
+        return
+    import cupyx  # noqa: PLC0415  (only with CuPy arrays, which imply CuPy is installed)
 
+    if out.dtype in _CUPY_SCATTER_ADD:
         cupyx.scatter_add(out, index, values)
+        return
+    work = np.float32 if out.dtype.kind == "f" or out.dtype in HALF_DTYPES else np.float64
+    acc = out.astype(work)
+    cupyx.scatter_add(acc, index, values.astype(work))
+    out[...] = acc.astype(out.dtype)

@@ -113,3 +113,65 @@ def test_fully_shard_on_cuda_matches_cpu_reference():
     refp = dict(ref.named_parameters())
     for n, p in model.named_parameters():
         np.testing.assert_allclose(full(p), refp[n].detach().numpy(), rtol=1e-3, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# what CuPy's surface refuses (the simulated device holds to it, see hpcfsdp/testing/_cupy_surface.py)
+
+def test_device_arrays_pass_the_mpi_buffer_check():
+    import cupy as cp
+
+    from hpcfsdp.distributed import _buffers as B
+
+    B.check_buffer(cp.ones(3, dtype=np.float32), "out", writable=True)  # CuPy's flags have no `writeable`
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="expected a writable array"):
+        B.check_buffer(ro, "out", writable=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        B.check_buffer(cp.ones((3, 2))[:, 0], "out", writable=True)
+
+
+def test_gradients_accumulate_over_backward_passes_on_cuda():
+    x = hp.ones(3, device="cuda", requires_grad=True)
+    (x * 2).sum().backward()
+    first = x.grad
+    (x * 3).sum().backward()  # accumulates into the .grad the engine owns
+    assert x.grad is first
+    np.testing.assert_array_equal(x.grad.cpu().numpy(), np.full(3, 5, np.float32))
+
+
+def test_bfloat16_embedding_backward_on_cuda_matches_cpu():
+    rng = np.random.default_rng(3)
+    idx = np.array([[1, 3, 3], [0, 1, 3]])  # repeated rows accumulate
+    up = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    grads = []
+    for dev in ("cpu", "cuda"):
+        hp.manual_seed(0)
+        emb = hp.nn.Embedding(5, 4).to(dev).bfloat16()
+        out = emb(hp.tensor(idx, device=dev))
+        assert out.dtype == hp.bfloat16
+        (out * hp.tensor(up, device=dev).to(hp.bfloat16)).sum().backward()
+        assert emb.weight.grad.dtype == hp.bfloat16
+        grads.append(emb.weight.grad.float().cpu().numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-2, atol=1e-2)
+    assert np.any(grads[1][3] != 0) and np.all(grads[1][[2, 4]] == 0)
+
+
+def test_bfloat16_probe_runs_every_op_the_engine_uses(monkeypatch):
+    import cupy as cp
+
+    from hpcfsdp import _backend as B
+
+    monkeypatch.setattr(B, "_BF16_PROBED", {})
+    assert B.cupy_bfloat16() == (True, "")
+    assert hp.cuda.is_bf16_supported()
+
+    def no_bf16_loop(a):
+        raise TypeError("Wrong type ((dtype(bfloat16),)) of arguments for cupy_expm1")
+
+    monkeypatch.setattr(B, "_BF16_PROBED", {})
+    monkeypatch.setattr(cp, "expm1", no_bf16_loop)  # a CuPy whose expm1 has no bfloat16 loop
+    ok, why = B.cupy_bfloat16()
+    assert not ok and "lacks bfloat16 expm1" in why and "cupy_expm1" in why
+    assert not hp.cuda.is_bf16_supported()

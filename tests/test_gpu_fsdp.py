@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import hpcfsdp as hp
+import hpcfsdp.distributed as dist
 from hpcfsdp import _backend
 from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed.fsdp import (AllGather, CPUOffloadPolicy, MixedPrecisionPolicy, ReduceScatter,
@@ -18,10 +19,25 @@ from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
 
-@pytest.fixture(params=[0, 1], ids=["staged", "cuda_aware"])
+def _mpi_paths():
+    """The ways MPI can meet device memory on this machine: staged through pinned host buffers always; the device
+    pointer itself ("cuda_aware") only where the MPI library takes device pointers (_mpi.cuda_aware()), or on the
+    simulated device, whose memory is host memory that any MPI reads correctly. Handing a device pointer to a
+    host-only MPI on a real GPU would read garbage or crash, so that variant does not exist there."""
+    if _backend.cuda_simulated() or not _backend.cupy_available():  # (without CuPy the gpu tests do not run)
+        return ["staged", "cuda_aware"]
+    return ["staged"] + (["cuda_aware"] if _mpi.cuda_aware()[0] else [])
+
+
+@pytest.fixture(params=_mpi_paths())
 def mpi_path(request, monkeypatch):
-    """Both ways MPI meets device memory: staged through pinned host buffers, or the device pointer itself."""
-    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (bool(request.param), "test"))
+    """Run the test with the default group's device arrays on one MPI path (see _mpi_paths), whatever
+    HPCFSDP_GPU_COMM says: its path is chosen again at its next device collective, under this setting."""
+    aware = request.param == "cuda_aware"
+    if _backend.cuda_simulated():
+        monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test: simulated device memory is host memory"))
+    monkeypatch.setenv("HPCFSDP_GPU_COMM", "mpi" if aware else "staged")
+    monkeypatch.setattr(dist.distributed_c10d._default_group(), "_gpu", None)
     return request.param
 
 

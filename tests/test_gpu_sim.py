@@ -122,17 +122,21 @@ def _sim_only():
         pytest.skip("reintroduced races are detected by the simulated device (HPCFSDP_CUDA_SIM=1)")
 
 
-def _pg():
-    import hpcfsdp.distributed as dist
+def _mpi_group(monkeypatch, aware: bool):
+    """A fresh group over every rank whose device arrays take the MPI path: the device pointer itself to MPI
+    (aware; the simulated device's memory is host memory, so a host-only MPI reads it correctly), or staged
+    through pinned host memory. (A group's path is chosen at its first device collective, see _nccl.py.)"""
+    from hpcfsdp.distributed import _mpi
+    from hpcfsdp.distributed.process_group import ProcessGroup
 
-    return dist.distributed_c10d._default_group()
+    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test"))
+    monkeypatch.setenv("HPCFSDP_GPU_COMM", "mpi" if aware else "staged")
+    return ProcessGroup(name=f"sim-fault-{'mpi' if aware else 'staged'}")
 
 
 @pytest.fixture
 def cuda_aware(monkeypatch):
-    from hpcfsdp.distributed import _mpi
-
-    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (True, "test"))
+    return _mpi_group(monkeypatch, True)
 
 
 @pytest.mark.gpu
@@ -143,7 +147,7 @@ def test_half_reduction_fallback_converts_before_mpi_reads(cuda_aware, monkeypat
 
     from hpcfsdp.distributed import _buffers as B
 
-    pg = _pg()
+    pg = cuda_aware
     w, r = pg.size(), pg.rank()
     assert B.reduce_plan(BF16)[1] == np.float32, "this MPI has BFLOAT16_T: the float32 fallback is not taken"
     a = cp.full(6, r + 1, dtype=BF16)
@@ -166,7 +170,7 @@ def test_comm_thread_runs_on_the_issuing_threads_device(cuda_aware, monkeypatch)
 
     from hpcfsdp.distributed import _comm_thread as CT
 
-    pg = _pg()
+    pg = cuda_aware
     w = pg.size()
     pg.all_reduce_(cp.ones(2, dtype=np.float32), async_op=True).wait()  # comm thread now on device 0
     cp.cuda.Device(1).use()  # every rank on GPU 1, as a rank seeing all of a node's GPUs may be
@@ -192,10 +196,8 @@ def test_event_covers_the_copy_that_breaks_aliasing(aware, monkeypatch):
     import cupy as cp
 
     from hpcfsdp.distributed import _buffers as B
-    from hpcfsdp.distributed import _mpi
 
-    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test"))
-    pg = _pg()
+    pg = _mpi_group(monkeypatch, aware)
     w, r = pg.size(), pg.rank()
     k = 3
     j = (r + 1) % w  # another rank's slot: aliased but not in place, so the input is copied first
@@ -224,10 +226,8 @@ def test_staged_path_waits_for_its_device_to_host_copy(monkeypatch):
     import cupy as cp
 
     from hpcfsdp.distributed import _buffers as B
-    from hpcfsdp.distributed import _mpi
 
-    monkeypatch.setattr(_mpi, "_CUDA_AWARE", (False, "test"))
-    pg = _pg()
+    pg = _mpi_group(monkeypatch, False)
     w, r = pg.size(), pg.rank()
     out = cp.empty(4 * w, dtype=np.float32)
     pg.all_gather_into(out, cp.full(4, r, dtype=np.float32))
@@ -242,3 +242,41 @@ def test_staged_path_waits_for_its_device_to_host_copy(monkeypatch):
     monkeypatch.setattr(B.HostStager, "to_host", to_host_unsynchronised)
     with pytest.raises(cs.CudaSimError, match="MPI Allgather reads pinned host"):
         pg.all_gather_into(out, cp.full(4, r, dtype=np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
+def test_mpi4py_moves_device_arrays_through_dlpack(monkeypatch):
+    _sim_only()
+    import cupy as cp
+
+    from hpcfsdp.distributed import _mpi
+
+    comm = _mpi.get_mpi().COMM_WORLD.Dup()
+    try:
+        w, r = comm.Get_size(), comm.Get_rank()
+
+        def no_cai(self):
+            raise AssertionError("mpi4py read __cuda_array_interface__: DLPack comes first")
+
+        monkeypatch.setattr(cs.ndarray, "__cuda_array_interface__", property(no_cai))
+        calls = []
+        real = cs.ndarray.__dlpack__
+
+        def dlpack(self, **kw):
+            calls.append(kw.get("stream"))
+            return real(self, **kw)
+
+        monkeypatch.setattr(cs.ndarray, "__dlpack__", dlpack)
+        send, recv = cp.full(3, r + 1, dtype=np.float32), cp.zeros(3 * w, dtype=np.float32)
+        cp.cuda.get_current_stream().synchronize()
+        comm.Allgather(send, recv)  # mpi4py: PyObject_GetBuffer fails, then __dlpack__(stream=-1, ...)
+        np.testing.assert_array_equal(recv.get(), np.repeat(np.arange(1, w + 1, dtype=np.float32), 3))
+        assert calls and set(calls) == {-1}
+        late = cp.full(3, r + 1, dtype=np.float32)  # written on the stream, not synchronised
+        with pytest.raises(cs.CudaSimError, match=r"__dlpack__\(stream=-1\).*full.*not synchronised"):
+            comm.Allgather(late, recv)
+        cp.cuda.get_current_stream().synchronize()
+        comm.Allgather(late, recv)  # every rank raised before MPI was entered: the ranks still pair up
+    finally:
+        comm.Free()

@@ -7,6 +7,8 @@ import heapq
 import sys
 import threading
 
+import numpy as np
+
 from .._tensor_base import TensorBase
 from .function import _FREED_MSG, AccumulateGrad, _edge, _run_tensor_hooks
 from .grad_mode import no_grad
@@ -35,9 +37,14 @@ def queue_callback(fn):
 # A leaf's first gradient becomes `.grad` without a copy only when nothing else can see the array: it
 # owns its memory, is writeable and C-contiguous, and the engine holds the only reference (refcount),
 # as PyTorch steals a gradient whose use_count is 1. Otherwise it is copied.
+def _writeable(a) -> bool:
+    """Whether array ``a`` may be written: NumPy's flag; a CuPy array is always writable (its flags have no field)."""
+    return not isinstance(a, np.ndarray) or a.flags.writeable
+
+
 def _steal_ok(g, expected_refs):
     # +1: getrefcount's own argument
-    return (g.base is None and g.flags.c_contiguous and getattr(g.flags, "writeable", True)
+    return (g.base is None and g.flags.c_contiguous and _writeable(g)
             and sys.getrefcount(g) <= expected_refs + 1)
 
 
@@ -60,7 +67,7 @@ def _accumulate(node, grads):
     if cur is None:
         # refs: the local `g` and _steal_ok's parameter
         var._grad = var._wrap(g if _steal_ok(g, 2) else g.copy())
-    elif cur._data.flags.writeable and cur._data.shape == g.shape and cur._data.dtype == g.dtype:
+    elif _writeable(cur._data) and cur._data.shape == g.shape and cur._data.dtype == g.dtype:
         cur._data += g
     else:
         var._grad = var._wrap(cur._data + g)

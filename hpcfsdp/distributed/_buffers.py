@@ -91,7 +91,7 @@ def check_buffer(a: Any, name: str, *, writable: bool = False) -> None:
         raise TypeError(f"{name}: expected a numpy.ndarray or cupy.ndarray, got {tname}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides} for {describe(a)}")
-    if writable and not a.flags.writeable:
+    if writable and isinstance(a, np.ndarray) and not a.flags.writeable:  # CuPy arrays have no read-only flag
         raise ValueError(f"{name}: expected a writable array, got a read-only {describe(a)}")
     if a.dtype == object:
         raise TypeError(f"{name}: object arrays cannot be communicated")

@@ -1,6 +1,7 @@
 """A simulated CUDA device for tests: the part of CuPy hpcfsdp uses, computing with NumPy, enforcing CUDA's ordering rules."""
 from __future__ import annotations
 
+import importlib.machinery
 import operator
 import sys
 import types
@@ -8,13 +9,20 @@ import types
 import ml_dtypes
 import numpy as np
 
+import hpcfsdp._settings as _settings  # a leaf
+from . import _sim_nccl
+from . import _sim_dlpack as _dlpack
 from . import _sim_runtime as _rt
+from . import _sim_surface as _gate
+from ._cupy_surface import purge_real_cupy, surface
+from ._sim_random import RandomState, random
+from ._sim_surface import Flags, SimModule, ndarray_attr_error
 from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, PinnedMemoryPointer, Stream, _Buf, _cur_dev,
                            _fail, _host_buf, _stack, alloc_pinned_memory, get_current_stream, get_elapsed_time,
                            is_pinned, set_device_count)
 
 __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned", "mpi_access", "cuda", "random",
-           "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx"]
+           "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx", "RandomState", "linalg"]
 
 # [Note: Simulated device]
 # Every simulated array owns a buffer (shared by its views) on one device. Work is queued on streams;
@@ -27,7 +35,8 @@ __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned"
 # pinned host buffer whose writes the host has not synchronised, and an array used on a device other
 # than the thread's current one raise CudaSimError naming the op and the stack of the write.
 # Like CuPy, implicit conversion to NumPy raises TypeError, and device arrays mixed with host arrays
-# in an operation raise TypeError.
+# in an operation raise TypeError. Only the installed CuPy's names, ndarray attributes and dtype loops
+# exist (see [Note: The real CuPy surface] in _cupy_surface.py).
 
 __version__ = "14.0.0+sim"
 SIM_FILES.add(__file__)
@@ -164,11 +173,12 @@ class ndarray:
     nbytes = property(lambda s: s._a.nbytes)
     itemsize = property(lambda s: s._a.itemsize)
     strides = property(lambda s: s._a.strides)
-    flags = property(lambda s: s._a.flags)
+    flags = property(lambda s: Flags(s._a.flags.c_contiguous, s._a.flags.f_contiguous, s._a.base is None))
     device = property(lambda s: Device(s._buf.dev))
 
     @property
     def data(self):
+        _sim_nccl.note_pointer(_root(self._a), self._buf)  # raw pointers lead back here (NCCL takes them)
         return types.SimpleNamespace(ptr=self._a.__array_interface__["data"][0], device_id=self._buf.dev)
 
     @property
@@ -247,6 +257,24 @@ class ndarray:
                 "data": (self._a.__array_interface__["data"][0], False),
                 "strides": None if self._a.flags.c_contiguous else self._a.strides}
 
+    def __dlpack_device__(self):
+        return (2, self._buf.dev)  # (kDLCUDA, device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack export as CuPy's: stream=-1, the consumer orders its reads itself (MPI reads from the host, so
+        every write must be synchronised, as for __cuda_array_interface__); else ``stream`` (None or 1: the legacy
+        default stream) waits for this device's current stream."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"__dlpack__: the array is on {self.__dlpack_device__()}, not on {tuple(dl_device)}")
+        if stream == -1:
+            mpi_access(self, "a consumer of __dlpack__(stream=-1) (MPI reading the device pointer)")
+        elif stream in (None, 1, 2):
+            with Device(self._buf.dev):
+                Stream.null.wait_event(get_current_stream().record())
+        else:
+            raise ValueError(f"__dlpack__: stream={stream!r}: the simulation takes -1, None, 1 or 2")
+        return _dlpack.export(self._a if not copy else self._a.copy(), self._buf.dev, max_version)
+
     # -- views and kernels --------------------------------------------------------------------
     def __getitem__(self, idx):
         return _call("ndarray.__getitem__", operator.getitem, (self, idx), {}, host_ok=True)
@@ -265,17 +293,37 @@ class ndarray:
     def __getattr__(self, name):
         if name.startswith("__"):  # no __array_interface__/__array_struct__: NumPy must not read device memory
             raise AttributeError(name)
+        if name not in surface().ndarray:
+            raise ndarray_attr_error(name)
         attr = getattr(self._a, name)
         if not callable(attr):
             return attr
         writes = (self,) if name in _INPLACE_METHODS else ()
-        return lambda *a, **k: _call(f"ndarray.{name}", getattr(np.ndarray, name), (self,) + a, k, writes=writes)
+        red = _REDUCTIONS.get(name)
+
+        def method(*a, **k):
+            if red:
+                _gate.check_reduction(red, self._a.dtype, k.get("dtype"))
+            return _call(f"ndarray.{name}", getattr(np.ndarray, name), (self,) + a, k, writes=writes)
+        return method
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        name = ufunc.__name__
+        if method == "__call__" and ufunc is not np.matmul:  # as CuPy: its own ufunc of that name
+            if name not in surface().ufuncs:
+                raise TypeError(f"operand type(s) all returned NotImplemented from __array_ufunc__({ufunc!r}, "
+                                f"{method!r}, ...): CuPy {surface().version} has no ufunc cupy.{name}")
+            out = kwargs.get("out")
+            return _ufunc(name, f"{name}.{method}", ufunc, inputs, kwargs, out=out[0] if out else None)
+        if method == "reduce" and name in ("add", "multiply"):  # CuPy: sum / prod
+            _gate.check_reduction("sum" if name == "add" else "prod", inputs[0].dtype, kwargs.get("dtype"))
         f = _PRODUCTS["matmul"] if ufunc is np.matmul and method == "__call__" else getattr(ufunc, method)
         return _call(f"{ufunc.__name__}.{method}", f, inputs, kwargs)
 
     def __array_function__(self, func, types_, args, kwargs):
+        red = _REDUCTIONS.get(func.__name__)
+        if red and args and isinstance(args[0], ndarray):
+            _gate.check_reduction(red, args[0].dtype, kwargs.get("dtype"))
         return _call(func.__name__, _PRODUCTS.get(func.__name__, func), args, kwargs)
 
     def __reduce__(self):
@@ -283,6 +331,23 @@ class ndarray:
 
 
 _INPLACE_METHODS = frozenset(["sort", "partition", "put", "resize", "itemset", "setfield", "byteswap"])
+_REDUCTIONS = {"sum": "sum", "prod": "prod", "max": "max", "amax": "max", "min": "min", "amin": "min"}
+
+
+def _ufunc(u, op, fn, args, kwargs, writes=(), out=None):
+    """CuPy's ufunc ``u``: the loop CuPy picks for these dtypes (TypeError where it has none, see
+    _sim_surface.resolve), computed by NumPy, the result in the loop's output dtype."""
+    loop = _gate.resolve(u, args[:_gate.nin(u)], kwargs.get("dtype"))
+    if out is None and len(args) > _gate.nin(u):
+        out = args[_gate.nin(u)]
+    if out is None:
+        out = kwargs.get("out")
+    if isinstance(out, ndarray):
+        _gate.check_out(u, loop, out.dtype, kwargs.get("casting", "same_kind"))
+    r = _call(op, fn, args, kwargs, writes=writes)
+    if out is None and isinstance(r, ndarray) and r._a.dtype != loop[1][0]:
+        r._a = r._a.astype(loop[1][0])
+    return r
 
 
 _HALF = (np.dtype(ml_dtypes.bfloat16),)
@@ -310,31 +375,51 @@ def _half_exact(f):
 _PRODUCTS = {n: _half_exact(getattr(np, n)) for n in ["matmul", "dot", "einsum", "tensordot", "inner", "vdot"]}
 
 
-def _binop(f):
-    return lambda self, o: _call(f.__name__, f, (self, o), {})
+def _binop(f, u):
+    if u is None:  # matmul: a product, not a ufunc
+        return lambda self, o: _call(f.__name__, f, (self, o), {})
+    return lambda self, o: _ufunc(u, f.__name__, f, (self, o), {})
 
 
-def _rbinop(f):
-    return lambda self, o: _call(f.__name__, f, (o, self), {})
+def _rbinop(f, u):
+    if u is None:
+        return lambda self, o: _call(f.__name__, f, (o, self), {})
+    return lambda self, o: _ufunc(u, f.__name__, f, (o, self), {})
 
 
-def _ibinop(f):
+def _ibinop(f, u):  # CuPy: u(self, o, out=self)
     def fn(self, o):
-        _call(f.__name__, f, (self, o), {}, writes=(self,))
+        if u is None:
+            _call(f.__name__, f, (self, o), {}, writes=(self,))
+        else:
+            _ufunc(u, f.__name__, f, (self, o), {}, writes=(self,), out=self)
         return self
     return fn
 
 
+# the operators' ufuncs (CuPy's names)
+_OPS = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide", "floordiv": "floor_divide",
+        "mod": "remainder", "pow": "power", "matmul": None, "and": "bitwise_and", "or": "bitwise_or",
+        "xor": "bitwise_xor", "lshift": "left_shift", "rshift": "right_shift", "eq": "equal", "ne": "not_equal",
+        "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "neg": "negative",
+        "pos": "positive", "abs": "absolute", "invert": "invert"}
 for _n in ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
            "rshift"]:
     _f = _PRODUCTS["matmul"] if _n == "matmul" else getattr(operator, _n + "_" if _n in ("and", "or") else _n)
-    setattr(ndarray, f"__{_n}__", _binop(_f))
-    setattr(ndarray, f"__r{_n}__", _rbinop(_f))
-    setattr(ndarray, f"__i{_n}__", _ibinop(getattr(operator, "i" + _n)))
+    setattr(ndarray, f"__{_n}__", _binop(_f, _OPS[_n]))
+    setattr(ndarray, f"__r{_n}__", _rbinop(_f, _OPS[_n]))
+    setattr(ndarray, f"__i{_n}__", _ibinop(getattr(operator, "i" + _n), _OPS[_n]))
 for _n in ["eq", "ne", "lt", "le", "gt", "ge"]:
-    setattr(ndarray, f"__{_n}__", _binop(getattr(operator, _n)))
+    setattr(ndarray, f"__{_n}__", _binop(getattr(operator, _n), _OPS[_n]))
 for _n in ["neg", "pos", "abs", "invert"]:
-    setattr(ndarray, f"__{_n}__", (lambda f: lambda self: _call(f.__name__, f, (self,), {}))(getattr(operator, _n)))
+    setattr(ndarray, f"__{_n}__",
+            (lambda f, u: lambda self: _ufunc(u, f.__name__, f, (self,), {}))(getattr(operator, _n), _OPS[_n]))
+
+
+def _recording_getattribute(self, name):  # HPCFSDP_CUDA_SIM_RECORD: every public ndarray attribute used
+    if name[0] != "_" or name[:2] == "__":
+        _gate.record("ndarray." + name)
+    return object.__getattribute__(self, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,7 +517,7 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True):
 
 
 def get_array_module(*args):
-    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else np
+    return _CUPY if any(isinstance(a, ndarray) for a in args) else np
 
 
 def from_dlpack(x):
@@ -442,19 +527,30 @@ def from_dlpack(x):
 
 
 def _module_getattr(name):
+    """cupy.<name> for a name the installed CuPy has: NumPy's function as a kernel (its ufuncs and reductions
+    held to CuPy's dtype loops), else NumPy's constant or type; AttributeError as CuPy for any other name."""
+    if name not in surface().modules["cupy"]:
+        raise AttributeError(f"module 'cupy' has no attribute '{name}'")
     f = _PRODUCTS.get(name) or getattr(np, name)  # AttributeError for what NumPy lacks
     if isinstance(f, (type, np.dtype)) or not callable(f):
         return f
+    red = _REDUCTIONS.get(name)
 
-    def fn(*args, **kwargs):
-        return _call(name, f, args, kwargs)
+    if name in surface().ufuncs:
+        def fn(*args, **kwargs):
+            return _ufunc(name, name, f, args, kwargs)
+    else:
+        def fn(*args, **kwargs):
+            if red and args and isinstance(args[0], ndarray):
+                _gate.check_reduction(red, args[0].dtype, kwargs.get("dtype"))
+            return _call(name, f, args, kwargs)
     fn.__name__ = name
     globals()[name] = fn
     return fn
 
 
 __getattr__ = _module_getattr
-bfloat16 = ml_dtypes.bfloat16
+linalg = SimModule("cupy.linalg", fallback=lambda n: getattr(np.linalg, n))  # its functions dispatch on ndarray
 
 
 class _Pool:
@@ -479,66 +575,20 @@ def get_default_pinned_memory_pool():
     return _POOL
 
 
-# random: one generator per device
-class RandomState:
-    def __init__(self, seed=0):
-        self._g = np.random.default_rng(seed)
-
-    def _out(self, r, name):
-        c = _Ctx(name)
-        c.check(name)
-        return c.out(np.asarray(r), name)
-
-    def standard_normal(self, size=None, dtype=float):
-        return self._out(self._g.standard_normal(size, dtype=dtype), "random.standard_normal")
-
-    def random_sample(self, size=None, dtype=float):
-        return self._out(self._g.random(size, dtype=dtype), "random.random_sample")
-
-    def randint(self, low, high=None, size=None, dtype=int):
-        return self._out(self._g.integers(low, high, size=size, dtype=dtype), "random.randint")
-
-    def permutation(self, n):
-        return self._out(self._g.permutation(n), "random.permutation")
-
-    def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
-        return self._out(self._g.uniform(low, high, size).astype(dtype), "random.uniform")
-
-    def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
-        return self._out(self._g.normal(loc, scale, size).astype(dtype), "random.normal")
-
-
-_RS: dict[int, RandomState] = {}
-
-
-def _get_random_state():
-    d = _cur_dev()
-    if d not in _RS:
-        _RS[d] = RandomState(d)
-    return _RS[d]
-
-
-def _seed(seed=None):
-    _RS[_cur_dev()] = RandomState(seed)
-
-
-random = types.ModuleType("cupy.random")
-random.get_random_state = _get_random_state
-random.seed = _seed
-random.RandomState = RandomState
-for _n in ["standard_normal", "random_sample", "randint", "permutation", "uniform", "normal"]:
-    setattr(random, _n, (lambda n: lambda *a, **k: getattr(_get_random_state(), n)(*a, **k))(_n))
-
-cuda = types.ModuleType("cupy.cuda")
+cuda = SimModule("cupy.cuda")
 cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
 cuda.get_current_stream, cuda.get_elapsed_time = get_current_stream, get_elapsed_time
 cuda.alloc_pinned_memory, cuda.PinnedMemoryPointer = alloc_pinned_memory, PinnedMemoryPointer
-cuda.runtime = _rt._Runtime("cupy.cuda.runtime")
+_rt._Runtime.deviceGetPCIBusId = _sim_nccl.device_pci_bus_id  # noqa: N815 (CUDA's name)
+cuda.runtime = SimModule("cupy.cuda.runtime", impl=_rt._Runtime("cupy.cuda.runtime"))
+cuda.nccl = SimModule("cupy.cuda.nccl", impl=_sim_nccl.nccl)
 cuda.is_available = lambda: _rt._N[0] > 0
 
 
 # cupyx
 def _scatter_add(a, slices, value):
+    _gate.check_scatter_add(a.dtype)
+
     def f(x, s, v):
         np.add.at(x, s, v)
     _call("cupyx.scatter_add", f, (a, slices, value), {}, writes=(a,))
@@ -556,16 +606,27 @@ def _zeros_pinned(shape, dtype=float, order="C"):
     return a
 
 
-cupyx = types.ModuleType("cupyx")
+cupyx = SimModule("cupyx")
 cupyx.scatter_add, cupyx.empty_pinned, cupyx.zeros_pinned = _scatter_add, _empty_pinned, _zeros_pinned
 
 
+_CUPY = SimModule("cupy", impl=sys.modules[__name__])  # `cupy` as installed: only the real CuPy's names
+_CUPY.__file__, _CUPY.__spec__ = __file__, importlib.machinery.ModuleSpec("cupy", None, origin=__file__)
+
+
 def install() -> types.ModuleType:
-    """Make ``import cupy`` / ``import cupyx`` give the simulation (idempotent); return the cupy module."""
-    me = sys.modules[__name__]
-    sys.modules["cupy"] = me
-    sys.modules["cupy.cuda"] = cuda
-    sys.modules["cupy.cuda.runtime"] = cuda.runtime
-    sys.modules["cupy.random"] = random
-    sys.modules["cupyx"] = cupyx
-    return me
+    """Make ``import cupy`` / ``import cupyx`` give the simulation (idempotent); return the cupy module.
+
+    Reads the installed CuPy's surface first (RuntimeError naming the extra to install where CuPy is not
+    importable), then takes every cupy name of sys.modules. HPCFSDP_CUDA_SIM_RECORD=<dir> records the cupy names
+    the process uses (python -m hpcfsdp.testing.cupy_names <dir> checks them)."""
+    _CUPY.__version__ = surface().version + "+sim"
+    purge_real_cupy()
+    sys.modules.update({"cupy": _CUPY, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.random": random,
+                        "cupy.linalg": linalg, "cupyx": cupyx})
+    sys.modules["cupy.cuda.nccl"] = cuda.nccl
+    rec = _settings.get("HPCFSDP_CUDA_SIM_RECORD")
+    if rec:
+        _gate.start_recording(rec)
+        ndarray.__getattribute__ = _recording_getattribute
+    return _CUPY
