@@ -627,3 +627,70 @@ def test_mp_batchnorm_and_layernorm_ignored():
     assert computed == {"fc1": torch.float16, "bn": torch.float32, "fc2": torch.float16, "ln": torch.float32,
                         "fc3": torch.float16}
     assert all(p.grad is not None for p in model.parameters())
+
+
+def _small_transformer(seed):
+    torch.manual_seed(seed)
+    return nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                          dropout=0.0)
+
+
+class TransformerWithEMA(nn.Module):
+    """A transformer trained, and a second one holding its exponential moving average (upstream uses
+    torch.optim.swa_utils.AveragedModel, absent from hpcfsdp: the average is written out here); the forward uses
+    the trained one in training mode and the average in eval mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.module = _small_transformer(0)
+        self.ema_module = _small_transformer(1)
+        self.num_averaged = 0
+
+    def forward(self, src, tgt):
+        return self.module(src, tgt) if self.training else self.ema_module(src, tgt)
+
+
+def _update_ema(ema, src, n, decay=0.9):
+    """AveragedModel's EMA update: the first call copies, later ones blend (parameters)."""
+    with torch.no_grad():
+        for pe, p in zip(ema.parameters(), src.parameters()):
+            pe.copy_(p.detach() if n == 0 else pe * decay + p.detach() * (1 - decay))
+
+
+@pytest.mark.parametrize("strategy", ["SHARD_GRAD_OP", "FULL_SHARD", "NO_SHARD"])
+def test_train_ema_eval_flow(strategy):
+    """TestFSDPTrainEval.test_train_ema_eval_flow: train (float16 params) -> EMA update inside
+    summon_full_params -> eval forward under no_grad, three times: the eval outputs change every iteration (they
+    use the updated average; upstream's bug was SHARD_GRAD_OP evaluating stale parameters) and equal the average's
+    own output computed unsharded in float16 from its summoned parameters."""
+    _, rank = world()
+    model = TransformerWithEMA()
+    policy = ModuleWrapPolicy({nn.Transformer, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer})
+    fsdp = FSDP(model, auto_wrap_policy=policy, mixed_precision=MixedPrecision(param_dtype=torch.float16),
+                sharding_strategy=getattr(ShardingStrategy, strategy), device_id=fsdp1_cpu())
+    optim = torch.optim.Adam(fsdp.module.module.parameters(), lr=1e-2)
+    eval_src, eval_tgt = randn(8, 1, 16, seed=1 + rank), randn(6, 1, 16, seed=11 + rank)
+    sums = []
+    for it in range(3):
+        fsdp.train()
+        out = fsdp(randn(8, 4, 16, seed=20 + 10 * it + rank), randn(6, 4, 16, seed=21 + 10 * it + rank))
+        out.float().sum().backward()
+        optim.step()
+        optim.zero_grad()
+        with FSDP.summon_full_params(fsdp):
+            _update_ema(fsdp.module.ema_module, fsdp.module.module, model.num_averaged)
+            model.num_averaged += 1
+            ema_params = [to_np(p) for p in fsdp.module.ema_module.parameters()]
+        fsdp.eval()
+        with torch.no_grad():
+            eval_out = fsdp(eval_src, eval_tgt)
+        plain = _small_transformer(1)
+        with torch.no_grad():
+            for p, v in zip(plain.parameters(), ema_params):
+                p.copy_(torch.tensor(v.astype(np.float32)))
+        plain = plain.half().eval()
+        with torch.no_grad():
+            expected = plain(eval_src.half(), eval_tgt.half())
+        assert_close(eval_out.float(), expected.float(), rtol=2e-2, atol=2e-2, msg=f"eval at {it}")
+        sums.append(float(eval_out.float().sum()))
+    assert len(set(sums)) == 3, sums
