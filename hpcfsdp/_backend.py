@@ -85,7 +85,9 @@ _cupy_checked = False
 # HPCFSDP_CUDA_SIM=1 (read here, once, at import) installs hpcfsdp.testing.cuda_sim as the modules
 # ``cupy`` and ``cupyx``: every ``import cupy`` in the package and the tests then gets a NumPy-backed
 # stand-in that enforces CUDA's ordering and device rules (see [Note: Simulated device] there), so the
-# GPU code paths run, and their races fail, on machines without a GPU. MPI_BUFFER_CHECK is the
+# GPU code paths run, and their races fail, on machines without a GPU. It has no more of CuPy than the
+# installed CuPy has (names, ndarray attributes, dtype loops: see [Note: The real CuPy surface] in
+# hpcfsdp/testing/_cupy_surface.py), so what passes there runs on CuPy. MPI_BUFFER_CHECK is the
 # simulation's check of a buffer handed to MPI (None with real CuPy): _buffers.call_mpi calls it.
 _CUDA_SIM = _settings.get("HPCFSDP_CUDA_SIM")
 MPI_BUFFER_CHECK = None
@@ -385,9 +387,7 @@ def is_pinned(a):
     cp = _cupy or sys.modules.get("cupy")
     if cp is None:
         return False
-    if getattr(cp, "__name__", "") == "hpcfsdp.testing.cuda_sim":  # the simulated device keeps a registry
-        return cp.is_pinned(a)
-    try:
+    try:  # (the simulated device answers from its registry of pinned memory)
         attrs = cp.cuda.runtime.pointerGetAttributes(a.__array_interface__["data"][0])
         return builtins.int(attrs.type) == 1  # cudaMemoryTypeHost
     except Exception:

@@ -175,3 +175,11 @@ def test_bfloat16_probe_runs_every_op_the_engine_uses(monkeypatch):
     ok, why = B.cupy_bfloat16()
     assert not ok and "lacks bfloat16 expm1" in why and "cupy_expm1" in why
     assert not hp.cuda.is_bf16_supported()
+
+
+def test_pinned_memory_is_found_through_cupys_runtime():
+    from hpcfsdp import _backend
+
+    host = _backend.pinned_empty(8, np.float32)
+    assert _backend.is_pinned(host) and _backend.is_pinned(host[2:])
+    assert not _backend.is_pinned(np.zeros(8, np.float32))

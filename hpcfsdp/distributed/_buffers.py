@@ -232,7 +232,9 @@ def to_work_dtype(a: Any, dtype: Any, stream: Any) -> Any:
 # A CuPy array is handed to MPI only after the stream that produced it is done: the issuing
 # thread records an event after its last write of the input (after the copy that breaks an
 # aliasing of input and output, too), and the communication thread synchronises it. With a
-# CUDA-aware MPI the device pointer goes to MPI directly (mpi4py reads __cuda_array_interface__).
+# CUDA-aware MPI the device pointer goes to MPI directly (mpi4py takes it from __dlpack__(stream=-1), the
+# consumer ordering nothing, which is why the stream is synchronised first; __cuda_array_interface__ where an
+# array has no DLPack).
 # Without one, the communication thread copies device -> pinned host on a side stream, runs MPI
 # on the host copy, and copies the result back, waiting for that side stream before the Work
 # completes. Device work of the communication thread itself (the float32 conversion of a half

@@ -1,6 +1,7 @@
 """A simulated CUDA device for tests: the part of CuPy hpcfsdp uses, computing with NumPy, enforcing CUDA's ordering rules."""
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import operator
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import hpcfsdp._settings as _settings  # a leaf
 from . import _sim_nccl
 from . import _sim_dlpack as _dlpack
+from . import _sim_ops
 from . import _sim_runtime as _rt
 from . import _sim_surface as _gate
 from ._cupy_surface import purge_real_cupy, surface
@@ -375,51 +377,7 @@ def _half_exact(f):
 _PRODUCTS = {n: _half_exact(getattr(np, n)) for n in ["matmul", "dot", "einsum", "tensordot", "inner", "vdot"]}
 
 
-def _binop(f, u):
-    if u is None:  # matmul: a product, not a ufunc
-        return lambda self, o: _call(f.__name__, f, (self, o), {})
-    return lambda self, o: _ufunc(u, f.__name__, f, (self, o), {})
-
-
-def _rbinop(f, u):
-    if u is None:
-        return lambda self, o: _call(f.__name__, f, (o, self), {})
-    return lambda self, o: _ufunc(u, f.__name__, f, (o, self), {})
-
-
-def _ibinop(f, u):  # CuPy: u(self, o, out=self)
-    def fn(self, o):
-        if u is None:
-            _call(f.__name__, f, (self, o), {}, writes=(self,))
-        else:
-            _ufunc(u, f.__name__, f, (self, o), {}, writes=(self,), out=self)
-        return self
-    return fn
-
-
-# the operators' ufuncs (CuPy's names)
-_OPS = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide", "floordiv": "floor_divide",
-        "mod": "remainder", "pow": "power", "matmul": None, "and": "bitwise_and", "or": "bitwise_or",
-        "xor": "bitwise_xor", "lshift": "left_shift", "rshift": "right_shift", "eq": "equal", "ne": "not_equal",
-        "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "neg": "negative",
-        "pos": "positive", "abs": "absolute", "invert": "invert"}
-for _n in ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
-           "rshift"]:
-    _f = _PRODUCTS["matmul"] if _n == "matmul" else getattr(operator, _n + "_" if _n in ("and", "or") else _n)
-    setattr(ndarray, f"__{_n}__", _binop(_f, _OPS[_n]))
-    setattr(ndarray, f"__r{_n}__", _rbinop(_f, _OPS[_n]))
-    setattr(ndarray, f"__i{_n}__", _ibinop(getattr(operator, "i" + _n), _OPS[_n]))
-for _n in ["eq", "ne", "lt", "le", "gt", "ge"]:
-    setattr(ndarray, f"__{_n}__", _binop(getattr(operator, _n), _OPS[_n]))
-for _n in ["neg", "pos", "abs", "invert"]:
-    setattr(ndarray, f"__{_n}__",
-            (lambda f, u: lambda self: _ufunc(u, f.__name__, f, (self,), {}))(getattr(operator, _n), _OPS[_n]))
-
-
-def _recording_getattribute(self, name):  # HPCFSDP_CUDA_SIM_RECORD: every public ndarray attribute used
-    if name[0] != "_" or name[:2] == "__":
-        _gate.record("ndarray." + name)
-    return object.__getattribute__(self, name)
+_sim_ops.wire(ndarray, _call, _ufunc, _PRODUCTS["matmul"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,6 +540,18 @@ cuda.alloc_pinned_memory, cuda.PinnedMemoryPointer = alloc_pinned_memory, Pinned
 _rt._Runtime.deviceGetPCIBusId = _sim_nccl.device_pci_bus_id  # noqa: N815 (CUDA's name)
 cuda.runtime = SimModule("cupy.cuda.runtime", impl=_rt._Runtime("cupy.cuda.runtime"))
 cuda.nccl = SimModule("cupy.cuda.nccl", impl=_sim_nccl.nccl)
+
+
+def _pointer_attributes(ptr):
+    """cupy.cuda.runtime.pointerGetAttributes: type memoryTypeHost (1) for the simulation's pinned memory, else
+    memoryTypeUnregistered (0) (simulated device memory is host memory too)."""
+    probe = np.ctypeslib.as_array((ctypes.c_uint8 * 1).from_address(int(ptr)))
+    pinned = _host_buf(probe) is not None
+    return types.SimpleNamespace(type=1 if pinned else 0, device=_cur_dev(), hostPointer=int(ptr),
+                                 devicePointer=int(ptr) if pinned else 0)
+
+
+cuda.runtime.pointerGetAttributes = _pointer_attributes
 cuda.is_available = lambda: _rt._N[0] > 0
 
 
@@ -628,5 +598,5 @@ def install() -> types.ModuleType:
     rec = _settings.get("HPCFSDP_CUDA_SIM_RECORD")
     if rec:
         _gate.start_recording(rec)
-        ndarray.__getattribute__ = _recording_getattribute
+        ndarray.__getattribute__ = _sim_ops.recording_getattribute
     return _CUPY
