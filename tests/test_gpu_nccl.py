@@ -107,13 +107,19 @@ def test_nccl_work_wait_orders_the_callers_stream_only(cp, monkeypatch):
     with pytest.raises(CudaSimError, match="NCCL allGather"):
         out.get()  # before wait(): the NCCL stream's write is not ordered before this stream
     side = cp.cuda.Stream(non_blocking=True)
-    assert w.wait() is True
-    np.testing.assert_array_equal(out.get(), np.ones(4 * n, np.float32))  # the waiting stream may read
+    assert w.wait() is True  # no host wait: the caller's stream waits for the NCCL stream
     with side, pytest.raises(CudaSimError, match="NCCL allGather"):
-        (out * 2).get(stream=side)  # another stream was not ordered by wait()
-    w.synchronize()  # the host waited: now every stream may read
+        out * 2  # another stream was not ordered by wait()
+    doubled = out * 2  # the waiting stream may read
+    np.testing.assert_array_equal(doubled.get(), np.full(4 * n, 2, np.float32))
+    # that blocking copy synchronised the caller's stream, so the host knows the collective complete, and
+    # work the host enqueues after it on any stream is ordered after it
     with side:
-        np.testing.assert_array_equal((out * 2).get(stream=side), np.full(4 * n, 2, np.float32))
+        np.testing.assert_array_equal((out * 3).get(stream=side), np.full(4 * n, 3, np.float32))
+    w2 = pg.all_gather_into(out, x * 5, async_op=True)
+    w2.synchronize()  # the host waited for the collective itself: every stream may read now
+    with side:
+        np.testing.assert_array_equal((out + 0).get(stream=side), np.full(4 * n, 5, np.float32))
     pg.destroy()
 
 
@@ -129,8 +135,9 @@ def test_nccl_input_written_after_issue_is_a_race(cp, monkeypatch):
     n = pg.size()
     x = cp.zeros(4, dtype=np.float32)
     side = cp.cuda.Stream(non_blocking=True)
+    side.wait_event(cp.cuda.get_current_stream().record())  # the side stream may write x ...
     with side:
-        x += 1  # written on a side stream the caller's stream never waited for
+        x += 1  # ... and does, but the caller's stream never waits for it
     out = cp.empty(4 * n, dtype=np.float32)
     with pytest.raises(CudaSimError, match="NCCL allGather"):
         pg.all_gather_into(out, x)
@@ -254,3 +261,25 @@ def _self_group():
     from hpcfsdp.distributed._mpi import get_mpi
 
     return ProcessGroup(get_mpi().COMM_SELF, name="self")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_async_work_keeps_its_arrays_until_wait(cp, monkeypatch):
+    """An array dropped while its collective may still run stays alive in the Work (CuPy's pool would hand its
+    block to the next allocation); after wait() the Work lets it go (the caller's stream is ordered after)."""
+    import sys
+
+    pg = _group(monkeypatch, "nccl")
+    n = pg.size()
+    out = cp.empty(4 * n, dtype=np.float32)
+    x = cp.ones(4, dtype=np.float32)
+    before = sys.getrefcount(out), sys.getrefcount(x)  # cupy.ndarray takes no weak references
+    w = pg.all_gather_into(out, x, async_op=True)
+    assert sys.getrefcount(out) > before[0] and sys.getrefcount(x) > before[1]  # held by the Work
+    w.wait()
+    assert (sys.getrefcount(out), sys.getrefcount(x)) == before
+    y = cp.ones(4, dtype=np.float32)
+    before_y = sys.getrefcount(y)
+    pg.all_reduce_(y)  # blocking: the caller's stream already waits, nothing is kept
+    assert sys.getrefcount(y) == before_y
+    pg.destroy()

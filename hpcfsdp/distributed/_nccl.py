@@ -26,9 +26,11 @@ __all__ = ["GpuPath", "gpu_path", "nccl_status", "NcclWork", "all_gather", "redu
 #           the input), makes the NCCL stream wait on it, runs NCCL there and records a done event. Work.wait()
 #           makes the caller's current stream wait on the done event: no host synchronisation and no hop
 #           through the communication thread; a blocking call does that wait at once (stream-ordered, as
-#           PyTorch's NCCL backend). The arrays stay referenced until the done event has completed: CuPy's
-#           pool hands a freed block to the next allocation on the stream that allocated it, which would
-#           otherwise overwrite memory NCCL still reads.
+#           PyTorch's NCCL backend). An asynchronous Work keeps its arrays until wait() (or, never waited,
+#           until the watchdog sees it done): CuPy's pool hands a freed block to the next allocation on the
+#           stream that allocated it, which would otherwise overwrite memory NCCL still uses; after wait()
+#           (and at once for a blocking call) the caller's stream is ordered after the collective, so
+#           holding them longer would only keep FSDP's unsharded parameters alive.
 #   mpi     the device pointer to a CUDA-aware MPI, on the communication thread ([Note: Device arrays]).
 #   staged  device -> pinned host -> MPI -> device, on the communication thread.
 # auto: nccl where cupy.cuda.nccl is available and every rank of the group drives a GPU of its own (host
@@ -214,10 +216,11 @@ class NcclGroup:
                 launch(self.comm, self.stream)
             done = cp.cuda.Event(disable_timing=True)
             done.record(self.stream)
-            work = NcclWork(desc, done, self, keep)
+            work = NcclWork(desc, done, self, keep if async_op else ())
             _watch(work)
             if not async_op:
                 cur.wait_event(done)
+                work.desc  # noqa: B018 (the watchdog keeps the Work: format the description, drop its arrays)
                 return None
         return work
 
@@ -292,6 +295,8 @@ class NcclWork(CT.Work):
         cp = sys.modules["cupy"]
         with cp.cuda.Device(self._group.device_id):
             cp.cuda.get_current_stream().wait_event(self._event)
+        self._keep = ()  # the caller's stream is ordered after the collective: its pool may reuse the arrays
+        self.desc  # noqa: B018 (formats the lazy description, which holds the arrays too)
         return True
 
     def synchronize(self) -> None:
@@ -309,9 +314,11 @@ _WATCHDOG: list[threading.Thread] = []
 
 
 def _watch(work: NcclWork) -> None:
+    """Keep ``work`` (and its arrays) until the watchdog thread sees its done event complete. The issuing
+    thread never queries events here: a query is a host synchronisation point, and on the simulated device
+    it would make this thread know every earlier collective complete, hiding a missing wait()."""
     now = time.monotonic()
     with _LOCK:
-        _PENDING[:] = [(w, t) for w, t in _PENDING if not w._done.is_set()]
         _PENDING.append((work, now))
         if not _WATCHDOG:
             t = threading.Thread(target=_watchdog_loop, name="hpcfsdp-nccl-watchdog", daemon=True)
