@@ -6,7 +6,7 @@ Usage: HPCFSDP_GPU_COMM=nccl python scripts/device_nccl_check.py [--json FILE] [
 Two parts, each over bfloat16, float16 and float32:
 - hpcfsdp's public API (hpcfsdp.distributed: init_process_group, all_gather_into_tensor, reduce_scatter_tensor with
   SUM and AVG, all_reduce with SUM and AVG, broadcast) on CUDA tensors, whatever backend the product chose: the
-  GPU comm path it reports (`hpcfsdp info`'s gpu_comm once it has one, else HPCFSDP_GPU_COMM) is printed;
+  GPU comm path the default group chose (its gpu_comm: path and why) is printed;
 - cupy.cuda.nccl itself on a communicator of this process alone (size 1): allGather, reduceScatter, allReduce and
   broadcast with NCCL_SUM and NCCL_AVG on a stream, so a result says whether NCCL works on this machine apart from
   the product's use of it. NCCL cannot put two ranks on one GPU; on one GPU this is the world size NCCL can run.
@@ -97,17 +97,22 @@ def check_public_api(n):
 
         run("broadcast", broadcast, every[0])
         hp.cuda.synchronize()
+    chosen = getattr(dist.group.WORLD, "gpu_comm", None)  # (path, why) the group chose at its first device collective
     dist.destroy_process_group()
-    return rank, world, device, results
+    return rank, world, device, results, chosen
 
 
-def gpu_comm_path():
-    from hpcfsdp.distributed import _mpi
+def gpu_comm_path(chosen):
+    """(path, where it was read): the default group's choice, else what `hpcfsdp info` says auto picks, else the
+    setting."""
+    if chosen:
+        return f"{chosen[0]} ({chosen[1]})", "the process group"
+    try:
+        from hpcfsdp.distributed import _nccl
 
-    info = _mpi.probe()
-    if "gpu_comm" in info:
-        return info["gpu_comm"], "hpcfsdp info"
-    return os.environ.get("HPCFSDP_GPU_COMM"), "HPCFSDP_GPU_COMM"
+        return _nccl.auto_choice_text(), "hpcfsdp info"
+    except (ImportError, AttributeError):
+        return os.environ.get("HPCFSDP_GPU_COMM"), "HPCFSDP_GPU_COMM"
 
 
 def check_raw_nccl(n):
@@ -166,8 +171,8 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=4099, help="elements per rank (odd: no alignment luck)")
     ap.add_argument("--json", default=None, help="also write the JSON here (rank 0)")
     a = ap.parse_args(argv)
-    rank, world, device, api = check_public_api(a.n)
-    path, source = gpu_comm_path()
+    rank, world, device, api, chosen = check_public_api(a.n)
+    path, source = gpu_comm_path(chosen)
     from hpcfsdp import _backend
 
     simulated = _backend.cuda_simulated()

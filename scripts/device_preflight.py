@@ -82,14 +82,19 @@ def nccl():
 
 
 def comm_info():
-    """What hpcfsdp's MPI probe found, and the GPU comm path (the probe's gpu_comm once it reports one)."""
+    """What hpcfsdp's MPI probe found, and the GPU comm path auto would pick (as `hpcfsdp info` says it)."""
     from hpcfsdp.distributed import _mpi
 
     info = _mpi.probe()
     keys = ("vendor", "version", "mpi4py_version", "cuda_aware", "cuda_aware_source", "bfloat16_type", "libmpi")
     res = {k: info.get(k) for k in keys}
-    res["gpu_comm"] = info.get("gpu_comm", os.environ.get("HPCFSDP_GPU_COMM", "auto"))
-    res["gpu_comm_source"] = "hpcfsdp info" if "gpu_comm" in info else "HPCFSDP_GPU_COMM"
+    try:
+        from hpcfsdp.distributed import _nccl
+
+        res["gpu_comm"], res["gpu_comm_source"] = _nccl.auto_choice_text(), "hpcfsdp info"
+        res["nccl_status"] = _nccl.nccl_status()[1]
+    except (ImportError, AttributeError):
+        res["gpu_comm"], res["gpu_comm_source"] = os.environ.get("HPCFSDP_GPU_COMM", "auto"), "HPCFSDP_GPU_COMM"
     return res
 
 
