@@ -65,6 +65,7 @@ def test_registering_hook_non_root_or_twice_raises():
     fsdp.register_comm_hook(state, default_hooks.reduce_scatter_hook)
     with pytest.raises(AssertionError, match="A communication hook is already registered"):
         fsdp.register_comm_hook(state, default_hooks.reduce_scatter_hook)
+    assert fsdp.check_is_root() and not model[0].check_is_root()
 
 
 def test_default_state_needs_a_group():

@@ -19,6 +19,9 @@ class Model(nn.Module):
         self.layer2 = nn.Linear(4, 2)
         self.layer3 = nn.Linear(2, 2)
         self.relu = nn.ReLU()
+        with torch.no_grad():  # NumPy values, the same in both frameworks, none of the ReLUs dead
+            for i, p in enumerate(self.parameters()):
+                p.copy_(randn(*p.shape, seed=63 + i) * 0.7 + (0.5 if p.ndim == 1 else 0.0))
 
     def forward(self, x):
         z = self.relu(self.layer0(x))
@@ -104,8 +107,10 @@ def test_diff_ignored_modules_across_ranks(pass_ignored_modules_to_root, ignore_
                      and isinstance(ref.get_submodule(n.rsplit(".", 1)[0]), IgnoredModule)}
     assert len(ignored_names) == rank + 1
     managed = {n for n, _ in ref.named_parameters()} - ignored_names
+    initial = {n: to_np(p) for n, p in ref.named_parameters()}
     ref_params = _train_against_ddp(fsdp, ref, managed)
     got = _check_full([fsdp], fsdp, ref_params)
+    assert all(not (got[n] == initial[n]).all() for n in managed), "a managed parameter did not train"
     for name in ignored_names:  # the ignored weights moved, each rank on its own data
         assert tuple(got[name].shape) == (4, 4)
 
@@ -122,8 +127,11 @@ def test_ignored_modules_not_under_wrapped_root(ignore_modules):
     model.layer1 = FSDP(model.layer1, device_id=fsdp1_cpu(), **kw)
     model.layer3 = FSDP(model.layer3, device_id=fsdp1_cpu(), **kw)
     managed = {"layer1.0.weight", "layer1.0.bias", "layer3.weight", "layer3.bias"}
+    initial = {n: to_np(p) for n, p in ref.named_parameters()}
     ref_params = _train_against_ddp(model, ref, managed)
-    _check_full([model.layer1, model.layer3], model, ref_params)
+    got = _check_full([model.layer1, model.layer3], model, ref_params)
+    for name in got:  # every parameter (managed, ignored, plain) trained: the comparison is not vacuous
+        assert not (got[name] == initial[name]).all(), name
 
 
 def test_ignored_states_check():

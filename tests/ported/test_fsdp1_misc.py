@@ -11,6 +11,7 @@ from _common import (
     copy_model,
     fsdp1_check_params,
     fsdp1_cpu,
+    global_sum,
     randn,
     to_np,
     world,
@@ -120,6 +121,7 @@ def test_no_params():
     """FSDP over a module without parameters constructs and runs (CPU with device_id; without device_id
     PyTorch asks for an accelerator)."""
     fsdp = _fsdp(nn.ReLU())
+    assert len(list(fsdp.parameters())) == 0
     assert_close(fsdp(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
 
 
@@ -131,8 +133,9 @@ def test_homogeneous_attributes(attr):
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     model[1] = _fsdp(model[1], **{attr: False})
     fsdp = _fsdp(model, **{attr: True})
-    with pytest.raises(ValueError, match="homogeneous"):
+    with pytest.raises(ValueError, match="homogeneous") as info:
         fsdp(randn(2, 4))
+    assert attr in str(info.value)  # the message names the attribute
 
 
 # ------------------------------------------------ the newest revision's other CPU-meaningful tests (ROCm/pytorch)
@@ -168,6 +171,7 @@ def test_fsdp_zero2_eval_with_prefetch():
 
     w, rank = world()
     model, ref = SmallMnist(), SmallMnist()
+    initial = {n: to_np(p) for n, p in ref.named_parameters()}
     fsdp = _fsdp(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, forward_prefetch=True, use_orig_params=True,
                  auto_wrap_policy=ModuleWrapPolicy([nn.Linear, nn.Conv2d]))
     opt = torch.optim.SGD(fsdp.parameters(), lr=1e-2)
@@ -206,7 +210,8 @@ def test_fsdp_zero2_eval_with_prefetch():
     fsdp.train()
     ref.train()
     train(20)
-    fsdp1_check_params(ref, fsdp, rtol=1e-4, atol=1e-5)
+    full = fsdp1_check_params(ref, fsdp, rtol=1e-4, atol=1e-5)
+    assert all(not np.allclose(full[n], initial[n]) for n in ("conv1.weight", "fc2.weight"))  # it trained
 
 
 class AB2(nn.Module):
@@ -235,6 +240,7 @@ def test_fsdp_cpu_training(sharding_strategy):
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     opt = torch.optim.Adam(fsdp.parameters(), lr=1e-2)
     inp = randn(2, 2, seed=42 + rank)
+    losses = []
     for _ in range(10):
         ref_loss = ref(inp, inp).sum()
         ref_loss.backward()
@@ -246,6 +252,8 @@ def test_fsdp_cpu_training(sharding_strategy):
         opt.step()
         opt.zero_grad()
         assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        losses.append(global_sum(loss))
+    assert losses[-1] < losses[0], losses  # it trained
     fsdp1_check_params(ref, fsdp, rtol=1e-5, atol=1e-6)
 
 

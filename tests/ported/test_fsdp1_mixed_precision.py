@@ -551,6 +551,7 @@ def test_submodule_precisions_error(case):
                     device_id=fsdp1_cpu())
     with pytest.raises(RuntimeError, match="must have the same dtype"):
         fsdp(torch.zeros(2, 100)).sum().backward()
+    assert all(p.grad is None for p in fsdp.parameters())  # it failed in forward: nothing was reduced
 
 
 def test_submodules_with_external_inputs():

@@ -26,8 +26,9 @@ def test_unshard_params_from_forward_raises():
                 pass
 
     model = FSDP(SummonsInForward(), device_id=fsdp1_cpu())
-    with pytest.raises(AssertionError, match=_IN_PASS):
+    with pytest.raises(AssertionError, match=_IN_PASS) as info:
         model(model)
+    assert info.type is AssertionError  # not a subclass standing in for it
 
 
 def test_unshard_params_from_backward_raises():
