@@ -19,6 +19,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def _device0():
     cs.Device(0).use()
     yield
+    for d in range(cs.cuda.runtime.getDeviceCount()):  # a planted fault leaves device work unsynchronised on
+        cs.Device(d).synchronize()                     # purpose: none of it may reach the next test
     cs.Device(0).use()
 
 
