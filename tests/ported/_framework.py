@@ -189,3 +189,11 @@ else:
     from hpcfsdp.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 __all__ += ["CheckpointImpl", "checkpoint_wrapper", "ShardedGradScaler"]
+
+# -- names of the state-dict / optimizer-state FSDP1 pass
+if IS_TORCH:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+else:
+    from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+__all__ += ["apply_activation_checkpointing"]

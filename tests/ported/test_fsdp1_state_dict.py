@@ -207,3 +207,54 @@ def test_state_dict_after_training_matches_reference():
     fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=2)
     with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
         _check_full(fsdp.state_dict(), ref)
+
+
+def test_state_dict_type():
+    """Leaving a ``state_dict_type`` context gives every FSDP instance of the tree its previous type back
+    (FULL_STATE_DICT by default); PyTorch's test reads the private ``_state_dict_type``, here the public
+    get_state_dict_type of each instance."""
+    from _framework import LocalStateDictConfig, enable_wrap, wrap
+
+    with enable_wrap(wrapper_cls=FSDP, device_id=fsdp1_cpu()):
+        inner = wrap(nn.Linear(4, 4))
+        fsdp = wrap(nn.Sequential(inner, nn.Linear(4, 4)))
+    instances = FSDP.fsdp_modules(fsdp)
+    assert len(instances) == 2
+    with FSDP.state_dict_type(fsdp, StateDictType.LOCAL_STATE_DICT):
+        for m in instances:
+            settings = FSDP.get_state_dict_type(m)
+            assert settings.state_dict_type == StateDictType.LOCAL_STATE_DICT
+            assert isinstance(settings.state_dict_config, LocalStateDictConfig)
+    for m in instances:
+        assert FSDP.get_state_dict_type(m).state_dict_type == StateDictType.FULL_STATE_DICT
+
+
+def test_wrong_state_dict_config():
+    """A config of another state-dict type is refused (RuntimeError "Expected state_dict_config of type")."""
+    from _framework import LocalStateDictConfig
+
+    model = _wrapped(_model())
+    with pytest.raises(RuntimeError, match="Expected state_dict_config of type"):
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, LocalStateDictConfig()):
+            pass
+    assert FSDP.get_state_dict_type(model).state_dict_type == StateDictType.FULL_STATE_DICT
+
+
+@pytest.mark.parametrize("nested", ["policy", "by_hand"])
+def test_full_state_dict_missing_unexpected_keys_cleaned(nested):
+    """load_state_dict(strict=False) of a FULL state dict with one key removed and one added reports exactly
+    those two, under the unwrapped names (no ``_fsdp_wrapped_module``), and loads the rest."""
+    model = _wrapped(_model(), nested)
+    sd = model.state_dict()
+    first = next(iter(sd))
+    sd.pop(first)
+    sd["unexpected"] = torch.ones(1)
+    other = _wrapped(_model(seed=1), nested)
+    missing, unexpected = other.load_state_dict(sd, strict=False)
+    assert [fsdp1_clean(k) for k in missing] == [fsdp1_clean(first)] and list(unexpected) == ["unexpected"], (
+        missing, unexpected)
+    assert not any("_fsdp_wrapped_module" in k for k in list(missing) + list(unexpected)), (missing, unexpected)
+    got, expected = _full_params(other), _full_params(model)
+    for n, v in expected.items():
+        if n != fsdp1_clean(first):
+            assert_close(got[n], v, msg=n)

@@ -162,8 +162,8 @@ def _group_rows(group):
 def _mesh_from_process_group(process_group, strategy: ShardingStrategy, device_type: str):
     """A DeviceMesh over ``process_group`` (a pair ``(shard_group, replicate_group)`` for HYBRID_SHARD).
 
-    Collective over the default group, like every DeviceMesh here: all ranks construct FSDP together,
-    each with its own group (several disjoint groups give independent FSDP instances)."""
+    One ProcessGroup: a 1-d mesh over it, without communication. The HYBRID_SHARD pair: collective over the
+    default group (all ranks construct FSDP together, each with its own pair)."""
     import numpy as np
 
     from .. import distributed_c10d as c10d
@@ -186,10 +186,12 @@ def _mesh_from_process_group(process_group, strategy: ShardingStrategy, device_t
         raise ValueError(f"{strategy.name} expects process_group to be a ProcessGroup or None, got "
                          f"{process_group!r}")
     name = "replicate" if strategy == ShardingStrategy.NO_SHARD else "shard"
-    rows = _group_rows(process_group)
-    if len(rows) == 1:
-        return DeviceMesh(device_type, rows[0], mesh_dim_names=(name,))
-    return DeviceMesh(device_type, rows, mesh_dim_names=("groups", name))[name]  # this rank's group
+    # this rank's group itself, no collective (as PyTorch's): the ranks outside it need not construct anything
+    # (PyTorch's tests shard a model over half the ranks while the others return)
+    mesh = DeviceMesh(device_type, np.array(c10d.get_process_group_ranks(process_group)), mesh_dim_names=(name,),
+                      _init_backend=False)
+    mesh._groups = [process_group]
+    return mesh
 
 
 def _sync_module_states(module: Module, mesh, ignored: set) -> None:
@@ -263,6 +265,10 @@ def _cast_buffers(module: Module, mp: MixedPrecision | None, ignored_modules: se
     """Cast floating buffers to ``buffer_dtype`` (not those of the classes MixedPrecision ignores, nor of ignored
     modules); returns {buffer name as state dicts spell it: original dtype} for the ones cast here or by an
     instance nested inside (whose buffers are already cast), so a FULL state dict gives them back as they were."""
+    ignored_modules = set(ignored_modules)
+    for m in module.modules():  # as PyTorch: the modules nested instances ignore are ignored here too
+        ignored_modules |= m.__dict__.get("_hp_fsdp1_ignored_modules", frozenset())
+    module.__dict__["_hp_fsdp1_ignored_modules"] = frozenset(ignored_modules)
     original = {}
     for prefix, m in module.named_modules():  # nested instances' records, under this tree's names
         if isinstance(m, _fsdp1_class()) and m is not module:

@@ -197,25 +197,102 @@ def _optim_params(optim):
     return out
 
 
-def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
+def _group_rank(group=None) -> int:
+    from ..distributed_c10d import get_rank
+
+    return get_rank(group)
+
+
+def optim_param_list(model, optim=None, optim_input=None) -> list:
+    """The parameters an optimizer state dict's integer keys index, as PyTorch's FSDP1 reads them:
+    ``optim_input`` (parameters, or param groups' ``params`` back to back), else ``optim``'s param groups, else
+    ``model.parameters()``."""
+    if optim_input is not None:
+        try:
+            items = list(optim_input)
+        except TypeError as e:
+            raise TypeError(f"Optimizer input should be an iterable of Tensors or dicts, but got {optim_input}") from e
+        if not items:
+            raise ValueError("Optimizer input should not be empty")
+        if all(isinstance(x, Tensor) for x in items):
+            return items
+        if not all(isinstance(x, dict) for x in items):
+            raise TypeError("Optimizer input should be an iterable of Tensors or dicts")
+        out = []
+        for g in items:
+            if "params" not in g:
+                raise ValueError('A parameter group should map "params" to a list of the parameters in the group')
+            out.extend(g["params"])
+        return out
+    if optim is not None:
+        return _optim_params(optim)
+    return list(model.parameters())
+
+
+_MISSING_STATES = ("FSDP currently requires each rank to have at least the optimizer states needed by rank 0's "
+                   "optimizer but some ranks are missing some of those states")
+
+
+def _agreed_state_names(root, local_names, names_in_order, merge: bool, group) -> list:
+    """The parameter names whose optimizer state every rank converts, in one order on every rank (FULL gathers a
+    collective per sharded tensor). As PyTorch: with ``merge`` (use_orig_params) the union over the ranks, else
+    rank 0's, and a RuntimeError on every rank when some rank lacks one of them. A rank lacking the state of a
+    sharded parameter in the union cannot take part in its gather either: the same error (PyTorch would gather
+    an empty piece)."""
+    from ..distributed_c10d import all_gather_object, get_world_size
+
+    everyone = [None] * get_world_size(group)
+    all_gather_object(everyone, sorted(local_names), group=group)
+    if merge:
+        agreed = set().union(*map(set, everyone))
+        required = {n for n in agreed if n in names_in_order and names_in_order[n][1]}  # sharded ones
+    else:
+        agreed = required = set(everyone[0])
+    missing = {r: sorted(required - set(keys)) for r, keys in enumerate(everyone)}
+    if any(missing.values()):
+        raise RuntimeError(_MISSING_STATES + "".join(
+            f"\nRank {r} is missing states for the parameters: {keys}" for r, keys in missing.items() if keys))
+    end = len(names_in_order)
+    return sorted(agreed, key=lambda n: (names_in_order.get(n, (end,))[0], n))
+
+
+def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=None, group=None,
+                     use_orig_params: bool = True) -> dict:
+    """The optimizer state keyed by parameter name (FULL: gathered tensors; SHARDED: DTensors).
+
+    ``params``: what the state dict's integer keys index (default: ``optim``'s parameters). ``group``: the ranks
+    that agree on the parameters to convert (default: all); with a FULL ``rank0_only`` config only its rank 0
+    keeps the result. ``use_orig_params``: the state names are the union over the ranks, else rank 0's (see
+    _agreed_state_names)."""
     reshard_all(root)
     osd = osd if osd is not None else optim.state_dict()
+    if not isinstance(osd, dict) or "state" not in osd:
+        raise ValueError('`optim_state_dict` must have the keys "state" to be a valid optimizer state dict')
     names = _names_of(root)
-    params = _optim_params(optim)
+    params = params if params is not None else _optim_params(optim)
     full = sd_type == StateDictType.FULL_STATE_DICT
     cfg = osd_config or FullOptimStateDictConfig()
-    keep = not (full and getattr(cfg, "rank0_only", False)) or _world_rank() == 0
+    keep = not (full and getattr(cfg, "rank0_only", False)) or _group_rank(group) == 0
     offload = bool(getattr(cfg, "offload_to_cpu", False))
-    state = {}
+    index_of = {}
+    for i in osd["state"]:
+        p = params[i] if isinstance(i, int) and 0 <= i < len(params) else None
+        if p is None or id(p) not in names:
+            raise ValueError(f"optimizer state key {i!r} is not a parameter of {type(root).__name__} (as indexed by "
+                             "the optimizer's param groups)")
+        index_of[names[id(p)]] = i
     # in the model's parameter order, not the optimizer's: ranks whose optimizers list the parameters in other
     # orders still gather (FULL: a collective per tensor) in one order
-    order = {id(q): j for j, q in enumerate(root.parameters())}
-    for i in sorted(osd["state"], key=lambda i: (order.get(id(params[i]), len(order)), i)):
-        p = params[i]
-        if id(p) not in names:
-            raise ValueError(f"optimizer parameter {i} is not a parameter of {type(root).__name__}")
+    in_order = {}
+    for n, q in root.named_parameters():
+        in_order.setdefault(clean_fqn(n), (len(in_order), isinstance(q, DTensor)))
+    state = {}
+    for name in _agreed_state_names(root, list(index_of), in_order, use_orig_params, group):
+        if name not in index_of:  # not sharded and not this rank's (use_orig_params: kept where it is)
+            continue
+        p = params[index_of[name]]
         entry = {}
-        for k, v in osd["state"][i].items():
+        for k, v in osd["state"][index_of[name]].items():
             if isinstance(p, DTensor) and isinstance(v, Tensor) and not isinstance(v, DTensor) and v.ndim > 0 \
                     and tuple(v.shape) == tuple(p._data.shape):
                 v = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape)
@@ -225,12 +302,14 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None) -> dict:
                 v = _offloaded(v)
             entry[k] = v
         if keep:
-            state[names[id(p)]] = entry
-    groups = []
-    for g in osd["param_groups"]:
-        groups.append({**{k: v for k, v in g.items() if k != "params"},
-                       "params": [names[id(params[i])] for i in g["params"]]})
-    return {"state": state, "param_groups": groups} if keep else {}
+            state[name] = entry
+    if not keep:
+        return {}
+    out = {"state": state}
+    if "param_groups" in osd:  # PyTorch: a state dict without param groups comes back without them
+        out["param_groups"] = [{**{k: v for k, v in g.items() if k != "params"},
+                                "params": [names[id(params[i])] for i in g["params"]]} for g in osd["param_groups"]]
+    return out
 
 
 def _names_of(root) -> dict:
@@ -243,8 +322,8 @@ def _names_of(root) -> dict:
 def rekey(osd, root, params, to_names: bool) -> dict:
     """An optimizer state dict keyed by index into ``params`` (``optim.state_dict()``'s keys) rekeyed by
     parameter name (``to_names``), or the other way round."""
-    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
-        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups'")
+    if not isinstance(osd, dict) or "state" not in osd:
+        raise ValueError("optimizer state dict must be a dict with 'state' (and 'param_groups')")
     names = _names_of(root)
     fqns = [names[id(p)] for p in params]
     pos = {n: i for i, n in enumerate(fqns)}
@@ -256,46 +335,75 @@ def rekey(osd, root, params, to_names: bool) -> dict:
             raise KeyError(f"optimizer state key {k!r} is not a parameter {'index' if to_names else 'name'} of "
                            f"{type(root).__name__}") from None
 
-    return {"state": {key(k): v for k, v in osd["state"].items()},
-            "param_groups": [{**g, "params": [key(k) for k in g["params"]]} for g in osd["param_groups"]]}
+    out = {"state": {key(k): v for k, v in osd["state"].items()}}
+    if "param_groups" in osd:  # each group's keys sorted, as PyTorch's rekey_optim_state_dict
+        out["param_groups"] = [{**g, "params": sorted(key(k) for k in g["params"])} for g in osd["param_groups"]]
+    return out
 
 
-def optim_state_dict_to_load(root, optim, osd, osd_config=None) -> dict:
-    """``optim.load_state_dict`` input from a name-keyed optimizer state dict. With a
-    ``FullOptimStateDictConfig(rank0_only=True)`` only rank 0's ``osd`` is read; it is broadcast (collective)."""
+def _like(local: Tensor, p: DTensor) -> DTensor:
+    return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape)
+
+
+def optim_state_dict_to_load(root, optim, osd, osd_config=None, *, params=None, group=None,
+                             rank0_only=None) -> dict:
+    """``optim.load_state_dict`` input from a name-keyed optimizer state dict (FULL: full tensors, cut to this
+    rank's pieces; SHARDED: DTensors). Keys are indices into ``params`` (default: ``optim``'s parameters), each
+    group's sorted, as PyTorch's; a state dict without param groups gives one without them. ``rank0_only``
+    (default: a ``FullOptimStateDictConfig(rank0_only=True)``): only ``group``'s rank 0 reads ``osd``, which it
+    broadcasts over ``group`` (collective). The state of a parameter this optimizer does not hold is left out."""
     reshard_all(root)
-    if isinstance(osd_config, FullOptimStateDictConfig) and osd_config.rank0_only:
-        osd = broadcast_optim_state_dict(root, osd)
+    if rank0_only is None:
+        rank0_only = isinstance(osd_config, FullOptimStateDictConfig) and osd_config.rank0_only
+    if rank0_only:
+        osd = broadcast_optim_state_dict(root, osd if _group_rank(group) == 0 else None, group=group)
+    if not isinstance(osd, dict) or "state" not in osd:
+        raise ValueError('`optim_state_dict` must have the keys "state" to be a valid optimizer state dict')
     by_name = {clean_fqn(n): p for n, p in root.named_parameters(remove_duplicate=False)}
-    index = {id(p): i for i, p in enumerate(_optim_params(optim))}
-    if "state" not in osd or "param_groups" not in osd:
-        raise ValueError("optimizer state dict must have 'state' and 'param_groups'")
+    params = params if params is not None else _optim_params(optim)
+    index = {}
+    for i, p in enumerate(params):
+        index.setdefault(id(p), i)
     state = {}
     for name, entry in osd["state"].items():
         if name not in by_name:
             raise KeyError(f"optimizer state for {name!r}, which is not a parameter of {type(root).__name__}")
         p = by_name[name]
+        if id(p) not in index:
+            continue
         new = {}
-        for k, v in entry.items():
+        for k, v in entry.items():  # a sharded parameter's state laid out as the parameter (as its optimizer holds it)
             if isinstance(p, DTensor) and isinstance(v, Tensor) and v.ndim > 0:
                 if isinstance(v, DTensor):
-                    same = v.placements == p.placements and v.device_mesh is p.device_mesh
-                    v = v.to_local() if same else local_chunk(v.full_tensor(), p)
+                    if not (v.placements == p.placements and v.device_mesh is p.device_mesh):
+                        v = _like(local_chunk(v.full_tensor(), p), p)
                 elif tuple(v.shape) == tuple(p.shape):
-                    v = local_chunk(v, p)
+                    v = _like(local_chunk(v, p), p)
             new[k] = v
         state[index[id(p)]] = new
-    if len(osd["param_groups"]) != len(optim.param_groups):
-        raise ValueError(f"optimizer state dict has {len(osd['param_groups'])} param groups, the optimizer "
-                         f"{len(optim.param_groups)}")
+    if "param_groups" not in osd:
+        return {"state": state}
+    mine = None
+    if optim is not None:
+        if len(osd["param_groups"]) != len(optim.param_groups):
+            raise ValueError(f"optimizer state dict has {len(osd['param_groups'])} param groups, the optimizer "
+                             f"{len(optim.param_groups)}")
+        mine = [{id(p) for p in g["params"]} for g in optim.param_groups]
     groups = []
-    for g, mine in zip(osd["param_groups"], optim.param_groups):
-        names = {id(by_name[n]) for n in g["params"] if n in by_name}
-        if names != {id(p) for p in mine["params"]}:
-            raise ValueError("optimizer state dict's param groups hold other parameters than the optimizer's")
-        # ids in this optimizer's own order: load_state_dict pairs them positionally
-        groups.append({**{k: v for k, v in g.items() if k != "params"},
-                       "params": [index[id(p)] for p in mine["params"]]})
+    for j, g in enumerate(osd["param_groups"]):
+        ids = set()
+        for n in g["params"]:
+            p = by_name.get(n)
+            if p is None or id(p) not in index:
+                raise KeyError(f"param group {j} of the optimizer state dict holds {n!r}, which is not a parameter "
+                               "of this optimizer")
+            if mine is not None and id(p) not in mine[j]:  # load_state_dict pairs by position: a silent mix-up
+                raise ValueError(f"optimizer state dict's param group {j} holds {n!r}, which this optimizer has in "
+                                 "another param group")
+            ids.add(index[id(p)])
+        # ids in this optimizer's order: load_state_dict pairs them positionally with its params. A parameter the
+        # state dict's group lacks is left out (PyTorch's: its entry is the caller's to add)
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": sorted(ids)})
     return {"state": state, "param_groups": groups}
 
 
@@ -350,55 +458,58 @@ def _plain(v) -> bool:
 _ERRORS = {"TypeError": TypeError, "ValueError": ValueError, "KeyError": KeyError}
 
 
-def broadcast_outline(sd, prepare=None):
+def broadcast_outline(sd, prepare=None, group=None):
     """See [Note: Agreed errors]. Returns (rank 0's outline, rank 0's prepared state dict) on every rank (the
-    second is None elsewhere), or raises rank 0's error on every rank."""
+    second is None elsewhere), or raises rank 0's error on every rank. ``group``: its rank 0 sends (default:
+    the world's)."""
     from ..distributed_c10d import broadcast_object_list
 
     msg = [None]
-    if _world_rank() == 0:
+    root = _group_rank(group) == 0
+    if root:
         try:
             if prepare is not None:
                 sd = prepare(sd)
             msg[0] = (None, _outline(sd))
         except Exception as e:  # sent, not raised: every rank must reach the broadcast
             msg[0] = ((type(e).__name__, f"rank 0: {e}"), None)
-    broadcast_object_list(msg, src=0)
+    broadcast_object_list(msg, group=group, group_src=0)
     err, outline = msg[0]
     if err is not None:
         raise _ERRORS.get(err[0], RuntimeError)(err[1])
-    return outline, (sd if _world_rank() == 0 else None)
+    return outline, (sd if root else None)
 
 
 _BCAST_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 
 
-def broadcast_tensor(value, shape, dtype_name) -> Tensor:
-    """Broadcast one full tensor from rank 0 on the host."""
+def broadcast_tensor(value, shape, dtype_name, group=None) -> Tensor:
+    """Broadcast one full tensor from rank 0 (of ``group``, default the world's) on the host."""
     from ..distributed_c10d import broadcast
 
     dt = _backend.to_dtype(dtype_name)
-    if _world_rank() == 0:
+    if _group_rank(group) == 0:
         arr = np.ascontiguousarray(_backend.to_numpy(_as_tensor(value, "")._data), dtype=dt)
     else:
         arr = np.empty(shape, dtype=dt)
     t = Tensor._wrap(arr)
     if arr.size:
-        broadcast(t, src=0)
+        broadcast(t, group=group, group_src=0)
     return t
 
 
-def broadcast_optim_state_dict(root, osd) -> dict:
-    """Rank 0's full optimizer state dict on every rank, each state tensor cut to this rank's piece as soon
-    as it arrives (a DTensor like its parameter). See [Note: Agreed errors]."""
-    outline, flat_in = broadcast_outline(osd, _flatten_nested)
+def broadcast_optim_state_dict(root, osd, group=None) -> dict:
+    """Rank 0's (of ``group``, default the world's) full optimizer state dict on every rank of ``group``, each
+    state tensor cut to this rank's piece as soon as it arrives (a DTensor like its parameter). See
+    [Note: Agreed errors]."""
+    outline, flat_in = broadcast_outline(osd, _flatten_nested, group=group)
     params = dict(root.named_parameters(remove_duplicate=False))
     flat = {}
     for key, info in outline.items():
         if info[0] != "tensor":
             flat[key] = info[1]
             continue
-        t = broadcast_tensor(flat_in[key] if flat_in is not None else None, info[1], info[2])
+        t = broadcast_tensor(flat_in[key] if flat_in is not None else None, info[1], info[2], group=group)
         path = key.split("\x00")
         p = params.get(path[1]) if len(path) == 3 and path[0] == "state" else None
         if isinstance(p, DTensor) and tuple(t.shape) == tuple(p.shape) and t.ndim > 0:
@@ -409,8 +520,8 @@ def broadcast_optim_state_dict(root, osd) -> dict:
 
 # The optimizer state dict is flattened for broadcast with "\x00" joined paths: parameter names contain dots.
 def _flatten_nested(osd):
-    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
-        raise ValueError("optimizer state dict must be a dict with 'state' and 'param_groups', got "
+    if not isinstance(osd, dict) or "state" not in osd:
+        raise ValueError("optimizer state dict must be a dict with 'state' (and 'param_groups'), got "
                          f"{type(osd).__name__}")
     out = {}
     for fqn, entry in osd["state"].items():
@@ -418,7 +529,8 @@ def _flatten_nested(osd):
             raise ValueError(f"optimizer state of {fqn!r} must be a dict, got {type(entry).__name__}")
         for k, v in entry.items():
             out[f"state\x00{fqn}\x00{k}"] = v
-    out["param_groups"] = osd["param_groups"]
+    if "param_groups" in osd:
+        out["param_groups"] = osd["param_groups"]
     return out
 
 
@@ -429,4 +541,4 @@ def _unflatten_nested(flat):
             continue
         _, fqn, k = key.split("\x00")
         state.setdefault(fqn, {})[k] = v
-    return {"state": state, "param_groups": flat["param_groups"]}
+    return {"state": state, **({"param_groups": flat["param_groups"]} if "param_groups" in flat else {})}

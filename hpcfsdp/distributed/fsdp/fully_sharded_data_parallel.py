@@ -12,6 +12,7 @@ from ..._tensor import Tensor
 from ...nn import Module
 from ...nn.utils import clip_grad_norm_ as _clip_grad_norm
 from ..tensor import DTensor
+from . import _fsdp1_optim_state as _osd
 from . import _state_dict_utils as sdu
 from ._fully_shard import (
     CPUOffloadPolicy,
@@ -99,6 +100,13 @@ def _add_wrapper_prefix(module, state_dict, prefix, *args):
             state_dict[prefix + _WRAPPED_PREFIX + key[len(prefix):]] = state_dict.pop(key)
 
 
+def _clean_incompatible_keys(module, incompatible_keys):
+    """load_state_dict's missing and unexpected keys under the names state dicts use (PyTorch's post hook: in
+    place, so a strict load's error names them so too)."""
+    for keys in incompatible_keys:
+        keys[:] = [sdu.clean_fqn(k) for k in keys]
+
+
 class FullyShardedDataParallel(Module):
     """Wraps ``module`` and shards it with :func:`fully_shard`: each auto-wrapped submodule becomes a unit,
     then the root. Parameter and state-dict names are the wrapped module's own (no prefix); attributes
@@ -184,6 +192,7 @@ class FullyShardedDataParallel(Module):
             inner.__dict__["_hp_wrapped_by_fsdp"] = True
         self._register_state_dict_hook(_drop_wrapper_prefix)
         self._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
+        self.register_load_state_dict_post_hook(_clean_incompatible_keys)
         self.sharding_strategy = sharding_strategy
         self.mixed_precision = mixed_precision
         self.cpu_offload = cpu_offload or CPUOffload()
@@ -444,82 +453,60 @@ class FullyShardedDataParallel(Module):
             FullyShardedDataParallel.set_state_dict_type(module, prev.state_dict_type, prev.state_dict_config,
                                                          prev.optim_state_dict_config)
 
+    # -- optimizer state: see _fsdp1_optim_state.py -------------------------------------------------------------
     @staticmethod
     def optim_state_dict(model, optim, optim_state_dict: dict | None = None, group=None) -> dict:
-        """The optimizer's state keyed by parameter name (FULL: gathered tensors; SHARDED: DTensors)."""
-        settings = FullyShardedDataParallel.get_state_dict_type(model) if _wrappers(model, required=False) \
-            else StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
-        return sdu.optim_state_dict(_root(model), optim, settings.state_dict_type, settings.optim_state_dict_config,
-                                    optim_state_dict)
+        """The optimizer's state keyed by parameter name (FULL: gathered tensors, on ``group``'s rank 0 only with
+        ``rank0_only``; SHARDED: DTensors). ``optim_state_dict``: convert this one instead of
+        ``optim.state_dict()`` (without "param_groups", the result has none)."""
+        return _osd.optim_state_dict(model, optim, optim_state_dict, group)
 
     @staticmethod
     def optim_state_dict_to_load(model, optim, optim_state_dict: dict, is_named_optimizer: bool = False,
                                  load_directly: bool = False, group=None) -> dict:
-        """Turn a name-keyed optimizer state dict (FULL or SHARDED) into ``optim.load_state_dict`` input."""
-        settings = FullyShardedDataParallel.get_state_dict_type(model)
-        result = sdu.optim_state_dict_to_load(_root(model), optim, optim_state_dict,
-                                              settings.optim_state_dict_config)
-        if load_directly:
-            optim.load_state_dict(result)
-        return result
-
+        """Turn a name-keyed optimizer state dict (FULL or SHARDED) into ``optim.load_state_dict`` input (FULL with
+        ``rank0_only``: read on ``group``'s rank 0 and broadcast)."""
+        return _osd.optim_state_dict_to_load(model, optim, optim_state_dict, load_directly, group)
 
     # -- FSDP1's older optimizer-state API (deprecated in PyTorch, still in its tutorials) -----------------------
     @staticmethod
     def full_optim_state_dict(model, optim, optim_input=None, rank0_only: bool = True, group=None) -> dict:
-        """The whole optimizer state, gathered, keyed by parameter name as PyTorch's (every rank takes part;
-        with ``rank0_only`` the others get ``{}``). Deprecated in PyTorch for ``optim_state_dict``."""
-        _deprecated("full_optim_state_dict", "optim_state_dict")
-        _no_optim_input(optim_input)
-        named = sdu.optim_state_dict(_root(model), optim, StateDictType.FULL_STATE_DICT,
-                                     FullOptimStateDictConfig(rank0_only=rank0_only))
-        return named or {}
+        """The whole optimizer state, gathered, keyed by parameter name as PyTorch's (every rank of ``group``
+        takes part; with ``rank0_only`` the others get ``{}``). ``optim_input`` (deprecated, warns): what the
+        optimizer was built from. Deprecated in PyTorch for ``optim_state_dict``."""
+        return _osd.full_optim_state_dict(model, optim, optim_input, rank0_only, group)
 
     @staticmethod
     def sharded_optim_state_dict(model, optim, group=None) -> dict:
         """This rank's optimizer state as DTensors, keyed by parameter name (``optim_state_dict`` under
         SHARDED_STATE_DICT). Deprecated in PyTorch."""
-        _deprecated("sharded_optim_state_dict", "optim_state_dict")
-        return sdu.optim_state_dict(_root(model), optim, StateDictType.SHARDED_STATE_DICT)
+        return _osd.sharded_optim_state_dict(model, optim, group)
 
     @staticmethod
     def shard_full_optim_state_dict(full_optim_state_dict: dict, model, optim_input=None, optim=None) -> dict:
-        """``optim.load_state_dict`` input from a ``full_optim_state_dict`` result held by every rank. Without
-        ``optim`` the indices are those of ``model.parameters()`` (an optimizer built from them), as PyTorch."""
-        _deprecated("shard_full_optim_state_dict", "optim_state_dict_to_load")
-        _no_optim_input(optim_input)
-        return _load_full_by_index(full_optim_state_dict, model, optim, broadcast=False)
+        """``optim.load_state_dict`` input from a ``full_optim_state_dict`` result held by every rank. The indices
+        are ``optim_input``'s, else ``optim``'s, else those of ``model.parameters()``, as PyTorch's."""
+        return _osd.load_full_optim_state_dict(full_optim_state_dict, model, optim_input, optim)
 
     @staticmethod
     def scatter_full_optim_state_dict(full_optim_state_dict: dict | None, model, optim_input=None, optim=None,
                                       group=None) -> dict:
-        """As ``shard_full_optim_state_dict``, with the full state dict on rank 0 only (others pass None): rank 0
-        broadcasts it (collective)."""
-        _deprecated("scatter_full_optim_state_dict", "optim_state_dict_to_load")
-        _no_optim_input(optim_input)
-        return _load_full_by_index(full_optim_state_dict, model, optim, broadcast=True)
+        """As ``shard_full_optim_state_dict``, with the full state dict on ``group``'s rank 0 only (the others
+        pass None): it broadcasts it (collective)."""
+        return _osd.load_full_optim_state_dict(full_optim_state_dict, model, optim_input, optim, broadcast=True,
+                                               group=group)
 
     @staticmethod
     def flatten_sharded_optim_state_dict(sharded_optim_state_dict: dict, model, optim) -> dict:
         """``optim.load_state_dict`` input from a ``sharded_optim_state_dict`` result. Deprecated in PyTorch."""
-        _deprecated("flatten_sharded_optim_state_dict", "optim_state_dict_to_load")
-        return sdu.optim_state_dict_to_load(_root(model), optim, sharded_optim_state_dict)
+        return _osd.flatten_sharded_optim_state_dict(sharded_optim_state_dict, model, optim)
 
     @staticmethod
     def rekey_optim_state_dict(optim_state_dict: dict, optim_state_key_type: OptimStateKeyType, model,
                                optim_input=None, optim=None) -> dict:
-        """The same optimizer state dict keyed by parameter name (PARAM_NAME) or index (PARAM_ID); indices are
-        ``optim``'s, else those of ``model.parameters()``."""
-        if not isinstance(optim_state_key_type, OptimStateKeyType):
-            raise TypeError(f"optim_state_key_type must be an OptimStateKeyType, got {optim_state_key_type!r}")
-        _no_optim_input(optim_input)
-        root = _root(model)
-        params = sdu._optim_params(optim) if optim is not None else list(model.parameters())
-        by_name = all(isinstance(k, str) for k in optim_state_dict.get("state", {})) and all(
-            isinstance(k, str) for g in optim_state_dict.get("param_groups", []) for k in g["params"])
-        if by_name == (optim_state_key_type is OptimStateKeyType.PARAM_NAME):
-            return optim_state_dict
-        return sdu.rekey(optim_state_dict, root, params, to_names=not by_name)
+        """The same optimizer state dict keyed by parameter name (PARAM_NAME) or index (PARAM_ID), each group's
+        keys sorted; indices are ``optim_input``'s, else ``optim``'s, else those of ``model.parameters()``."""
+        return _osd.rekey_optim_state_dict(optim_state_dict, optim_state_key_type, model, optim_input, optim)
 
     @staticmethod
     def fsdp_modules(module, root_only: bool = False) -> list:
@@ -585,6 +572,7 @@ def _adopt_wrapper(new: "FullyShardedDataParallel", prev: "FullyShardedDataParal
     new._fsdp_wrapped_module = module
     new._register_state_dict_hook(_drop_wrapper_prefix)
     new._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
+    new.register_load_state_dict_post_hook(_clean_incompatible_keys)
     for name in _ADOPTED:
         object.__setattr__(new, name, prev.__dict__[name])
     module.__dict__["_hp_fsdp1_wrapper"] = weakref.ref(new)
@@ -592,43 +580,6 @@ def _adopt_wrapper(new: "FullyShardedDataParallel", prev: "FullyShardedDataParal
 
 _APPLY_DEPTH = [0]  # > 0 while an instance's apply() runs ``fn`` over its summoned tree
 _STATE_DICT_DEPTH = [0]  # > 0 while an instance's state_dict() converts its tree (nested instances add raw entries)
-
-
-def _deprecated(name: str, instead: str) -> None:
-    warnings.warn(f"FSDP.{name}() is being deprecated and is not recommended; use FSDP.{instead}() instead "
-                  f"(hpcfsdp keeps it for scripts written against it).", FutureWarning, stacklevel=3)
-
-
-def _no_optim_input(optim_input) -> None:
-    if optim_input is not None:
-        raise ValueError("optim_input is not supported by hpcfsdp (deprecated in PyTorch): pass optim=")
-
-
-def _load_full_by_index(full_osd, model, optim, broadcast: bool) -> dict:
-    """``optim.load_state_dict`` input from a full optimizer state dict keyed by parameter name (PyTorch's) or
-    by index (``rekey_optim_state_dict(..., PARAM_ID)``; indices as ``optim``'s parameters, else
-    ``model.parameters()``), rank 0's only and broadcast with ``broadcast``."""
-    root = _root(model)
-    params = sdu._optim_params(optim) if optim is not None else list(model.parameters())
-    named = None
-    if not broadcast or sdu._world_rank() == 0:
-        by_name = all(isinstance(k, str) for k in full_osd.get("state", {})) and all(
-            isinstance(k, str) for g in full_osd.get("param_groups", []) for k in g["params"])
-        named = full_osd if by_name else sdu.rekey(full_osd, root, params, to_names=True)
-    if broadcast:
-        named = sdu.broadcast_optim_state_dict(root, named)
-    if optim is None:  # an optimizer's outline for the index order: its groups as the state dict's
-        by_name = {sdu.clean_fqn(n): p for n, p in root.named_parameters(remove_duplicate=False)}
-        optim = _GroupsOnly([{"params": [by_name[n] for n in g["params"]]} for g in named["param_groups"]])
-    return sdu.optim_state_dict_to_load(root, optim, named)
-
-
-class _GroupsOnly:
-    """What optim_state_dict_to_load reads of an optimizer: its param groups."""
-
-    def __init__(self, param_groups):
-        self.param_groups = param_groups
-
 
 
 def _as_list(items, what: str):

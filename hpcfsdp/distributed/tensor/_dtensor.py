@@ -72,6 +72,11 @@ class DTensorSpec:
     stride: tuple[int, ...]
     dtype: Any
 
+    def __deepcopy__(self, memo):
+        """Immutable, and its mesh a handle to communicators: a deep-copied DTensor shares both (PyTorch's copy
+        resolves the same process groups), so ``copy.deepcopy(optim.state_dict())`` works on sharded states."""
+        return self
+
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     st, acc = [], 1
