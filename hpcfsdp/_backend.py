@@ -16,7 +16,7 @@ __all__ = [
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
     "cupy_available", "generator", "generator_for", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
     "pinned_bytes", "is_pinned", "host_empty", "current_cuda_device", "use_cuda_device", "cuda_simulated",
-    "cupy_bfloat16", "MPI_BUFFER_CHECK", "cupy_unavailable_reason",
+    "cupy_bfloat16", "MPI_BUFFER_CHECK", "MPI_WINDOW", "THREAD_HANDOFF", "cupy_unavailable_reason",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -87,15 +87,26 @@ _cupy_checked = False
 # stand-in that enforces CUDA's ordering and device rules (see [Note: Simulated device] there), so the
 # GPU code paths run, and their races fail, on machines without a GPU. It has no more of CuPy than the
 # installed CuPy has (names, ndarray attributes, dtype loops: see [Note: The real CuPy surface] in
-# hpcfsdp/testing/_cupy_surface.py), so what passes there runs on CuPy. MPI_BUFFER_CHECK is the
-# simulation's check of a buffer handed to MPI (None with real CuPy): _buffers.call_mpi calls it.
+# hpcfsdp/testing/_cupy_surface.py), so what passes there runs on CuPy. Three hooks, None with real
+# CuPy (never a switch in behaviour: the product calls them only to tell the simulation what it does):
+# MPI_BUFFER_CHECK checks a buffer handed to MPI now; MPI_WINDOW brackets an MPI call
+# (``token = MPI_WINDOW.call(routine, args)`` before it starts, ``MPI_WINDOW.end(token)`` once it
+# completed: _buffers.call_mpi, _p2p), so the simulation knows which buffers MPI owns until then and
+# when its writes land; THREAD_HANDOFF carries what one host thread knows complete to another where the
+# product hands results between threads (``snap = THREAD_HANDOFF.publish()`` on the handing thread,
+# ``THREAD_HANDOFF.acquire(snap)`` on the taking one: a Work's issue, completion and wait, _comm_thread).
 _CUDA_SIM = _settings.get("HPCFSDP_CUDA_SIM")
 MPI_BUFFER_CHECK = None
+MPI_WINDOW = None
+THREAD_HANDOFF = None
 if _CUDA_SIM:
+    from hpcfsdp.testing import _sim_mpi as _sim_mpi  # noqa: E402
     from hpcfsdp.testing import cuda_sim as _cuda_sim  # noqa: E402
 
     _cuda_sim.install()
     MPI_BUFFER_CHECK = _cuda_sim.mpi_access
+    MPI_WINDOW = _sim_mpi.WINDOW
+    THREAD_HANDOFF = _sim_mpi.HANDOFF
 
 
 def cuda_simulated():

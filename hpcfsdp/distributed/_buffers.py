@@ -331,14 +331,16 @@ def stager() -> HostStager:
 
 def call_mpi(mode: str, blocking, nonblocking, *args) -> None:
     """Call the blocking MPI routine, or (mode 'test') the nonblocking one and poll it."""
-    check = _backend.MPI_BUFFER_CHECK
-    if check is not None:  # the simulated device's ordering check (see [Note: Simulated CUDA] in _backend)
-        for spec in args:
-            check(spec[0] if isinstance(spec, list) else spec, f"MPI {blocking.__name__}")
-    if mode == "blocking":
-        blocking(*args)
-    else:
-        progress(nonblocking(*args))
+    window = _backend.MPI_WINDOW  # the simulated device's (see [Note: Simulated CUDA] in _backend)
+    token = window.call(blocking if mode == "blocking" else nonblocking, args) if window is not None else None
+    try:
+        if mode == "blocking":
+            blocking(*args)
+        else:
+            progress(nonblocking(*args))
+    finally:
+        if token is not None:
+            window.end(token)
 
 
 def allgather_bytes(comm, src, dst, in_place: bool, k: int, mode: str) -> None:

@@ -159,7 +159,7 @@ class Work:
 
     __slots__ = ("_desc", "_fn", "_done", "_exc", "_result", "_issued", "_tb", "_meta", "_device", "_kept",
                  "_independent", "_after", "_gen", "_req", "_todo", "_running", "_t0", "_ts", "_t_first",
-                 "_detached")
+                 "_detached", "_hb")
 
     def __init__(self, desc: str | Callable[[], str], fn: Callable[[], Any] | None = None):
         self._desc = desc  # a str or a callable making it (formatted only when needed)
@@ -182,6 +182,7 @@ class Work:
         self._ts = 0.0  # trace: start of the running stage, and of the first
         self._t_first = None
         self._t0 = 0.0
+        self._hb = None  # the simulated device's hand-off of host knowledge (see [Note: Simulated CUDA] in _backend)
 
     @property
     def desc(self) -> str:
@@ -201,6 +202,8 @@ class Work:
         """Run the function; a staged one stays in flight, advanced by ``_step``."""
         rec = _trace.RECORDER  # see [Note: Timeline] in hpcfsdp/_trace.py
         self._t0 = rec.now() if rec is not None else 0.0
+        if self._hb is not None:  # what the issuing thread knew (the simulated device)
+            _backend.THREAD_HANDOFF.acquire(self._hb)
         try:
             res = self._fn()
             self._fn = None
@@ -287,10 +290,17 @@ class Work:
         rec = _trace.RECORDER
         if rec is not None:
             rec.comm_event(self, self._t0)
+        handoff = _backend.THREAD_HANDOFF
+        if handoff is not None:  # the simulated device: what this thread knows, for the waiter
+            self._hb = handoff.publish()
         self._done.set()
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        if not self._done.is_set():
+            return False
+        if self._hb is not None:
+            _backend.THREAD_HANDOFF.acquire(self._hb)
+        return True
 
     def is_success(self) -> bool:
         return self._done.is_set() and self._exc is None
@@ -314,6 +324,8 @@ class Work:
             self._wait_loop(timeout)
             if rec is not None:
                 rec.wait_event(self, t0)
+        if self._hb is not None:  # the simulated device: the waiter learns what the finishing thread knew
+            _backend.THREAD_HANDOFF.acquire(self._hb)
         if self._exc is not None:
             F.UNREPORTED.pop(id(self), None)
             raise self._exc
@@ -508,6 +520,9 @@ def execute(desc, fn: Callable[[], Any], async_op: bool, meta: list | None = Non
         work._independent = True
         work._after = _independent_after()
     work._device = _issuer_device()
+    handoff = _backend.THREAD_HANDOFF
+    if handoff is not None:  # the simulated device: the thread running it learns what the issuer knew
+        work._hb = handoff.publish()
     if meta is not None:
         work._meta = meta
         meta.done = work._done

@@ -98,10 +98,16 @@ class _StatusRequest:
             raise
 
 
-def _check_mpi_buffer(a, op: str) -> None:
-    check = _backend.MPI_BUFFER_CHECK  # the simulated device's check (see [Note: Simulated CUDA] in _backend)
-    if check is not None:
-        check(a, op)
+def _mpi_window(reads, writes, op: str):
+    """The simulated device's bracket of a nonblocking call on ``reads``/``writes`` (see [Note: Simulated CUDA] in
+    _backend): a token to end once the request completed, None with real CuPy."""
+    window = _backend.MPI_WINDOW
+    return window.begin(reads, writes, op) if window is not None else None
+
+
+def _mpi_done(token) -> None:
+    if token is not None:
+        _backend.MPI_WINDOW.end(token)
 
 
 def _fresh_host(a, copy: bool):
@@ -234,8 +240,9 @@ class PointToPoint:
             if ev is not None:
                 ev.synchronize()
             buf = _fresh_host(arr, copy=True) if B.needs_staging(arr) else arr
-            _check_mpi_buffer(buf, "MPI Isend")
+            token = _mpi_window((buf,), (), "MPI Isend")
             yield comm.Isend(B.byte_spec(buf), dst, tag)
+            _mpi_done(token)
             return None
 
         self.stats["send"] += 1
@@ -258,9 +265,10 @@ class PointToPoint:
                 ev.synchronize()
             staged = B.needs_staging(arr)
             buf = _fresh_host(arr, copy=False) if staged else arr
-            _check_mpi_buffer(buf, "MPI Irecv")
+            token = _mpi_window((), (buf,), "MPI Irecv")
             req = _StatusRequest(comm.Irecv(B.byte_spec(buf), source, tag), desc)
             yield req
+            _mpi_done(token)
             got, sender = req.status.Get_count(MPI.BYTE), req.status.Get_source()
             if got != arr.nbytes:
                 raise RuntimeError(f"{desc()}: received {got} bytes from group rank {sender}, expected "

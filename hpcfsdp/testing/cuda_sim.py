@@ -12,6 +12,7 @@ import numpy as np
 
 import hpcfsdp._settings as _settings  # a leaf
 from . import _sim_nccl
+from . import _sim_mpi, _sim_pool
 from . import _sim_dlpack as _dlpack
 from . import _sim_ops
 from . import _sim_runtime as _rt
@@ -19,7 +20,7 @@ from . import _sim_surface as _gate
 from ._cupy_surface import purge_real_cupy, surface
 from ._sim_random import RandomState, random
 from ._sim_surface import Flags, SimModule, ndarray_attr_error
-from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, PinnedMemoryPointer, Stream, _Buf, _cur_dev,
+from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, PinnedMemoryPointer, Stream, _cur_dev,
                            _fail, _host_buf, _stack, alloc_pinned_memory, get_current_stream, get_elapsed_time,
                            is_pinned, set_device_count)
 
@@ -28,14 +29,34 @@ __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned"
 
 # [Note: Simulated device]
 # Every simulated array owns a buffer (shared by its views) on one device. Work is queued on streams;
-# nothing is delayed (NumPy computes at once) but every write is recorded as *pending* on its buffer
-# with (stream, sequence number, the Python stack that issued it). Ordering is tracked with vector
-# clocks: each stream knows, per stream, up to which sequence number work is ordered before its next
-# op (its own earlier ops, Stream.wait_event, the legacy null stream's implicit syncs); the host knows
-# which work is complete (Stream/Event/Device.synchronize, blocking copies). A kernel reading a buffer
-# whose pending write is neither on its stream nor ordered before it, an MPI call reading a device or
-# pinned host buffer whose writes the host has not synchronised, and an array used on a device other
-# than the thread's current one raise CudaSimError naming the op and the stack of the write.
+# nothing is delayed (NumPy computes at once) but every access is recorded on its buffer: per agent,
+# its last write and its last read, with (agent, op number, the Python stack that issued it). Agents
+# are streams, MPI calls in flight, and host threads (whose clock ticks when an MPI call completes on
+# them). Ordering is tracked with vector clocks: each stream knows, per agent, up to which op work is
+# ordered before its next op (its own earlier ops, Stream.wait_event, the legacy null stream's implicit
+# syncs, and what the enqueuing thread knew complete); each host thread knows what it saw complete
+# (Stream/Event/Device.synchronize, blocking copies, the MPI calls it completed) and what was handed to
+# it: the product hands knowledge between threads only where it hands results over (_backend's
+# THREAD_HANDOFF at a Work's issue, completion and wait), so a synchronize on the communication thread
+# counts for the main thread only through Work.wait(). The hazards, each named in its CudaSimError with
+# the stacks of both accesses:
+#   read-after-write   a kernel or copy reads a buffer whose write is neither on its stream nor ordered before it;
+#   write-after-read   a kernel, copy or MPI call overwrites a buffer another agent's read is not ordered before;
+#   write-after-write  two writes of one buffer by different agents, unordered;
+#   MPI ownership window  between the start of an MPI call and its completion (_backend's MPI_WINDOW brackets
+#                      call_mpi and the point-to-point requests) MPI reads its inputs and writes its outputs:
+#                      any read of an output, or write of an input or output, raises; MPI's writes land at
+#                      completion and are known to the thread that completed it (others: after a hand-off);
+#                      an MPI call itself needs its inputs' writes, and its outputs' reads and writes, known
+#                      complete by its host thread;
+#   memory-pool reuse  CuPy's pool gives a freed block to the next allocation of its size on the stream it was
+#                      allocated on, with the accesses the freeing thread did not know complete (see
+#                      [Note: Simulated memory pool] in _sim_pool.py): the new array's first access raises
+#                      unless they are ordered before it.
+# An array used on a device other than the thread's current one raises too. Buffers are tracked whole
+# (a write of one slice orders against a read of another). _sim_runtime.py holds the streams, threads'
+# knowledge and the _Buf checks (``read``/``write``/``check_write``/``unordered``), _sim_mpi.py the MPI
+# window and hand-offs, _sim_pool.py the pool.
 # Like CuPy, implicit conversion to NumPy raises TypeError, and device arrays mixed with host arrays
 # in an operation raise TypeError. Only the installed CuPy's names, ndarray attributes and dtype loops
 # exist (see [Note: The real CuPy surface] in _cupy_surface.py).
@@ -82,29 +103,31 @@ class _Ctx:
             return type(x)(self.un(e, host_ok) for e in x)
         return x
 
-    def check(self, op):
+    def check(self, op, pure=()):
+        """Check devices, enqueue the kernel, check and record its reads (not of ``pure``: arrays it only writes)."""
         for x in self.ins:
             if x._buf.dev != self.dev:
                 raise CudaSimError(
                     f"{op}: an array on device {x._buf.dev} used while the thread's current device is {self.dev} "
                     f"(an array belongs to one device; select it with cupy.cuda.Device({x._buf.dev})).\n"
                     f"At:\n{_stack()}")
-            hit = x._buf.unordered(self.stream)
-            if hit is not None:
-                _fail(op, _desc(x), hit, f"{op} on stream {self.stream.id}")
         self.seq = self.stream._enqueue()
+        for x in self.ins:  # read-after-write checked, the read recorded (write-after-read)
+            if not any(x is p for p in pure):
+                x._buf.read(self.stream, self.seq, op, x)
 
     def out(self, r, op):
         if isinstance(r, np.ndarray):
             buf = self.roots.get(id(_root(r)))
-            if buf is None:
-                buf = _Buf(self.dev)
-                buf.write(self.stream, self.seq, op)
-            return _wrap(r, buf)
+            if buf is not None:
+                return _wrap(r, buf)
+            x = _wrap(r, _sim_pool.alloc(self.dev, _root(r).nbytes, self.stream))
+            x._buf.write(self.stream, self.seq, op, x)  # a reused pool block may still be in use
+            return x
         if isinstance(r, np.generic):
-            buf = _Buf(self.dev)
-            buf.write(self.stream, self.seq, op)
-            return _wrap(np.asarray(r), buf)
+            x = _wrap(np.asarray(r), _sim_pool.alloc(self.dev, r.itemsize, self.stream))
+            x._buf.write(self.stream, self.seq, op, x)
+            return x
         if isinstance(r, tuple):
             return tuple(self.out(e, op) for e in r)
         if isinstance(r, list):
@@ -112,7 +135,7 @@ class _Ctx:
         return r
 
     def wrote(self, x, op):
-        x._buf.write(self.stream, self.seq, op)
+        x._buf.write(self.stream, self.seq, op, x)
 
 
 def _desc(x):
@@ -136,7 +159,9 @@ def _call(op, fn, args, kwargs, writes=(), host_ok=False):
             return _wrap(r, c.roots[id(_root(r))])
         c.check(op)
         return c.out(r, op)
-    c.check(op)
+    c.check(op, _pure_outputs(op, args, kwargs, outs, writes))
+    for o in outs:  # before computing: a refused write leaves the data as it was
+        o._buf.check_write(c.stream, op, o)
     r = fn(*a, **kw)
     for o in outs:
         c.wrote(o, op)
@@ -145,13 +170,24 @@ def _call(op, fn, args, kwargs, writes=(), host_ok=False):
     return c.out(r, op)
 
 
+_PURE_WRITES = frozenset(["ndarray.__setitem__", "ndarray.fill"])  # their target (args[0]) is written, not read
+
+
+def _pure_outputs(op, args, kwargs, outs, writes):
+    """The arrays a kernel writes without reading them: ``out=`` arrays that are no input, and the target of
+    an assignment or fill."""
+    if not outs:
+        return ()
+    pure = list(writes) if op in _PURE_WRITES else []
+    srcs = {id(x) for x in (args[1:] if pure else args) if isinstance(x, ndarray)}
+    srcs.update(id(v) for k, v in kwargs.items() if k != "out" and isinstance(v, ndarray))
+    return pure + [o for o in outs[:len(outs) - len(writes)] if id(o) not in srcs]
+
+
 def _sync_read(x, op):
     """A blocking device-to-host read of ``x`` (get(), item(), float()): ordered on the current stream, then synced."""
     s = get_current_stream(x._buf.dev)
-    hit = x._buf.unordered(s)
-    if hit is not None:
-        _fail(op, _desc(x), hit, f"{op} on stream {s.id}")
-    s._enqueue()
+    x._buf.read(s, s._enqueue(), op, x)
     s.synchronize()
     return x._a
 
@@ -165,7 +201,7 @@ class ndarray:
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._a = np.empty(shape, dtype, order=order)
-        self._buf = _Buf(_cur_dev())
+        self._buf = _sim_pool.alloc(_cur_dev(), self._a.nbytes)
 
     # -- attributes ---------------------------------------------------------------------------
     shape = property(lambda s: s._a.shape)
@@ -203,31 +239,27 @@ class ndarray:
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         s = stream or get_current_stream(self._buf.dev)
-        hit = self._buf.unordered(s)
-        if hit is not None:
-            _fail("ndarray.get (device-to-host copy)", _desc(self), hit, f"the copy on stream {s.id}")
         seq = s._enqueue()
+        self._buf.read(s, seq, "ndarray.get (device-to-host copy)", self)
+        hb = _host_buf(out)
+        if hb is not None:  # the copy writes pinned memory on the stream
+            hb.write(s, seq, "ndarray.get(stream=...) into pinned memory", "a pinned host buffer")
         if out is None:
             out = np.array(self._a, order=order, copy=True)
         else:
             out[...] = self._a
-        hb = _host_buf(out)
-        if stream is not None and hb is not None:  # async copy into pinned memory: pending until synced
-            hb.pending[s.id] = (seq, "ndarray.get(stream=...) into pinned memory", _stack())
-        else:
+        if stream is None or hb is None:  # async only into pinned memory: pending until synced
             s.synchronize()
         return out
 
     def set(self, arr, stream=None):
         s = stream or get_current_stream(self._buf.dev)
         hb = _host_buf(arr)
-        if hb is not None:
-            hit = hb.unordered(s)
-            if hit is not None:
-                _fail("ndarray.set (host-to-device copy)", "a pinned host buffer", hit, f"the copy on stream {s.id}")
         seq = s._enqueue()
+        if hb is not None:
+            hb.read(s, seq, "ndarray.set (host-to-device copy)", "a pinned host buffer")
+        self._buf.write(s, seq, "ndarray.set", self)
         self._a[...] = arr
-        self._buf.pending[s.id] = (seq, "ndarray.set", _stack())
         if stream is None:
             s.synchronize()
 
@@ -392,21 +424,20 @@ def mpi_access(x, op: str) -> None:
             raise CudaSimError(
                 f"{op}: MPI reads {_desc(x)} on a thread whose current device is cuda:{cur} (an array belongs to "
                 f"one device: the thread must select cuda:{x._buf.dev}).\nAt:\n{_stack()}")
-        hit = x._buf.unordered(None)
+        hit = x._buf.unordered(None, _sim_mpi.open_here())  # (the MPI calls this thread is inside access it)
         if hit is not None:
             _fail(op, _desc(x), hit, "MPI read it (synchronise the stream, or an event recorded after the write)")
     elif isinstance(x, np.ndarray):
         hb = _host_buf(x)
         if hb is not None:
-            hit = hb.unordered(None)
+            hit = hb.unordered(None, _sim_mpi.open_here())
             if hit is not None:
                 _fail(op, f"pinned host {x.dtype.name}{list(x.shape)}", hit, "MPI read it")
 
 
 def mpi_wrote(x) -> None:
-    """MPI (the host) wrote ``x``: nothing of it is pending any more."""
-    if isinstance(x, ndarray):
-        x._buf.host_write()
+    """MPI wrote ``x`` at once, on the calling thread (a blocking call): see _sim_mpi.begin/end for the general case."""
+    _sim_mpi.end(_sim_mpi.begin((), (x,), "MPI"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +455,7 @@ def _creator(name, writes_data=True):
         c.check(name)
         r = f(*a, **kw)
         if not writes_data:
-            return _wrap(r, _Buf(c.dev))
+            return _wrap(r, _sim_pool.alloc(c.dev, r.nbytes, c.stream))
         return c.out(r, name)
     create.__name__ = name
     return create
@@ -511,18 +542,8 @@ __getattr__ = _module_getattr
 linalg = SimModule("cupy.linalg", fallback=lambda n: getattr(np.linalg, n))  # its functions dispatch on ndarray
 
 
-class _Pool:
-    def used_bytes(self):
-        return 0
-
-    def total_bytes(self):
-        return 0
-
-    def free_all_blocks(self):
-        pass
-
-
-_POOL = _Pool()
+_POOL = _sim_pool.MemoryPool()  # see [Note: Simulated memory pool] in _sim_pool.py
+_PINNED_POOL = _sim_pool.PinnedMemoryPool()
 
 
 def get_default_memory_pool():
@@ -530,7 +551,7 @@ def get_default_memory_pool():
 
 
 def get_default_pinned_memory_pool():
-    return _POOL
+    return _PINNED_POOL
 
 
 cuda = SimModule("cupy.cuda")
