@@ -149,3 +149,91 @@ def test_ignored_states_check():
                                          r"but got types \[<class '[\w.]+\.Linear'>, <class '[\w.]+\.Parameter'>\]"):
         FSDP(model, ignored_states=ignored_params.union(set(ignored_modules)), device_id=fsdp1_cpu())
     assert not any(isinstance(m, FSDP) for m in model.modules())  # nothing was wrapped by the failed calls
+
+
+@pytest.mark.parametrize("ignore_modules", [True, False])
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_ignored_modules_nested(use_orig_params, ignore_modules):
+    """layer1[1] is an FSDP instance inside layer1, which the root ignores (as a module, or as layer1's
+    parameters through ignored_states): the nested instance still shards and averages its parameters, layer1's
+    other parameters train locally, the rest with the root; three Adam steps as DDP over the managed ones.
+    (Upstream's FlatParameter numel check: flat.)"""
+    model = Model()
+    ref = copy_model(model)
+    model.layer1[1] = FSDP(model.layer1[1], use_orig_params=use_orig_params, device_id=fsdp1_cpu())
+    kw = ({"ignored_modules": [model.layer1]} if ignore_modules
+          else {"ignored_states": list(model.layer1.parameters())})
+    fsdp = FSDP(model, use_orig_params=use_orig_params, device_id=fsdp1_cpu(), **kw)
+    managed = {n for n, _ in ref.named_parameters() if not n.startswith("layer1.") or n.startswith("layer1.1.")}
+    assert len(managed) == 8
+    initial = {n: to_np(p) for n, p in ref.named_parameters()}
+    ref_params = _train_against_ddp(fsdp, ref, managed)
+    got = _check_full([fsdp], fsdp, ref_params)
+    assert all(not (got[n] == initial[n]).all() for n in got), "a parameter did not train"
+
+
+@pytest.mark.parametrize("ignore_bias", [True, False])
+@pytest.mark.parametrize("policy", ["transformer_policy", "module_policy"])
+def test_ignored_states_auto_wrap(policy, ignore_bias):
+    """ignored_states naming layer1[1]'s weight (and bias) with a policy making layer1 (the only Sequential) a
+    unit: those stay local and train on each rank's data, the rest trains as DDP. (Upstream's sharded-numel
+    bounds: flat.)"""
+    import functools
+
+    from _framework import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    model = Model()
+    ref = copy_model(model)
+    ignored = [model.layer1[1].weight] + ([model.layer1[1].bias] if ignore_bias else [])
+    pol = (functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.Sequential})
+           if policy == "transformer_policy" else ModuleWrapPolicy((nn.Sequential,)))
+    fsdp = FSDP(model, use_orig_params=False, auto_wrap_policy=pol, ignored_states=ignored, device_id=fsdp1_cpu())
+    ignored_names = {"layer1.1.weight"} | ({"layer1.1.bias"} if ignore_bias else set())
+    managed = {n for n, _ in ref.named_parameters()} - ignored_names
+    initial = {n: to_np(p) for n, p in ref.named_parameters()}
+    ref_params = _train_against_ddp(fsdp, ref, managed)
+    got = _check_full([fsdp], fsdp, ref_params)
+    assert all(not (got[n] == initial[n]).all() for n in got), "a parameter did not train"
+
+
+@pytest.mark.parametrize("use_auto_wrap", [False, True])
+@pytest.mark.parametrize("ignore_modules", [True, False])
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_ignored_modules_transformer(use_orig_params, ignore_modules, use_auto_wrap):
+    """A small transformer whose blocks (the role of nn.Transformer in TransformerWithSharedParams) are ignored,
+    as a module or as their parameters, with and without every Linear auto-wrapped (the output projection then
+    untied from the embedding, as upstream): the blocks train locally, the rest as DDP, three Adam steps."""
+    from _common import Transformer, randint
+    from _framework import ModuleWrapPolicy
+
+    w, _ = world()
+
+    def build():
+        torch.manual_seed(0)
+        m = Transformer(n_layers=2, weight_tying=True)
+        if use_auto_wrap:
+            m.output.weight = nn.Parameter(m.output.weight.detach().clone())
+        return m
+
+    model, ref = build(), build()
+    kw = {"ignored_modules": [model.layers]} if ignore_modules else {"ignored_states": list(model.layers.parameters())}
+    if use_auto_wrap:
+        kw["auto_wrap_policy"] = ModuleWrapPolicy({nn.Linear})
+    fsdp = FSDP(model, use_orig_params=use_orig_params, device_id=fsdp1_cpu(), **kw)
+    managed = {n for n, _ in ref.named_parameters() if not n.startswith("layers.")}
+    optim = torch.optim.Adam(fsdp.parameters(), lr=1e-2)
+    ref_optim = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for it in range(3):
+        tokens = local(randint(17, 2 * w, 6, seed=it))
+        fsdp(tokens).sum().backward()
+        ref(tokens).sum().backward()
+        for name, p in ref.named_parameters():
+            if name in managed:
+                dist.all_reduce(p.grad)
+                p.grad.div_(w)
+        optim.step()
+        ref_optim.step()
+        optim.zero_grad()
+        ref_optim.zero_grad()
+    got = _check_full([fsdp], fsdp, dict(ref.named_parameters()))
+    assert any(n.startswith("layers.") for n in got) and managed <= set(got)
