@@ -40,6 +40,19 @@ class Ctx:
         return os.path.join(self.d, *parts)
 
 
+def _cupy_as(c, importable: bool):
+    """Probe CuPy afresh as if it were not installed, or (importable) installed on a machine without a GPU."""
+    from hpcfsdp import _backend
+
+    c.mp.setattr(_backend, "_cupy_checked", False)
+    c.mp.setattr(_backend, "_cupy", None)
+    c.mp.setattr(_backend, "_cupy_missing", "")
+    if importable:
+        c.mp.setattr(_backend, "_cupy_sees_gpu", lambda cupy: False)
+    else:
+        c.mp.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+
+
 def _two_linear():
     return nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
 
@@ -126,8 +139,10 @@ CASES = [
     ("unknown-device", lambda c: hp.zeros(2, device="tpu"), ValueError,
      "unknown device 'tpu'; expected 'cpu', 'cuda', 'cuda:N' or 'meta'"),
     ("bad-device-index", lambda c: hp.device("cuda:x"), ValueError, "bad device index in 'cuda:x'"),
-    ("cuda-without-cupy", lambda c: hp.zeros(2, device="cuda"), RuntimeError,
+    ("cuda-without-cupy", lambda c: (_cupy_as(c, False), hp.zeros(2, device="cuda")), RuntimeError,
      "device 'cuda' needs CuPy, which is not importable"),
+    ("cuda-without-gpu", lambda c: (_cupy_as(c, True), hp.zeros(2, device="cuda")), RuntimeError,
+     "device 'cuda' needs a CUDA GPU: CuPy 14"),
     ("negative-dimension", lambda c: hp.randn(-1), RuntimeError, "negative dimension -1"),
     ("dim-out-of-range", lambda c: hp.ones(2, 3).transpose(0, 5), IndexError,
      "expected to be in range of [-2, 1], but got 5"),
@@ -307,8 +322,10 @@ CASES = [
     ("mesh-unknown-dim-name", lambda c: _mesh((1,), ("a",))["b"], KeyError,
      "mesh dimension 'b' not found; this mesh's dimensions are ('a',)"),
     ("mesh-dim-index", lambda c: _mesh((1,), ("a",)).get_group(3), IndexError, "mesh_dim=3 out of range for a 1-d mesh"),
-    ("mesh-cuda-without-cupy", lambda c: dist.init_device_mesh("cuda", (1,)), RuntimeError,
-     "init_device_mesh('cuda', ...) needs CuPy"),
+    ("mesh-cuda-without-cupy", lambda c: (_cupy_as(c, False), dist.init_device_mesh("cuda", (1,))), RuntimeError,
+     "init_device_mesh('cuda', ...): device 'cuda' needs CuPy"),
+    ("mesh-cuda-without-gpu", lambda c: (_cupy_as(c, True), dist.init_device_mesh("cuda", (1,))), RuntimeError,
+     "init_device_mesh('cuda', ...): device 'cuda' needs a CUDA GPU"),
     # -- distributed
     ("reduce-op", lambda c: dist.all_reduce(hp.ones(2), op="XOR"), ValueError,
      "op='XOR': expected a ReduceOp (SUM, AVG, MAX, MIN, PRODUCT)"),

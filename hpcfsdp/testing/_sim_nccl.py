@@ -11,6 +11,8 @@ import weakref
 import ml_dtypes
 import numpy as np
 
+import hpcfsdp._settings as _settings  # a leaf
+
 from . import _sim_runtime as _rt
 
 __all__ = ["nccl", "note_pointer"]
@@ -47,8 +49,6 @@ class NcclError(RuntimeError):
 def device_pci_bus_id(self, device) -> str:
     """cupy.cuda.runtime.deviceGetPCIBusId: each process simulates GPUs of its own (a PCI domain per process),
     unless HPCFSDP_CUDA_SIM_SHARED_GPUS makes the processes of a host share them (ranks sharing a GPU)."""
-    from hpcfsdp import _settings  # noqa: PLC0415
-
     _rt.Device(device)  # the ordinal check
     domain = 0 if _settings.get("HPCFSDP_CUDA_SIM_SHARED_GPUS") else os.getpid() & 0xFFFF
     return f"{domain:04X}:{int(device) + 1:02X}:00.0"
