@@ -54,9 +54,9 @@ __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned"
 #                      [Note: Simulated memory pool] in _sim_pool.py): the new array's first access raises
 #                      unless they are ordered before it.
 # An array used on a device other than the thread's current one raises too. Buffers are tracked whole
-# (a write of one slice orders against a read of another). _sim_runtime.py holds the streams, threads'
-# knowledge and the _Buf checks (``read``/``write``/``check_write``/``unordered``), _sim_mpi.py the MPI
-# window and hand-offs, _sim_pool.py the pool.
+# (a write of one slice orders against a read of another). _sim_runtime.py holds the streams and threads'
+# knowledge, _sim_buffers.py the buffers and their checks (_Buf ``read``/``write``/``check_write``/
+# ``unordered``) and pinned memory, _sim_mpi.py the MPI window and hand-offs, _sim_pool.py the pool.
 # Like CuPy, implicit conversion to NumPy raises TypeError, and device arrays mixed with host arrays
 # in an operation raise TypeError. Only the installed CuPy's names, ndarray attributes and dtype loops
 # exist (see [Note: The real CuPy surface] in _cupy_surface.py).
