@@ -77,7 +77,12 @@ def main() -> int:
                 py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi and not dtensor_ops", "-q", "tests"]
         phases.append((f"mpi-{n}", argv, logdir))
     if system:
-        phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, _SIM))
+        # every cupy name the GPU phases use is recorded, then checked against the installed CuPy by the system
+        # phase (tests/test_cupy_names.py): the next CuPy API change fails CI, not a user
+        names = os.path.join(tmp, "cupy-names")
+        os.makedirs(names)
+        sim = dict(_SIM, HPCFSDP_CUDA_SIM_RECORD=names)
+        phases.append(("gpu-sim", [py, "-m", "pytest", "-m", "gpu and not mpi", "tests"], None, sim))
         # each GPU path at 2 and 4 ranks: NCCL (every simulated rank has GPUs of its own), and staged through
         # pinned host memory (the fixtures of tests/test_gpu_fsdp.py add the CUDA-aware MPI path)
         for path in ("nccl", "staged"):
@@ -86,7 +91,7 @@ def main() -> int:
                 os.makedirs(logdir)
                 argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
                         py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "gpu and mpi", "-q", "tests"]
-                phases.append((f"gpu-sim-{path}-mpi-{n}", argv, logdir, dict(_SIM, HPCFSDP_GPU_COMM=path)))
+                phases.append((f"gpu-sim-{path}-mpi-{n}", argv, logdir, dict(sim, HPCFSDP_GPU_COMM=path)))
         phases.append(("system", [py, "-m", "pytest", "-m", "system", "-rs", "tests"], None))
         for n in (2, 4):
             logdir = os.path.join(tmp, f"peer-np{n}")
@@ -105,6 +110,7 @@ def main() -> int:
         penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "", **(extra_env[0] if extra_env else {}))
         if name == "system":
             penv["HPCFSDP_SYSTEM_TIER"] = "1"
+            penv["HPCFSDP_TEST_CUPY_NAMES"] = names
         argv = argv + [f"--junitxml={xml}", *extra]
         rc, counts, took = _phase(name, argv, penv, xml, logdir, SYSTEM_TIMEOUT if name == "system" else PHASE_TIMEOUT)
         times.append((name, took))
