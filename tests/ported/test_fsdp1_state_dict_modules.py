@@ -115,13 +115,17 @@ def _ac_to_linears(model):
         check_fn=lambda m: isinstance(m, nn.Linear))
 
 
-@pytest.mark.parametrize("rank0_only", [False, True])
-@pytest.mark.parametrize("checkpoint_wrap", ["source", "dest", "both", "source_after_wrap", "both_after_wrap"])
-@pytest.mark.parametrize("sd_type", ["full", "sharded"])
+_AC_WRAPS = ["source", "dest", "both", "source_after_wrap", "both_after_wrap"]
+
+
+@pytest.mark.parametrize(("sd_type", "checkpoint_wrap", "rank0_only"),
+                         [("full", w, i % 2 == 0) for i, w in enumerate(_AC_WRAPS)]
+                         + [("sharded", w, i % 2 == 1) for i, w in enumerate(_AC_WRAPS)])
 def test_fsdp_state_dict_with_activation_checkpoint(sd_type, checkpoint_wrap, rank0_only):
     """A state dict saved from a model with or without checkpoint wrappers (around the linears before FSDP, or
     applied after wrapping) loads strictly into a zeroed model with or without them: the keys are the unwrapped
-    model's, and the loaded parameters equal the source's."""
+    model's, and the loaded parameters equal the source's. Every wrapping under both state-dict types, each type
+    with and without rank0_only (10 of upstream's 20 combinations)."""
     for make, keys in ((_simple_model, ["weight"]), (_simple_nested_model, ["0.weight", "1.weight"])):
         model = make(checkpoint_wrap in ("source", "both"), seed=0)
         if checkpoint_wrap in ("source_after_wrap", "both_after_wrap"):
@@ -146,13 +150,15 @@ class _Seq2Seq(nn.Module):
     """An embedding, an nn.Transformer and an output projection (the part of common_fsdp's
     TransformerWithSharedParams these tests need)."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, tied=False):
         super().__init__()
         torch.manual_seed(seed)
         self.embed_tokens = nn.Embedding(11, 8)
         self.transformer = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
                                           dim_feedforward=8, dropout=0.0)
         self.output_proj = nn.Linear(8, 11)
+        if tied:  # TransformerWithSharedParams: the output projection shares the embedding's weight
+            self.output_proj.weight = self.embed_tokens.weight
         self.register_buffer("long_buffer", torch.zeros(11, dtype=torch.int64))
 
     def forward(self, src, tgt):
@@ -189,6 +195,27 @@ def test_state_dict_with_manual_ac_wrapper(sd_type, rank0_only):
         with _sd_context(target, sd_type, rank0_only):
             target.load_state_dict(sd)
         _check_same_params(source, target)
+
+
+@pytest.mark.parametrize("sd_type", ["full", "local", "sharded"])
+def test_state_dict_with_shared_parameters(sd_type):
+    """A model whose output projection shares the embedding's weight, its transformer layers auto-wrapped: its
+    state dict of each type loads into a zeroed copy (buffers zeroed too), which then holds the saved model
+    (the shared weight under both names)."""
+    kind = {"full": StateDictType.FULL_STATE_DICT, "local": StateDictType.LOCAL_STATE_DICT,
+            "sharded": StateDictType.SHARDED_STATE_DICT}[sd_type]
+    policy = ModuleWrapPolicy({nn.TransformerEncoderLayer, nn.TransformerDecoderLayer})
+    model = FSDP(_Seq2Seq(tied=True), auto_wrap_policy=policy, device_id=CPU)
+    with FSDP.state_dict_type(model, kind):
+        sd = model.state_dict()
+    new = FSDP(_Seq2Seq(seed=1, tied=True), auto_wrap_policy=policy, device_id=CPU)
+    _zero(new, buffers=True)
+    with FSDP.state_dict_type(new, kind):
+        new.load_state_dict(sd)
+    full = _check_same_params(model, new)
+    assert full["embed_tokens.weight"].any() and full["transformer.encoder.layers.0.linear1.weight"].any()
+    with FSDP.summon_full_params(new, writeback=False):
+        assert new.module.output_proj.weight is new.module.embed_tokens.weight
 
 
 # ---------------------------------------------------------------------------------------------- rank-0 save / load
