@@ -267,19 +267,21 @@ def _self_group():
 def test_async_work_keeps_its_arrays_until_wait(cp, monkeypatch):
     """An array dropped while its collective may still run stays alive in the Work (CuPy's pool would hand its
     block to the next allocation); after wait() the Work lets it go (the caller's stream is ordered after)."""
-    import sys
-
     pg = _group(monkeypatch, "nccl")
     n = pg.size()
     out = cp.empty(4 * n, dtype=np.float32)
     x = cp.ones(4, dtype=np.float32)
-    before = sys.getrefcount(out), sys.getrefcount(x)  # cupy.ndarray takes no weak references
-    w = pg.all_gather_into(out, x, async_op=True)
-    assert sys.getrefcount(out) > before[0] and sys.getrefcount(x) > before[1]  # held by the Work
+    w = pg.all_gather_into(out, x, async_op=True)  # (cupy.ndarray takes no weak references: ask the Work)
+    kept = {a.data.ptr for a in w._keep}  # flat views of the caller's arrays
+    assert kept == {out.data.ptr, x.data.ptr}
+    assert not isinstance(w._desc, str)  # the lazy description holds them too, until...
     w.wait()
-    assert (sys.getrefcount(out), sys.getrefcount(x)) == before
+    assert w._keep == () and isinstance(w._desc, str)  # ... wait() lets both go
+    watched = []
+    real_watch = _nccl._watch
+    monkeypatch.setattr(_nccl, "_watch", lambda work: (watched.append(work), real_watch(work)))
     y = cp.ones(4, dtype=np.float32)
-    before_y = sys.getrefcount(y)
     pg.all_reduce_(y)  # blocking: the caller's stream already waits, nothing is kept
-    assert sys.getrefcount(y) == before_y
+    (last,) = watched  # the watchdog still watches it, without its arrays
+    assert last._keep == () and isinstance(last._desc, str) and "all_reduce_" in last._desc
     pg.destroy()
