@@ -15,7 +15,7 @@ from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed._mpi import comm_timeout, cuda_aware, get_mpi
 
 __all__ = ["GpuPath", "gpu_path", "nccl_status", "NcclWork", "all_gather", "reduce_scatter", "all_reduce",
-           "broadcast", "send", "recv", "destroy", "auto_choice_text"]
+           "broadcast", "destroy", "auto_choice_text"]
 
 # [Note: GPU collectives]
 # A process group moves CuPy arrays one of three ways, chosen once, at the group's first collective on
@@ -415,18 +415,6 @@ def broadcast(g: NcclGroup, a1, src: int, async_op: bool, desc):
     u8 = g.nccl.NCCL_UINT8
     return g.run(desc, async_op, (a1,),
                  lambda c, s: c.broadcast(a1.data.ptr, a1.data.ptr, nb, u8, src, s.ptr) if nb else None)
-
-
-def send(g: NcclGroup, a1, dst: int, desc):
-    nb = a1.nbytes
-    u8 = g.nccl.NCCL_UINT8
-    return g.run(desc, True, (a1,), lambda c, s: c.send(a1.data.ptr, nb, u8, dst, s.ptr) if nb else None)
-
-
-def recv(g: NcclGroup, a1, src: int, desc):
-    nb = a1.nbytes
-    u8 = g.nccl.NCCL_UINT8
-    return g.run(desc, True, (a1,), lambda c, s: c.recv(a1.data.ptr, nb, u8, src, s.ptr) if nb else None)
 
 
 def destroy(pg) -> None:
