@@ -134,7 +134,9 @@ def get_unique_id() -> bytes:
 
 
 def _parse(uid) -> tuple[int, int]:
-    b = bytes(uid)
+    if not isinstance(uid, bytes):  # CuPy's signature: NcclCommunicator(int ndev, bytes commId, int rank)
+        raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(uid).__name__})")
+    b = uid
     if len(b) != 128 or not b.startswith(_MAGIC):
         raise NcclError("ncclInvalidArgument: not a unique id of the simulated NCCL")
     w, c, _ = np.frombuffer(b[len(_MAGIC):len(_MAGIC) + 24], np.int64)
