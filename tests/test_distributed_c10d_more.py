@@ -649,7 +649,10 @@ def test_debug_mode_checks_the_new_collectives(monkeypatch):
 # -- queries --------------------------------------------------------------------------------------
 
 def test_backend_and_launcher_queries(monkeypatch):
-    assert dist.is_nccl_available() is False
+    import importlib.util
+
+    has_nccl = importlib.util.find_spec("cupy") is not None and importlib.util.find_spec("nvidia.nccl") is not None
+    assert dist.is_nccl_available() is has_nccl  # the cuda extra installs CuPy with the NCCL wheel
     assert dist.is_gloo_available() is True
     assert dist.get_default_backend_for_device("cpu") == "gloo"  # consistent: that backend name works
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)

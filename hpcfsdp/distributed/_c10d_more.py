@@ -369,9 +369,14 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False) -> None:
 
 
 def is_nccl_available() -> bool:
-    """False: there is no NCCL. ``init_process_group("nccl")`` still works (every backend name runs on MPI, CUDA
-    arrays through CUDA-aware MPI or host staging); code gated on this, e.g. NCCL-only options, is skipped."""
-    return False
+    """Whether CuPy loads the NCCL library (``cupy.cuda.nccl.available``; PyTorch: built with NCCL), GPU or not.
+    Where it is, CUDA arrays of groups whose ranks each have a GPU move over NCCL ([Note: GPU collectives] in
+    _nccl.py); ``init_process_group`` takes every backend name either way."""
+    try:
+        from cupy.cuda import nccl  # noqa: PLC0415
+    except Exception:  # no CuPy, or a broken CUDA install
+        return False
+    return bool(getattr(nccl, "available", False))
 
 
 def is_gloo_available() -> bool:
