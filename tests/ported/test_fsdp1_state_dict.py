@@ -1,4 +1,5 @@
 """Re-expresses PyTorch's test/distributed/fsdp/test_fsdp_state_dict.py (FSDP1 state-dict types) on CPU."""
+import numpy as np
 import pytest
 
 from _common import (
@@ -64,6 +65,7 @@ def _check_full(sd, ref, check_values=True):
         assert tuple(v.shape) == exp[k].shape, k
         if check_values:
             assert_close(v, exp[k], msg=k)
+    return len(got)
 
 
 @pytest.mark.parametrize("nested", ["policy", "by_hand"])
@@ -204,9 +206,11 @@ def test_state_dict_after_training_matches_reference():
     w, _ = world()
     fsdp = _wrapped(_model())
     ref = _model()
+    before = {n: to_np(p).copy() for n, p in ref.named_parameters()}
     fsdp1_train_parity(ref, fsdp, lambda it: randn(2 * w, 4, seed=it), iters=2)
+    assert any(not np.array_equal(to_np(p), before[n]) for n, p in ref.named_parameters())  # it trained
     with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
-        _check_full(fsdp.state_dict(), ref)
+        assert _check_full(fsdp.state_dict(), ref) == len(_expected(ref))
 
 
 def test_state_dict_type():

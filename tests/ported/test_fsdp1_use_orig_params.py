@@ -2,6 +2,7 @@
 CPU: several parameter groups with different hyperparameters, frozen groups, two optimizers, several forwards
 (and a summon between them) before one backward, writeback of parameters and gradients set through the
 original parameters, named_parameters in forward, no_sync with parameter mixed precision."""
+import numpy as np
 import pytest
 
 from _common import (
@@ -17,6 +18,7 @@ from _common import (
     local,
     randint,
     randn,
+    to_np,
     world,
 )
 from _framework import FSDP, IS_TORCH, BackwardPrefetch, F, MixedPrecision, ModuleWrapPolicy, ShardingStrategy, nn, torch
@@ -63,7 +65,7 @@ def _train_parity(ref, ref_optim, model, optim, set_to_none=False, iters=3):
         assert_close(global_sum(loss), float(ref_loss.item()), rtol=1e-4, atol=1e-5, msg=f"loss at iter {it}")
         optim.step()
         ref_optim.step()
-    fsdp1_check_params(ref, model)
+    return fsdp1_check_params(ref, model)
 
 
 @pytest.mark.parametrize("sharding_strategy", STRATEGIES)
@@ -99,8 +101,11 @@ def test_diff_trainability(sharding_strategy):
         for name, p in m.named_parameters():
             if "bias" in name:
                 p.requires_grad_(False)
-    _train_parity(ref, torch.optim.Adam(_param_groups(ref), lr=5e-3), fsdp,
-                  torch.optim.Adam(_param_groups(fsdp), lr=5e-3))
+    before = {n: to_np(p).copy() for n, p in ref.named_parameters()}
+    full = _train_parity(ref, torch.optim.Adam(_param_groups(ref), lr=5e-3), fsdp,
+                         torch.optim.Adam(_param_groups(fsdp), lr=5e-3))
+    for n, value in full.items():  # the frozen biases kept their values, the rest trained
+        assert np.array_equal(value, before[n]) == ("bias" in n), n
 
 
 @pytest.mark.parametrize("sharding_strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
@@ -238,7 +243,8 @@ def test_param_writeback(change_first_weight, change_data):
             mod.weight.data = new
         else:
             mod.weight = new
-    fsdp1_check_params(ref, fsdp)
+    full = fsdp1_check_params(ref, fsdp)
+    assert np.all(full[f"{name}.weight"] == 2.0)  # the replacement reached the full parameter
 
 
 @pytest.mark.parametrize("change_first_weight_grad", [False, True])
@@ -255,6 +261,7 @@ def test_grad_writeback(change_first_weight_grad, how):
     fsdp(local(gx)).sum().backward()
     (ref(gx).sum() / w).backward()
     name = "lin1" if change_first_weight_grad else "lin2"
+    start = to_np(getattr(ref, name).weight).copy()
     for mod in (getattr(ref, name), getattr(fsdp.module, name)):
         p = mod.weight
         if how == "none":
@@ -266,7 +273,8 @@ def test_grad_writeback(change_first_weight_grad, how):
             p.grad = torch.full_like(p, 2.0)
     ref_optim.step()
     optim.step()
-    fsdp1_check_params(ref, fsdp)
+    full = fsdp1_check_params(ref, fsdp)
+    assert np.array_equal(full[f"{name}.weight"], start) == (how == "none")  # no gradient: Adam skips it
     gx = randn(2 * w, 5, seed=4)  # no zero_grad: the written gradients accumulate
     fsdp(local(gx)).sum().backward()
     (ref(gx).sum() / w).backward()

@@ -82,7 +82,7 @@ def test_wrap_module_list_root():
     layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
     ref = copy_model(layers)
     fsdp = FSDP(layers, device_id=fsdp1_cpu())
-    fsdp1_check_params(ref, fsdp)
+    assert len(fsdp1_check_params(ref, fsdp)) == 4  # both layers' weight and bias, full
 
 
 def test_auto_wrap_preset_force_leaf():

@@ -1,6 +1,7 @@
 """Re-expresses PyTorch's test/distributed/_composable/fsdp/test_fully_shard_autograd.py."""
 import collections
 
+import numpy as np
 import pytest
 
 from _common import DoubleLinear, assert_close, check_sharded_parity, copy_model, global_sum, local, randn, world
@@ -15,6 +16,7 @@ def _train(ref, model, loss_of, iters=4, dim=8):
     w, _ = world()
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     ref_optim = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    losses = []
     for it in range(iters):
         x = randn(2 * w, dim, seed=it)
         loss = loss_of(model, local(x), it)
@@ -23,9 +25,11 @@ def _train(ref, model, loss_of, iters=4, dim=8):
         (ref_loss / w).backward()
         assert_close(global_sum(loss), float(ref_loss.item()), rtol=1e-5, atol=1e-5)
         check_sharded_parity(ref, model)
+        losses.append(float(ref_loss.item()))
         for o in (optim, ref_optim):
             o.step()
             o.zero_grad(set_to_none=bool(it % 2))
+    return losses
 
 
 @pytest.mark.parametrize("reshard_after_forward", [True, False, 2])
@@ -41,8 +45,8 @@ def test_unused_forward_output(reshard_after_forward):
         out1, out2 = m(x)
         return (out1 * out2).sum() if it < 2 else out1.sum()
 
-    _train(ref, model, loss_of)
-
+    losses = _train(ref, model, loss_of)
+    assert len(losses) == 4 and all(np.isfinite(losses))  # every iteration compared, the unused output included
 
 @pytest.mark.parametrize("reshard_after_forward", [True, False, 2])
 def test_unused_forward_module(reshard_after_forward):
@@ -53,7 +57,8 @@ def test_unused_forward_module(reshard_after_forward):
     fully_shard(model.lin1, reshard_after_forward=reshard_after_forward)
     fully_shard(model.lin2, reshard_after_forward=reshard_after_forward)
     fully_shard(model, reshard_after_forward=reshard_after_forward)
-    _train(ref, model, lambda m, x, it: m(x).sum())
+    losses = _train(ref, model, lambda m, x, it: m(x).sum())
+    assert len(losses) == 4 and all(np.isfinite(losses))
     assert all(p.grad is None for p in model.lin2.parameters())
 
 
@@ -101,4 +106,5 @@ def test_nontensor_activations(container):
     for m in model:
         fully_shard(m)
     fully_shard(model)
-    _train(ref, model, lambda m, x, it: m(x).sum())
+    losses = _train(ref, model, lambda m, x, it: m(x).sum())
+    assert len(losses) == 4 and all(np.isfinite(losses))

@@ -12,6 +12,7 @@ def _run_micro_batches(ref, model, optim, ref_optim, set_flags, iters=2, num_mic
     """Micro-batches of a global batch; the reference accumulates the global-batch gradients (over world) and
     both step after the last micro-batch. Losses compared per micro-batch, gradients before each step."""
     w, _ = world()
+    compared = 0
     for it in range(iters):
         for mb in range(num_micro):
             set_flags(mb == num_micro - 1)
@@ -22,9 +23,11 @@ def _run_micro_batches(ref, model, optim, ref_optim, set_flags, iters=2, num_mic
             (ref_loss / w).backward()
             assert_close(global_sum(loss), float(ref_loss.item()), rtol=1e-5, atol=1e-5)
         check_sharded_parity(ref, model)
+        compared += 1
         for o in (optim, ref_optim):
             o.step()
             o.zero_grad(set_to_none=bool(it % 2))  # set_to_none=False: accumulation onto zeros
+    return compared
 
 
 @pytest.mark.parametrize("recurse", [True, False])
@@ -50,7 +53,7 @@ def test_requires_gradient_sync(reshard_after_forward, offload, recurse):
             for mlp in model[:2]:
                 mlp.set_requires_gradient_sync(last, recurse=False)
 
-    _run_micro_batches(ref, model, optim, ref_optim, set_flags)
+    assert _run_micro_batches(ref, model, optim, ref_optim, set_flags) == 2  # accumulated gradients compared per step
 
 
 @pytest.mark.parametrize("mode,reshard_after_forward,reshard_after_backward,hsdp", [
@@ -88,4 +91,4 @@ def test_gradient_accumulation(mode, reshard_after_forward, reshard_after_backwa
             if not reshard_after_backward:
                 model.set_reshard_after_backward(last, recurse=False)
 
-    _run_micro_batches(ref, model, optim, ref_optim, set_flags)
+    assert _run_micro_batches(ref, model, optim, ref_optim, set_flags) == 2  # accumulated gradients compared per step

@@ -48,6 +48,7 @@ def _check_1d_sharded(orig, sharded):
         chunks = torch.chunk(o, w, dim=0)
         expected = to_np(chunks[r]) if r < len(chunks) else np.zeros((0,) + tuple(o.shape[1:]))
         np.testing.assert_array_equal(to_np(s.to_local()), expected)
+    return len(sharded)
 
 
 def test_shard_tensor_parameters():
@@ -55,12 +56,13 @@ def test_shard_tensor_parameters():
     model = nn.Sequential(*[MLP(3, dim_multiplier=3) for _ in range(3)])
     orig = [p.detach().clone() for p in model.parameters()]
     fully_shard(model)
-    _check_1d_sharded(orig, list(model.parameters()))
+    n_plain = _check_1d_sharded(orig, list(model.parameters()))
     model = nn.Sequential(*[MLP(3, dim_multiplier=3) for _ in range(3)])
     model[0].in_proj = model[1].in_proj
     orig = [p.detach().clone() for p in model.parameters()]
     fully_shard(model)
-    _check_1d_sharded(orig, list(model.parameters()))
+    n_shared = _check_1d_sharded(orig, list(model.parameters()))
+    assert n_shared == n_plain - 2  # the shared in_proj (weight and bias) sharded once
 
 
 def test_raise_scalar_parameter():
