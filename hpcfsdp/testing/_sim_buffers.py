@@ -168,9 +168,45 @@ def _fail_write(op: str, desc, hit, kind: str, writer: str) -> None:
         f"The write is at:\n{_stack()}")
 
 
-# pinned host memory: address ranges -> _Buf
-_PIN_STARTS: list[int] = []
-_PIN: dict[int, tuple[int, _Buf]] = {}
+class AddressRanges:
+    """Disjoint address ranges [start, end) -> a value, found from any address inside (pinned host memory here;
+    device arrays behind the raw pointers NCCL takes in _sim_nccl)."""
+
+    def __init__(self):
+        self._starts: list[int] = []
+        self._ranges: dict[int, tuple[int, object]] = {}
+
+    def add(self, start: int, end: int, value) -> None:
+        with _lock:
+            if start not in self._ranges:
+                bisect.insort(self._starts, start)
+            self._ranges[start] = (end, value)
+
+    def get(self, start: int):
+        """The value of the range starting exactly at ``start``, else None."""
+        hit = self._ranges.get(start)
+        return None if hit is None else hit[1]
+
+    def remove(self, start: int) -> None:
+        with _lock:
+            i = bisect.bisect_left(self._starts, start)
+            if i < len(self._starts) and self._starts[i] == start:
+                del self._starts[i]
+                self._ranges.pop(start, None)
+
+    def find(self, address: int):
+        """(start, end, value) of the range holding ``address``, else None."""
+        with _lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i >= 0:
+                start = self._starts[i]
+                end, value = self._ranges[start]
+                if address < end:
+                    return start, end, value
+        return None
+
+
+_PINNED = AddressRanges()  # pinned host memory -> its _Buf
 
 
 class PinnedMemoryPointer(np.ndarray):
@@ -181,22 +217,12 @@ class PinnedMemoryPointer(np.ndarray):
         return self.__array_interface__["data"][0]
 
 
-def _unpin(start):
-    with _lock:
-        i = bisect.bisect_left(_PIN_STARTS, start)
-        if i < len(_PIN_STARTS) and _PIN_STARTS[i] == start:
-            del _PIN_STARTS[i]
-            _PIN.pop(start, None)
-
-
 def alloc_pinned_memory(nbytes):
     raw = np.zeros(max(int(nbytes), 1), np.uint8)  # owns the memory (np.frombuffer(mem) keeps it, not mem)
     mem = raw.view(PinnedMemoryPointer)
     start = mem.ptr
-    with _lock:
-        bisect.insort(_PIN_STARTS, start)
-        _PIN[start] = (start + mem.nbytes, _Buf(-1, pinned=True))
-    weakref.finalize(raw, _unpin, start)
+    _PINNED.add(start, start + mem.nbytes, _Buf(-1, pinned=True))
+    weakref.finalize(raw, _PINNED.remove, start)
     return mem
 
 
@@ -204,14 +230,8 @@ def _host_buf(a):
     """The pinned buffer holding host array ``a``, or None (pageable memory)."""
     if not isinstance(a, np.ndarray) or a.size == 0:
         return None
-    p = a.__array_interface__["data"][0]
-    with _lock:
-        i = bisect.bisect_right(_PIN_STARTS, p) - 1
-        if i >= 0:
-            end, buf = _PIN[_PIN_STARTS[i]]
-            if p < end:
-                return buf
-    return None
+    hit = _PINNED.find(a.__array_interface__["data"][0])
+    return None if hit is None else hit[2]
 
 
 def is_pinned(a) -> bool:

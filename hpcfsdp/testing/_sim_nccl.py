@@ -1,7 +1,6 @@
 """The simulated ``cupy.cuda.nccl``: NCCL collectives as stream-ordered kernels between simulated GPUs (one per rank)."""
 from __future__ import annotations
 
-import bisect
 import itertools
 import os
 import threading
@@ -14,6 +13,7 @@ import numpy as np
 import hpcfsdp._settings as _settings  # a leaf
 
 from . import _sim_runtime as _rt
+from ._sim_buffers import AddressRanges
 
 __all__ = ["nccl", "note_pointer"]
 
@@ -57,45 +57,36 @@ def device_pci_bus_id(self, device) -> str:
 # ---------------------------------------------------------------------------------------------
 # device pointers -> simulated buffers
 
-_STARTS: list[int] = []
-_MEM: dict[int, tuple] = {}  # root start address -> (weakref of the root NumPy array, the _Buf)
-_lock = threading.Lock()
-
-
-def _forget(start):
-    with _lock:
-        i = bisect.bisect_left(_STARTS, start)
-        if i < len(_STARTS) and _STARTS[i] == start:
-            del _STARTS[i]
-        _MEM.pop(start, None)
+_DEVICE = AddressRanges()  # a root NumPy array's memory -> (weakref of that root, its _Buf)
 
 
 def note_pointer(root: np.ndarray, buf) -> None:
     """Remember that device memory ``root`` (a root NumPy array) belongs to simulated buffer ``buf``."""
     start = root.__array_interface__["data"][0]
-    with _lock:
-        old = _MEM.get(start)
-        if old is not None and old[0]() is root:
-            return
-        if old is None:
-            bisect.insort(_STARTS, start)
-        _MEM[start] = (weakref.ref(root), buf)
-    weakref.finalize(root, _forget, start)
+    old = _DEVICE.get(start)
+    if old is not None and old[0]() is root:
+        return
+    entry = (weakref.ref(root), buf)
+    _DEVICE.add(start, start + root.nbytes, entry)  # replaces a dead root's entry at the same address
+    weakref.finalize(root, _forget, start, entry)
+
+
+def _forget(start, entry) -> None:
+    if _DEVICE.get(start) is entry:  # not a newer array's that took the address since
+        _DEVICE.remove(start)
 
 
 def _memory(ptr: int, nbytes: int, what: str):
     """(uint8 view of ``nbytes`` device bytes at ``ptr``, its _Buf)."""
-    with _lock:
-        i = bisect.bisect_right(_STARTS, ptr) - 1
-        hit = _MEM.get(_STARTS[i]) if i >= 0 else None
-    root = hit[0]() if hit is not None else None
+    hit = _DEVICE.find(ptr)
+    root = hit[2][0]() if hit is not None else None
     if root is None or not root.flags.c_contiguous:
         raise _rt.CudaSimError(f"{what}: {ptr:#x} is not the address of a live simulated device array")
     off = ptr - root.__array_interface__["data"][0]
     if off + nbytes > root.nbytes:
         raise _rt.CudaSimError(f"{what}: {nbytes} bytes at {ptr:#x} run past the end of its device array "
                                f"({root.nbytes - off} bytes left)")
-    return root.reshape(-1).view(np.uint8)[off:off + nbytes], hit[1]
+    return root.reshape(-1).view(np.uint8)[off:off + nbytes], hit[2][1]
 
 
 def _stream(ptr: int, dev: int):
