@@ -46,12 +46,11 @@ def _tol(dt):
     return {np.dtype(np.float16): 2e-3, BF16: 1.6e-2}.get(np.dtype(dt), 1e-6)
 
 
+@pytest.mark.gpu_per_rank
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op", ["SUM", "AVG", "MAX"])
 def test_nccl_collectives_match_numpy(cp, monkeypatch, dt, op):
-    if not _backend.cuda_simulated() and cp.cuda.runtime.getDeviceCount() < dist.get_world_size():
-        pytest.fail("NCCL needs a GPU per rank: run this at most at as many ranks as the machine has GPUs")
     pg = _group(monkeypatch, "nccl")
     n, r = pg.size(), pg.rank()
     k = 6
@@ -78,6 +77,7 @@ def test_nccl_collectives_match_numpy(cp, monkeypatch, dt, op):
     pg.destroy()
 
 
+@pytest.mark.gpu_per_rank
 @pytest.mark.mpi(min_size=2)
 def test_nccl_in_place_all_gather_and_aliased_reduce_scatter(cp, monkeypatch):
     pg = _group(monkeypatch, "nccl")
@@ -92,12 +92,12 @@ def test_nccl_in_place_all_gather_and_aliased_reduce_scatter(cp, monkeypatch):
     pg.destroy()
 
 
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_nccl_work_wait_orders_the_callers_stream_only(cp, monkeypatch):
     from hpcfsdp.testing.cuda_sim import CudaSimError
 
-    if not _backend.cuda_simulated():
-        pytest.fail("the ordering checks need the simulated device (HPCFSDP_CUDA_SIM=1)")
+    assert _backend.cuda_simulated()  # gpu_sim: conftest leaves it to the simulation
     pg = _group(monkeypatch, "nccl")
     n = pg.size()
     x = cp.ones(4, dtype=np.float32)
@@ -123,14 +123,14 @@ def test_nccl_work_wait_orders_the_callers_stream_only(cp, monkeypatch):
     pg.destroy()
 
 
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_nccl_input_written_after_issue_is_a_race(cp, monkeypatch):
     """The NCCL stream waits for the caller's current stream only: an input written on another stream that the
     caller never waited for is a race, and the simulated NCCL kernel reports it."""
     from hpcfsdp.testing.cuda_sim import CudaSimError
 
-    if not _backend.cuda_simulated():
-        pytest.fail("the ordering checks need the simulated device (HPCFSDP_CUDA_SIM=1)")
+    assert _backend.cuda_simulated()  # gpu_sim: conftest leaves it to the simulation
     pg = _group(monkeypatch, "nccl")
     n = pg.size()
     x = cp.zeros(4, dtype=np.float32)
@@ -147,10 +147,10 @@ def test_nccl_input_written_after_issue_is_a_race(cp, monkeypatch):
     pg.destroy()
 
 
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_auto_takes_nccl_with_a_gpu_per_rank_and_falls_back_when_shared(cp, monkeypatch):
-    if not _backend.cuda_simulated():
-        pytest.fail("sharing GPUs between ranks is set up on the simulated device")
+    assert _backend.cuda_simulated()  # gpu_sim: sharing GPUs between ranks is set up on the simulation
     pg = _group(monkeypatch, "auto")
     a = cp.ones(3, dtype=np.float32)
     pg.all_reduce_(a)
@@ -171,10 +171,10 @@ def test_auto_takes_nccl_with_a_gpu_per_rank_and_falls_back_when_shared(cp, monk
     pg.destroy()
 
 
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_nccl_on_a_shared_gpu_is_an_error_naming_it(cp, monkeypatch):
-    if not _backend.cuda_simulated():
-        pytest.fail("sharing GPUs between ranks is set up on the simulated device")
+    assert _backend.cuda_simulated()  # gpu_sim: sharing GPUs between ranks is set up on the simulation
     cp.cuda.Device(0).use()
     pg = _group(monkeypatch, "nccl", shared=True)
     with pytest.raises(RuntimeError, match=r"HPCFSDP_GPU_COMM=nccl.*ranks \[0, 1.*share the GPU 0000:01:00.0"):
@@ -182,6 +182,7 @@ def test_nccl_on_a_shared_gpu_is_an_error_naming_it(cp, monkeypatch):
     pg.destroy()
 
 
+@pytest.mark.gpu_per_rank
 @pytest.mark.mpi(min_size=2)
 def test_gpu_comm_mpi_needs_a_cuda_aware_mpi(cp, monkeypatch):
     from hpcfsdp.distributed import _mpi
@@ -197,6 +198,7 @@ def test_gpu_comm_mpi_needs_a_cuda_aware_mpi(cp, monkeypatch):
     pg.destroy()
 
 
+@pytest.mark.gpu_per_rank
 @pytest.mark.mpi(min_size=2)
 def test_watchdog_aborts_on_an_async_nccl_error_and_the_next_call_raises(cp, monkeypatch):
     pg = _group(monkeypatch, "nccl")
@@ -263,6 +265,7 @@ def _self_group():
     return ProcessGroup(get_mpi().COMM_SELF, name="self")
 
 
+@pytest.mark.gpu_per_rank
 @pytest.mark.mpi(min_size=2)
 def test_async_work_keeps_its_arrays_until_wait(cp, monkeypatch):
     """An array dropped while its collective may still run stays alive in the Work (CuPy's pool would hand its

@@ -120,8 +120,7 @@ def test_staged_copies_into_pinned_memory_are_pending_until_synchronised():
 def _sim_only():
     from hpcfsdp import _backend
 
-    if not _backend.cuda_simulated():
-        pytest.skip("reintroduced races are detected by the simulated device (HPCFSDP_CUDA_SIM=1)")
+    assert _backend.cuda_simulated()  # gpu_sim: conftest leaves these to the simulation
 
 
 def _mpi_group(monkeypatch, aware: bool):
@@ -142,6 +141,7 @@ def cuda_aware(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_half_reduction_fallback_converts_before_mpi_reads(cuda_aware, monkeypatch):
     _sim_only()
@@ -165,6 +165,7 @@ def test_half_reduction_fallback_converts_before_mpi_reads(cuda_aware, monkeypat
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_comm_thread_runs_on_the_issuing_threads_device(cuda_aware, monkeypatch):
     _sim_only()
@@ -191,6 +192,7 @@ def test_comm_thread_runs_on_the_issuing_threads_device(cuda_aware, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("aware", [False, True], ids=["staged", "cuda_aware"])
 def test_event_covers_the_copy_that_breaks_aliasing(aware, monkeypatch):
@@ -222,6 +224,7 @@ def test_event_covers_the_copy_that_breaks_aliasing(aware, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_staged_path_waits_for_its_device_to_host_copy(monkeypatch):
     _sim_only()
@@ -247,6 +250,7 @@ def test_staged_path_waits_for_its_device_to_host_copy(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_sim
 @pytest.mark.mpi(min_size=2)
 def test_mpi4py_moves_device_arrays_through_dlpack(monkeypatch):
     _sim_only()
