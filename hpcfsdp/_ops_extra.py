@@ -5,7 +5,7 @@ einsum, pow and clone are written out because their arguments differ from a meth
 """
 from ._ops_api import _method_as_function
 from ._tensor import Tensor
-from .autograd import ops_extra
+from .autograd import ops
 from ._autocast import LOWER, autocast_op
 
 __all__ = [
@@ -122,4 +122,4 @@ def einsum(equation, *operands):
         if x.device != operands[0].device:
             raise RuntimeError(f"einsum(): expected all operands on one device, found {operands[0].device} and "
                                f"{x.device} (operand {i})")
-    return ops_extra.Einsum.apply(equation, *operands)
+    return ops.Einsum.apply(equation, *operands)

@@ -16,7 +16,7 @@ from ._tensor import Size, Tensor
 from ._tensor_extra import vector_norm
 from ._tensor_math import _as_operand, _promote_operands
 from ._tensor_more import _zero_div_check
-from .autograd import ops_more
+from .autograd import ops
 from ._autocast import FP32, autocast_op
 
 __all__ = [
@@ -103,7 +103,7 @@ def _remainder_like(kind):
         other = _need_tensor(other, kind, "other")
         a, b = _promote_operands(_as_operand(input, other), other, kind)
         _zero_div_check(a, b)
-        return ops_more.Remainder.apply(a, b, kind)
+        return ops.Remainder.apply(a, b, kind)
 
     f.__name__ = kind
     f.__doc__ = f"hp.{kind}(input, other): input a Tensor or a number (then other is a Tensor)."
@@ -174,7 +174,7 @@ def normal(mean, std=1.0, size=None, *, generator=None, out=None, dtype=None, la
     m = mean._data if isinstance(mean, Tensor) else float(mean)
     s = std._data if isinstance(std, Tensor) else float(std)
     sample = (noise * s + m).astype(dt)
-    return ops_more.Sampled.apply(sample, *tensors)
+    return ops.Sampled.apply(sample, *tensors)
 
 
 def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, sorter=None):  # noqa: A002

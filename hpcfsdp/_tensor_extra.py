@@ -10,7 +10,7 @@ from . import _backend
 from ._array import HALF_DTYPES, dtype_category, promote_types, random_array, wrap_dim
 from ._tensor_base import TensorBase
 from ._tensor_math import _to_float
-from .autograd import ops, ops_extra
+from .autograd import ops
 from ._autocast import FP32, LOWER, autocast_op
 
 __all__ = ["TensorExtraMixin", "vector_norm", "matrix_norm", "svdvals"]
@@ -118,7 +118,7 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
         if n == 0:
             raise RuntimeError(f"linalg.vector_norm cannot compute the {ord:g} norm on an empty tensor because the "
                                f"operation does not have an identity")
-    return ops_extra.VectorNorm.apply(x, ord, axes, keepdim)
+    return ops.VectorNorm.apply(x, ord, axes, keepdim)
 
 
 def svdvals(A, *, driver=None):
@@ -127,7 +127,7 @@ def svdvals(A, *, driver=None):
     _tensor_arg(A, "linalg.svdvals", "A")
     if A.ndim < 2:
         raise RuntimeError(f"linalg.svdvals: The input tensor A must have at least 2 dimensions, got {A.ndim}")
-    return ops_extra.Svdvals.apply(_norm_input(A, None, "svdvals"))
+    return ops.Svdvals.apply(_norm_input(A, None, "svdvals"))
 
 
 def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):  # noqa: A002
@@ -146,7 +146,7 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):  # no
         return vector_norm(A, 2, (d0, d1), keepdim)
     if ord == "nuc" or ord in (2, -2):
         perm = [i for i in range(A.ndim) if i not in (d0, d1)] + [d0, d1]
-        s = ops_extra.Svdvals.apply(A.permute(*perm))
+        s = ops.Svdvals.apply(A.permute(*perm))
         r = s.sum(-1) if ord == "nuc" else (s.amax(-1) if ord == 2 else s.amin(-1))
         if keepdim:
             for d in sorted((d0, d1)):
@@ -161,7 +161,7 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):  # no
 
 
 class TensorExtraMixin:
-    """More methods of Tensor: differentiable ones apply an op of autograd/ops_extra.py (or compose Tensor ops);
+    """More methods of Tensor: differentiable ones apply an op of autograd/ops.py (or compose Tensor ops);
     index results and predicates are computed on the arrays (no graph)."""
 
     # -- element-wise ----------------------------------------------------------------------------------
@@ -180,13 +180,13 @@ class TensorExtraMixin:
         return self._wrap(self._xp().logical_xor(self._data, _tensor_arg(other, "logical_xor", "other")._data))
 
     def cos(self):
-        return ops_extra.Cos.apply(_to_float(self))
+        return ops.Cos.apply(_to_float(self))
 
     def sin(self):
-        return ops_extra.Sin.apply(_to_float(self))
+        return ops.Sin.apply(_to_float(self))
 
     def erf(self):
-        return ops_extra.Erf.apply(_to_float(self))
+        return ops.Erf.apply(_to_float(self))
 
     def exp2(self):
         return 2.0 ** _to_float(self)
@@ -194,7 +194,7 @@ class TensorExtraMixin:
     def sign(self):
         if self._data.dtype == np.bool_:
             return self.clone()
-        return ops_extra.Rounding.apply(self, "sign", 0)
+        return ops.Rounding.apply(self, "sign", 0)
 
     def _rounding(self, kind, decimals=0):
         category = dtype_category(self._data.dtype)
@@ -205,7 +205,7 @@ class TensorExtraMixin:
                 raise NotImplementedError(f"round(decimals={decimals}) is not implemented for integer tensors "
                                           f"({self.dtype})")
             return self.clone()  # integers are already integral (PyTorch returns a copy)
-        return ops_extra.Rounding.apply(self, kind, decimals)
+        return ops.Rounding.apply(self, kind, decimals)
 
     def floor(self):
         return self._rounding("floor")
@@ -219,17 +219,17 @@ class TensorExtraMixin:
     # -- scans and reductions --------------------------------------------------------------------------
     def cumsum(self, dim, *, dtype=None):
         a = _integral_to_int64(self, dtype)
-        return ops_extra.Cumsum.apply(a, wrap_dim(dim, a.ndim))
+        return ops.Cumsum.apply(a, wrap_dim(dim, a.ndim))
 
     @autocast_op(cpu=FP32, cuda=FP32)
     def prod(self, dim=None, keepdim=False, *, dtype=None):
         a = _integral_to_int64(self, dtype)
         d = None if dim is None else wrap_dim(dim, a.ndim)
-        return ops_extra.Prod.apply(a, d if a.ndim else None, keepdim)
+        return ops.Prod.apply(a, d if a.ndim else None, keepdim)
 
     def logsumexp(self, dim, keepdim=False):
         a = _to_float(self)
-        return ops_extra.Logsumexp.apply(a, _axes(dim, a.ndim), keepdim)
+        return ops.Logsumexp.apply(a, _axes(dim, a.ndim), keepdim)
 
     def count_nonzero(self, dim=None):
         r = (self._data != 0).sum(axis=_axes(dim, self.ndim))
@@ -248,7 +248,7 @@ class TensorExtraMixin:
         """(values, indices) sorted along ``dim``; always stable; NaN sorts as the largest, as PyTorch."""
         d = wrap_dim(dim, self.ndim)
         idx = _argsort(self._data, d, descending) if self.ndim else self._xp().zeros((), np.int64)
-        return SortResult(ops_extra.TakeAlong.apply(self, idx, d), self._wrap(idx))
+        return SortResult(ops.TakeAlong.apply(self, idx, d), self._wrap(idx))
 
     def argsort(self, dim=-1, descending=False, stable=False):
         d = wrap_dim(dim, self.ndim)
@@ -264,7 +264,7 @@ class TensorExtraMixin:
         if self._data.dtype == np.bool_:
             raise RuntimeError("topk does not support bool dtypes")
         idx = _topk_indices(self._data, k, d, largest) if self.ndim else self._xp().zeros((), np.int64)
-        return TopkResult(ops_extra.TakeAlong.apply(self, idx, d), self._wrap(idx))
+        return TopkResult(ops.TakeAlong.apply(self, idx, d), self._wrap(idx))
 
     def gather(self, dim, index, *, sparse_grad=False):
         idx = _tensor_arg(index, "gather", "index")._data
@@ -283,7 +283,7 @@ class TensorExtraMixin:
         bad = _out_of_range(idx, self._data.shape[d])
         if bad is not None:
             raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {self._data.shape[d]}")
-        return ops_extra.TakeAlong.apply(self, idx, d)
+        return ops.TakeAlong.apply(self, idx, d)
 
     def index_select(self, dim, index):
         idx = _tensor_arg(index, "index_select", "index")._data

@@ -10,7 +10,7 @@ from ._array import SCALAR_TYPES, dtype_category, random_array, wrap_dim
 from ._tensor_base import TensorBase
 from ._tensor_extra import _argsort, _axes, _dim_slice, _integral_to_int64, _tensor_arg
 from ._tensor_math import _as_operand, _opmath, _promote_operands, _to_float
-from .autograd import ops, ops_extra, ops_more
+from .autograd import ops
 from ._autocast import LOWER, autocast_op
 
 __all__ = ["TensorMoreMixin", "ValuesIndices"]
@@ -65,7 +65,7 @@ def _cumextreme_indices(a, dim, is_min):
 
 
 class TensorMoreMixin:
-    """More methods of Tensor: differentiable ones apply an op of autograd/ops_more.py (or compose Tensor ops);
+    """More methods of Tensor: differentiable ones apply an op of autograd/ops.py (or compose Tensor ops);
     index results are computed on the arrays (no graph)."""
 
     # -- shape -----------------------------------------------------------------------------------------
@@ -74,11 +74,11 @@ class TensorMoreMixin:
         if dims is None:
             if len(sh) != 1:
                 raise RuntimeError(f"roll(): shifts {list(sh)} need dims of the same length when dims is not given")
-            return ops_more.Roll.apply(self.flatten(), (int(sh[0]),), (0,)).reshape(self.shape)
+            return ops.Roll.apply(self.flatten(), (int(sh[0]),), (0,)).reshape(self.shape)
         dm = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
         if len(sh) != len(dm):
             raise RuntimeError(f"roll(): shifts and dimensions must align. shifts: {len(sh)}, dims:{len(dm)}")
-        return ops_more.Roll.apply(self, tuple(int(s) for s in sh), tuple(wrap_dim(d, self.ndim) for d in dm))
+        return ops.Roll.apply(self, tuple(int(s) for s in sh), tuple(wrap_dim(d, self.ndim) for d in dm))
 
     def flip(self, *dims):
         dm = _shape_args(dims)
@@ -87,7 +87,7 @@ class TensorMoreMixin:
             raise RuntimeError(f"flip(): dims has a repeated dim: {list(dm)}")
         if self.ndim == 0:
             return self.clone()
-        return ops_more.Flip.apply(self, wrapped)
+        return ops.Flip.apply(self, wrapped)
 
     def fliplr(self):
         if self.ndim < 2:
@@ -106,7 +106,7 @@ class TensorMoreMixin:
                                f"tensor (got {list(reps)} for a {self.ndim}-d tensor)")
         if any(r < 0 for r in reps):
             raise RuntimeError(f"Trying to create tensor with negative dimension: repeats {list(reps)}")
-        return ops_more.Repeat.apply(self, reps)
+        return ops.Repeat.apply(self, reps)
 
     def tile(self, *dims):
         reps = _shape_args(dims)
@@ -141,11 +141,11 @@ class TensorMoreMixin:
         d1, d2 = wrap_dim(dim1, self.ndim), wrap_dim(dim2, self.ndim)
         if d1 == d2:
             raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
-        return ops_more.Diagonal.apply(self, operator.index(offset), d1, d2)
+        return ops.Diagonal.apply(self, operator.index(offset), d1, d2)
 
     def diag(self, diagonal=0):
         if self.ndim == 1:
-            return ops_more.DiagEmbed.apply(self, operator.index(diagonal))
+            return ops.DiagEmbed.apply(self, operator.index(diagonal))
         if self.ndim == 2:
             return self.diagonal(diagonal)
         raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {self.ndim}D")
@@ -248,7 +248,7 @@ class TensorMoreMixin:
 
     # -- element-wise ----------------------------------------------------------------------------------
     def _unary(self, name):
-        return ops_more.Unary.apply(_to_float(self), name)
+        return ops.Unary.apply(_to_float(self), name)
 
     def log1p(self):
         return self._unary("log1p")
@@ -295,12 +295,12 @@ class TensorMoreMixin:
                 from None
 
     def atan2(self, other):
-        return self._binary_float(other, ops_more.Atan2, "atan2")
+        return self._binary_float(other, ops.Atan2, "atan2")
 
     arctan2 = atan2
 
     def hypot(self, other):
-        return self._binary_float(other, ops_more.Hypot, "hypot")
+        return self._binary_float(other, ops.Hypot, "hypot")
 
     def _remainder(self, other, kind):
         a, b = _promote_operands(self, _as_operand(other, self), kind)
@@ -309,7 +309,7 @@ class TensorMoreMixin:
         if not isinstance(b, TensorBase):
             a, b, low = _opmath(a, b)
         try:
-            out = ops_more.Remainder.apply(a, b, kind)
+            out = ops.Remainder.apply(a, b, kind)
         except ValueError as e:
             raise RuntimeError(f"{kind}: the operands do not broadcast ({e})") from None
         return out if low is None else out.to(low)
@@ -383,14 +383,14 @@ class TensorMoreMixin:
     # -- scans -----------------------------------------------------------------------------------------
     def cumprod(self, dim, *, dtype=None):
         a = _integral_to_int64(self, dtype)
-        return ops_more.Cumprod.apply(a, wrap_dim(dim, a.ndim))
+        return ops.Cumprod.apply(a, wrap_dim(dim, a.ndim))
 
     def _cumextreme(self, dim, is_min):
         d = wrap_dim(dim, self.ndim)
         if self.ndim == 0 or self._data.size == 0:
             return ValuesIndices(self.clone(), self._wrap(self._xp().zeros(self._data.shape, dtype=np.int64)))
         idx = _cumextreme_indices(self._data, d, is_min)
-        return ValuesIndices(ops_extra.TakeAlong.apply(self, idx, d), self._wrap(idx))
+        return ValuesIndices(ops.TakeAlong.apply(self, idx, d), self._wrap(idx))
 
     def cummax(self, dim):
         return self._cumextreme(dim, False)
@@ -412,7 +412,7 @@ class TensorMoreMixin:
             nan = xp.isnan(a.astype(np.float32) if a.dtype == _backend.bfloat16 else a)
             first_nan = xp.argmax(nan, axis=d, keepdims=True).astype(np.int64)
             idx = xp.where(nan.any(axis=d, keepdims=True), first_nan, idx)
-        vals = ops_extra.TakeAlong.apply(self, idx, d)
+        vals = ops.TakeAlong.apply(self, idx, d)
         if not keepdim:
             vals, idx = vals.squeeze(d), idx.squeeze(d)
         return ValuesIndices(vals, self._wrap(idx))

@@ -5,7 +5,7 @@ import numpy as np
 from ._array import dtype_category
 from ._tensor import Tensor
 from ._tensor_extra import matrix_norm, svdvals, vector_norm
-from .autograd import ops_more
+from .autograd import ops
 
 __all__ = ["vector_norm", "matrix_norm", "norm", "svdvals", "det", "inv", "solve", "cholesky", "qr", "svd", "eigh",
            "matrix_rank", "pinv", "LinAlgError"]
@@ -59,12 +59,12 @@ def _run(fn, op, *args):
 
 def det(A):
     """The determinant of each square matrix of A (..., n, n); gradient det(A) A^-T (A invertible)."""
-    return _run("det", ops_more.Det, _matrices(A, "det"))
+    return _run("det", ops.Det, _matrices(A, "det"))
 
 
 def inv(A):
     """The inverse of each square matrix of A; LinAlgError for a singular one (NumPy inputs)."""
-    return _run("inv", ops_more.Inv, _matrices(A, "inv"))
+    return _run("inv", ops.Inv, _matrices(A, "inv"))
 
 
 def solve(A, B, *, left=True):
@@ -82,7 +82,7 @@ def solve(A, B, *, left=True):
     if Bm.shape[-2] != A.shape[-1]:
         raise RuntimeError(f"linalg.solve: Incompatible shapes of A and B for the equation AX = B "
                            f"({A.shape[-2]}x{A.shape[-1]} and {Bm.shape[-2]}x{Bm.shape[-1]})")
-    X = _run("solve", ops_more.Solve, A, Bm)
+    X = _run("solve", ops.Solve, A, Bm)
     return X.squeeze(-1) if vector else X
 
 
@@ -91,13 +91,13 @@ def cholesky(A, *, upper=False):
     read); differentiable."""
     _matrices(A, "cholesky")
     try:
-        return ops_more.Cholesky.apply(A, upper)
+        return ops.Cholesky.apply(A, upper)
     except RuntimeError as e:
         raise LinAlgError(str(e)) from None
 
 
 def _forward_only(name, fn, A):
-    return _run(name, ops_more.ForwardOnly, A, f"linalg.{name}", fn)
+    return _run(name, ops.ForwardOnly, A, f"linalg.{name}", fn)
 
 
 def qr(A, mode="reduced"):

@@ -6,7 +6,7 @@ import pytest
 
 import hpcfsdp as hp
 import hpcfsdp.nn.functional as F
-from hpcfsdp.autograd.ops_nn import erf, normal_cdf
+from hpcfsdp.autograd.ops import erf, normal_cdf
 from tests._gradcheck import gradcheck, rand
 
 
@@ -322,7 +322,7 @@ def test_half_inputs_compute_in_float32(rng, dt):
 
 @pytest.mark.parametrize("L,S", [(5, 5), (6, 4), (3, 7)])
 def test_sdpa_block_causal_path(rng, monkeypatch, L, S):
-    from hpcfsdp.autograd import ops_attention
+    from hpcfsdp.autograd.ops import attention as ops_attention
 
     monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 2)  # several query blocks on a small problem
     q, k, v = rng.standard_normal((2, L, 3)), rng.standard_normal((2, S, 3)), rng.standard_normal((1, S, 4))

@@ -105,7 +105,7 @@ def test_activations_forward_and_grad():
     x = RNG.standard_normal((4, 5))
     x[np.abs(x) < 1e-3] = 0.5  # keep away from relu's kink
     erf = np.vectorize(math.erf)
-    # the exact GELU uses a rational erf approximation (abs error < 2e-8, see autograd/ops_nn.py)
+    # the exact GELU uses a rational erf approximation (abs error < 2e-8, see autograd/ops/unary.py)
     np.testing.assert_allclose(nn.GELU()(_t(x)).detach().numpy(), 0.5 * x * (1 + erf(x / math.sqrt(2))), atol=5e-8)
     tanh_ref = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     np.testing.assert_allclose(nn.GELU("tanh")(_t(x)).detach().numpy(), tanh_ref, rtol=1e-10)

@@ -1,5 +1,5 @@
 """hpcfsdp._ops_extra, hpcfsdp.linalg and the Tensor methods behind them: values against NumPy in float64,
-PyTorch's result dtypes, finite-difference gradients (autograd/ops_extra.py) and errors for bad input."""
+PyTorch's result dtypes, finite-difference gradients (autograd/ops/) and errors for bad input."""
 import math
 
 import numpy as np

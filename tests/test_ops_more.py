@@ -1,5 +1,5 @@
 """hpcfsdp._ops_more, hpcfsdp._dtype_info, hpcfsdp.linalg's solvers and the Tensor methods behind them: values
-against NumPy in float64, PyTorch's result dtypes, finite-difference gradients (autograd/ops_more.py) and errors."""
+against NumPy in float64, PyTorch's result dtypes, finite-difference gradients (autograd/ops/) and errors."""
 import math
 
 import ml_dtypes

@@ -5,7 +5,7 @@ import numpy as np
 
 from .._array import dtype_category as _category
 from .._tensor import Tensor
-from ..autograd import ops, ops_nn
+from ..autograd import ops
 from ._functional.activation import elu, group_norm, hardtanh, leaky_relu, mish, normalize, one_hot, relu6, softplus
 from ._functional.conv import conv1d, conv2d, conv3d, pad
 from ._functional.loss import (
@@ -77,8 +77,8 @@ def linear(input, weight, bias=None):  # noqa: A002
     if input.dtype != weight.dtype:
         raise RuntimeError(f"linear(): mat1 and mat2 must have the same dtype, but got {input.dtype} and {weight.dtype}")
     if bias is None:
-        return ops_nn.Linear.apply(input, weight)
-    return ops_nn.Linear.apply(input, weight, bias)
+        return ops.Linear.apply(input, weight)
+    return ops.Linear.apply(input, weight, bias)
 
 
 def relu(input, inplace=False):  # noqa: A002
@@ -93,9 +93,9 @@ def gelu(input, approximate="none"):  # noqa: A002
     """GELU: exact x * Phi(x) (approximate='none') or the tanh approximation (approximate='tanh')."""
     _float(input, "gelu")
     if approximate == "none":
-        return ops_nn.Gelu.apply(input)
+        return ops.Gelu.apply(input)
     if approximate == "tanh":
-        return ops_nn.GeluTanh.apply(input)
+        return ops.GeluTanh.apply(input)
     raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
@@ -191,7 +191,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         x = x.permute(0, *range(2, nd), 1).reshape(-1, c)
     t = target._data.reshape(-1)
     w = weight._data if weight is not None else None
-    out = ops_nn.CrossEntropy.apply(x, t, w, int(ignore_index), reduction, float(label_smoothing))
+    out = ops.CrossEntropy.apply(x, t, w, int(ignore_index), reduction, float(label_smoothing))
     if reduction == "none":
         out = out.reshape(()) if unbatched else out.reshape((input.shape[0],) + spatial)
     return out
@@ -246,7 +246,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  
                                f"{tuple(target.shape)} do not broadcast") from None
     if target.dtype != input.dtype:
         target = target.to(input.dtype)
-    return ops_nn.MseLoss.apply(input, target, reduction)
+    return ops.MseLoss.apply(input, target, reduction)
 
 
 @autocast_op(cuda=FP32)
@@ -275,7 +275,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
         if p is not None and tuple(p.shape) != ns:
             raise RuntimeError(f"layer_norm(): {name} of shape {tuple(p.shape)} does not match "
                                f"normalized_shape {ns}")
-    return ops_nn.LayerNorm.apply(input, nd, weight, bias, float(eps))
+    return ops.LayerNorm.apply(input, nd, weight, bias, float(eps))
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
@@ -318,7 +318,7 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     _check(input, "dropout")
     if not training or p == 0.0:
         return input
-    return ops_nn.Dropout.apply(input, float(p))
+    return ops.Dropout.apply(input, float(p))
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,  # noqa: A002
@@ -332,7 +332,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
         raise RuntimeError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), got {tuple(weight.shape)}")
     if padding_idx is not None and padding_idx < 0:
         padding_idx += weight.shape[0]
-    return ops_nn.Embedding.apply(idx, weight, padding_idx)
+    return ops.Embedding.apply(idx, weight, padding_idx)
 
 
 @autocast_op(cpu=LOWER, cuda=LOWER)
@@ -366,6 +366,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         key = key.unsqueeze(-3).expand(*key.shape[:-2], rep, *key.shape[-2:]).reshape(query.shape[:-2] + key.shape[-2:])
         value = value.unsqueeze(-3).expand(*value.shape[:-2], rep, *value.shape[-2:]).reshape(
             query.shape[:-2] + value.shape[-2:])
-    return ops_nn.ScaledDotProductAttention.apply(query, key, value, mask, float(dropout_p), bool(is_causal),
+    return ops.ScaledDotProductAttention.apply(query, key, value, mask, float(dropout_p), bool(is_causal),
                                                   float(scale))
 

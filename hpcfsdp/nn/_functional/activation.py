@@ -6,7 +6,7 @@ import numpy as np
 
 from ..._array import wrap_dim
 from ..._tensor import Tensor
-from ...autograd import ops_act, ops_nn
+from ...autograd import ops
 from ._common import check_float, check_tensor
 from ..._autocast import FP32, autocast_op
 
@@ -15,23 +15,23 @@ __all__ = ["leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):  # noqa: A002
     """x where x > 0, else negative_slope * x."""
-    return ops_act.LeakyRelu.apply(check_float(input, "leaky_relu"), float(negative_slope))
+    return ops.LeakyRelu.apply(check_float(input, "leaky_relu"), float(negative_slope))
 
 
 def elu(input, alpha=1.0, inplace=False):  # noqa: A002
     """x where x > 0, else alpha * (exp(x) - 1)."""
-    return ops_act.Elu.apply(check_float(input, "elu"), float(alpha))
+    return ops.Elu.apply(check_float(input, "elu"), float(alpha))
 
 
 @autocast_op(cuda=FP32)
 def softplus(input, beta=1.0, threshold=20.0):  # noqa: A002
     """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (for numerical stability)."""
-    return ops_act.Softplus.apply(check_float(input, "softplus"), float(beta), float(threshold))
+    return ops.Softplus.apply(check_float(input, "softplus"), float(beta), float(threshold))
 
 
 def mish(input, inplace=False):  # noqa: A002
     """x * tanh(softplus(x))."""
-    return ops_act.Mish.apply(check_float(input, "mish"))
+    return ops.Mish.apply(check_float(input, "mish"))
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):  # noqa: A002
@@ -43,7 +43,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):  # noqa: A002
     check_tensor(input, "hardtanh")
     if min_val > max_val:
         raise ValueError("min_val cannot be greater than max_val")
-    return ops_act.Hardtanh.apply(input, min_val, max_val)
+    return ops.Hardtanh.apply(input, min_val, max_val)
 
 
 def relu6(input, inplace=False):  # noqa: A002
@@ -75,7 +75,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A0
     if input.numel() == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
     per_group = c // num_groups * int(np.prod(shape[2:], dtype=np.int64))
-    y = ops_nn.LayerNorm.apply(input.reshape(n, num_groups, per_group), 1, None, None, float(eps)).reshape(shape)
+    y = ops.LayerNorm.apply(input.reshape(n, num_groups, per_group), 1, None, None, float(eps)).reshape(shape)
     bshape = (1, c) + (1,) * (len(shape) - 2)
     if weight is not None:
         y = y * weight.reshape(bshape)
@@ -95,7 +95,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
     if out is not None:
         raise NotImplementedError("normalize(): out= is not supported; use the returned tensor")
     d = wrap_dim(dim, input.ndim)
-    norm = ops_act.VectorNorm.apply(input, float(p), (d,) if input.ndim else None)
+    norm = ops.VectorNorm.apply(input, float(p), (d,) if input.ndim else None, True)
     return input / norm.clamp(min=eps)
 
 

@@ -4,7 +4,7 @@ softmin.
 ``inplace=True`` is accepted for signature compatibility; the result is always a new tensor.
 """
 from ..._array import wrap_dim
-from ...autograd import ops_act2
+from ...autograd import ops
 from ._common import check_float, check_tensor
 from ..._autocast import LOWER, autocast_op
 
@@ -39,12 +39,12 @@ def prelu(input, weight):  # noqa: A002
         weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))  # (1, C, 1, ...)
     elif weight.ndim > input.ndim:
         weight = weight.reshape(())
-    return ops_act2.Prelu.apply(input, weight)
+    return ops.Prelu.apply(input, weight)
 
 
 def selu(input, inplace=False):  # noqa: A002
     """scale * elu(x, alpha) with the self-normalizing alpha = 1.6733 and scale = 1.0507."""
-    return ops_act2.ScaledElu.apply(check_float(input, "selu"), SELU_ALPHA, SELU_SCALE, 1.0)
+    return ops.ScaledElu.apply(check_float(input, "selu"), SELU_ALPHA, SELU_SCALE, 1.0)
 
 
 def celu(input, alpha=1.0, inplace=False):  # noqa: A002
@@ -56,7 +56,7 @@ def celu(input, alpha=1.0, inplace=False):  # noqa: A002
     check_float(input, "celu")
     if alpha == 0:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
-    return ops_act2.ScaledElu.apply(input, float(alpha), 1.0, 1.0 / float(alpha))
+    return ops.ScaledElu.apply(input, float(alpha), 1.0, 1.0 / float(alpha))
 
 
 def glu(input, dim=-1):  # noqa: A002
@@ -77,12 +77,12 @@ def glu(input, dim=-1):  # noqa: A002
 
 def hardswish(input, inplace=False):  # noqa: A002
     """x * relu6(x + 3) / 6."""
-    return ops_act2.Hardswish.apply(check_float(input, "hardswish"))
+    return ops.Hardswish.apply(check_float(input, "hardswish"))
 
 
 def hardsigmoid(input, inplace=False):  # noqa: A002
     """relu6(x + 3) / 6."""
-    return ops_act2.Hardsigmoid.apply(check_float(input, "hardsigmoid"))
+    return ops.Hardsigmoid.apply(check_float(input, "hardsigmoid"))
 
 
 def softsign(input):  # noqa: A002
@@ -100,12 +100,12 @@ def tanhshrink(input):  # noqa: A002
 def threshold(input, threshold, value, inplace=False):  # noqa: A002
     """x where x > threshold, else value; the gradient is 0 where x <= threshold."""
     check_tensor(input, "threshold")
-    return ops_act2.Threshold.apply(input, threshold, value)
+    return ops.Threshold.apply(input, threshold, value)
 
 
 def logsigmoid(input):  # noqa: A002
     """log(sigmoid(x)), computed without overflow."""
-    return ops_act2.LogSigmoid.apply(check_float(input, "logsigmoid"))
+    return ops.LogSigmoid.apply(check_float(input, "logsigmoid"))
 
 
 def softmin(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002

@@ -12,7 +12,7 @@ import numpy as np
 from ..._array import dtype_category
 from ..._creation import cat, zeros, zeros_like
 from ..._tensor import Tensor
-from ...autograd import ops_nn
+from ...autograd import ops
 from ._common import check_float, check_tensor
 from .conv import pad
 
@@ -87,7 +87,7 @@ def _linear(x, w, b):
     if x.dtype != w.dtype:
         raise RuntimeError(f"{_NAME}(): input and projection weight must have the same dtype, but got {x.dtype} "
                            f"and {w.dtype}")
-    return ops_nn.Linear.apply(x, w) if b is None else ops_nn.Linear.apply(x, w, b)
+    return ops.Linear.apply(x, w) if b is None else ops.Linear.apply(x, w, b)
 
 
 def _in_projection_packed(q, k, v, w, b):
@@ -260,7 +260,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
             w = w + attn_mask
         w = w.softmax(-1)
         if dropout_p > 0.0:
-            w = ops_nn.Dropout.apply(w, float(dropout_p))
+            w = ops.Dropout.apply(w, float(dropout_p))
         out = w @ v  # (N * nh, L, hs)
         out = out.transpose(0, 1).reshape(tgt_len * bsz, embed_dim)
         out = _linear(out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, -1)  # (L, N, E)
@@ -278,7 +278,7 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     q = q.reshape(bsz, num_heads, tgt_len, head_dim)  # (N, nh, L, hs)
     k = k.reshape(bsz, num_heads, src_len, head_dim)  # (N, nh, S, hs)
     v = v.reshape(bsz, num_heads, src_len, head_dim)
-    out = ops_nn.ScaledDotProductAttention.apply(q, k, v, mask, float(dropout_p), bool(is_causal),
+    out = ops.ScaledDotProductAttention.apply(q, k, v, mask, float(dropout_p), bool(is_causal),
                                                  1.0 / math.sqrt(head_dim))  # (N, nh, L, hs)
     out = out.permute(2, 0, 1, 3).reshape(tgt_len * bsz, embed_dim)  # (L * N, E)
     out = _linear(out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, -1)  # (L, N, E)

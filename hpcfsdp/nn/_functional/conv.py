@@ -1,7 +1,7 @@
 """conv1d/2d/3d and pad: argument checks and output sizes as PyTorch, then one autograd op."""
 import numpy as np
 
-from ...autograd import ops_conv, ops_pad
+from ...autograd import ops
 from ._common import check_tensor, expand_param
 from ..._autocast import LOWER, autocast_op
 
@@ -75,7 +75,7 @@ def _conv(nd, input, weight, bias, stride, padding, dilation, groups):  # noqa: 
     if any(p < e for p, e in zip(padded, eff)):
         raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel "
                            f"size: ({' x '.join(map(str, eff))}). Kernel size can't be greater than actual input size")
-    out = ops_conv.ConvNd.apply(x, weight, bias, stride, pads, dilation, int(groups))
+    out = ops.ConvNd.apply(x, weight, bias, stride, pads, dilation, int(groups))
     return out.squeeze(0) if unbatched else out
 
 
@@ -171,7 +171,7 @@ def pad(input, pad, mode="constant", value=None):  # noqa: A002
         for n, (lo, hi) in zip(shape, widths):
             if n + lo + hi < 0:
                 raise RuntimeError(f"pad(): padding {(lo, hi)} of a dimension of size {n} leaves a negative size")
-        return ops_pad.PadConstant.apply(input, tuple(widths), 0 if value is None else value)
+        return ops.PadConstant.apply(input, tuple(widths), 0 if value is None else value)
     if value is not None and value != 0:
         raise RuntimeError(f'Padding mode "{mode}" doesn\'t take in value argument')
     if nd == 0 or nd > 3 or input.ndim not in (nd + 1, nd + 2):
@@ -191,7 +191,7 @@ def pad(input, pad, mode="constant", value=None):  # noqa: A002
             raise RuntimeError(f"input (size {n} at dimension {d}) is too small for padding {(lo, hi)}: the "
                                f"output size would be {n + lo + hi}")
         if lo or hi:
-            index[d] = ops_pad.pad_indices(n, lo, hi, mode)
+            index[d] = ops.pad_indices(n, lo, hi, mode)
     if not index:
         return input.clone()
-    return ops_pad.PadGather.apply(input, index)
+    return ops.PadGather.apply(input, index)

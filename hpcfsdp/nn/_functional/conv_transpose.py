@@ -1,7 +1,7 @@
 """conv_transpose1d/2d/3d: PyTorch's argument checks and output sizes, then one autograd op."""
 import numpy as np
 
-from ...autograd import ops_convt
+from ...autograd import ops
 from ._common import check_tensor, expand_param
 from ..._autocast import LOWER, autocast_op
 
@@ -71,7 +71,7 @@ def _conv_transpose(nd, input, weight, bias, stride, padding, output_padding, gr
     if min(out) < 1:
         raise RuntimeError(f"Given input size per channel: ({' x '.join(map(str, x.shape[2:]))}). Calculated output "
                            f"size per channel: ({' x '.join(map(str, out))}). Output size is too small")
-    y = ops_convt.ConvTransposeNd.apply(x, weight, bias, stride, padding, output_padding, dilation, int(groups))
+    y = ops.ConvTransposeNd.apply(x, weight, bias, stride, padding, output_padding, dilation, int(groups))
     return y.squeeze(0) if unbatched else y
 
 

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 
 from ..._tensor import Tensor
-from ...autograd import ops_loss
+from ...autograd import ops
 from ._common import check_float, check_reduction, check_tensor, legacy_reduction, reduce_loss
 from ..._autocast import FP32, autocast_op
 
@@ -123,7 +123,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         raise RuntimeError("all elements of input should be between 0 and 1")
     if target.dtype != input.dtype:
         target = target.to(input.dtype)
-    loss = ops_loss.BinaryCrossEntropy.apply(input, target)
+    loss = ops.BinaryCrossEntropy.apply(input, target)
     if weight is not None:
         loss = loss * weight.to(input.dtype)
     return reduce_loss(loss, reduction)
@@ -166,7 +166,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
             raise RuntimeError(f"binary_cross_entropy_with_logits(): pos_weight of size {list(pos_weight.shape)} "
                                f"does not broadcast to the input's {list(input.shape)}") from None
         pw = pos_weight._data.astype(input.dtype, copy=False)
-    loss = ops_loss.BinaryCrossEntropyWithLogits.apply(input, target, pw)
+    loss = ops.BinaryCrossEntropyWithLogits.apply(input, target, pw)
     if weight is not None:
         loss = loss * weight.to(input.dtype)
     return reduce_loss(loss, reduction)
@@ -200,7 +200,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     x, t = _broadcast_pair(input, target, "smooth_l1_loss")
-    return reduce_loss(ops_loss.SmoothL1.apply(x - t, float(beta), False), reduction)
+    return reduce_loss(ops.SmoothL1.apply(x - t, float(beta), False), reduction)
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
@@ -216,7 +216,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):  # noqa
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
     x, t = _broadcast_pair(input, target, "huber_loss")
-    loss = ops_loss.SmoothL1.apply(x - t, float(delta), True)
+    loss = ops.SmoothL1.apply(x - t, float(delta), True)
     if weight is not None:
         if tuple(weight.shape) != tuple(input.shape):
             raise ValueError("Weights and input must have the same size.")
@@ -247,7 +247,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
                       "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
                       stacklevel=2)
     x, t = _broadcast_pair(input, target, "kl_div", warn=False)
-    loss = ops_loss.KlDiv.apply(x, t, bool(log_target))
+    loss = ops.KlDiv.apply(x, t, bool(log_target))
     if reduction == "batchmean":
         return loss.sum() / float(input.shape[0]) if input.ndim else loss.sum()
     return reduce_loss(loss, reduction)

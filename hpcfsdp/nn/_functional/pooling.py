@@ -4,8 +4,8 @@ import warnings
 import numpy as np
 
 from ..._tensor import Tensor
-from ...autograd import ops_pool
-from ...autograd.ops_attention import _random_keep
+from ...autograd import ops
+from ...autograd.ops import _random_keep
 from ._common import check_float, check_tensor, expand_param
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
@@ -62,7 +62,7 @@ def _max_pool(nd, input, kernel_size, stride, padding, dilation, ceil_mode, retu
     check_tensor(input, name)
     x, unbatched, ks, st, pd, dl, out = _pool_args(name, nd, input, kernel_size, stride, padding, dilation,
                                                    ceil_mode)
-    res = ops_pool.MaxPoolNd.apply(x, ks, st, tuple((p, p) for p in pd), dl, out, bool(return_indices))
+    res = ops.MaxPoolNd.apply(x, ks, st, tuple((p, p) for p in pd), dl, out, bool(return_indices))
     if not return_indices:
         return res.squeeze(0) if unbatched else res
     y, idx = res
@@ -114,8 +114,8 @@ def _avg_pool(nd, input, kernel_size, stride, padding, ceil_mode, count_include_
         div = float(divisor_override)
     else:
         xp = x._xp()
-        div = ops_pool.avg_divisor(x.shape[2:], out, ks, st, pads, count_include_pad, xp, np.float64)
-    y = ops_pool.AvgPoolNd.apply(x, ks, st, pads, out, div)
+        div = ops.avg_divisor(x.shape[2:], out, ks, st, pads, count_include_pad, xp, np.float64)
+    y = ops.AvgPoolNd.apply(x, ks, st, pads, out, div)
     return y.squeeze(0) if unbatched else y
 
 
@@ -166,7 +166,7 @@ def _adaptive_avg(nd, input, output_size):  # noqa: A002
         raise RuntimeError(f"{name}: elements of output_size must be greater than or equal to 0 but received {out}")
     unbatched = input.ndim == nd + 1
     x = input.unsqueeze(0) if unbatched else input
-    y = ops_pool.AdaptiveAvgPoolNd.apply(x, out)
+    y = ops.AdaptiveAvgPoolNd.apply(x, out)
     return y.squeeze(0) if unbatched else y
 
 

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from ...autograd import ops_pad, ops_resample
+from ...autograd import ops
 from ._common import check_float, check_tensor
 from .pooling import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d
 
@@ -91,15 +91,15 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if mode == "area":
         return (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d)[dim - 1](input, out)
     if mode in _LINEAR:
-        mats = [None if o == n else ops_resample.linear_weights(n, o, bool(align_corners), s)
+        mats = [None if o == n else ops.linear_weights(n, o, bool(align_corners), s)
                 for n, o, s in zip(spatial, out, scales)]
-        return ops_resample.ResampleLinear.apply(input, mats)
+        return ops.ResampleLinear.apply(input, mats)
     exact = mode == "nearest-exact"
-    index = {2 + i: ops_resample.nearest_index(n, o, s, exact) for i, (n, o, s) in enumerate(zip(spatial, out, scales))}
+    index = {2 + i: ops.nearest_index(n, o, s, exact) for i, (n, o, s) in enumerate(zip(spatial, out, scales))}
     index = {d: i for d, i in index.items() if not (len(i) == spatial[d - 2] and (i == np.arange(len(i))).all())}
     if not index:
         return input.clone()
-    return ops_pad.PadGather.apply(input, index)
+    return ops.PadGather.apply(input, index)
 
 
 def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):  # noqa: A002
@@ -136,7 +136,7 @@ def _adaptive_max(nd, input, output_size, return_indices):  # noqa: A002
         idx = hpcfsdp.zeros(tuple(y.shape), dtype=hpcfsdp.int64, device=x.device)
         res = (y, idx)
     else:
-        res = ops_resample.AdaptiveMaxPoolNd.apply(x, out, True)
+        res = ops.AdaptiveMaxPoolNd.apply(x, out, True)
     y, idx = res
     if unbatched:
         y, idx = y.squeeze(0), idx.squeeze(0)

@@ -1,21 +1,15 @@
-"""Fused scaled dot-product attention: softmax(q k^T * scale + mask) v, with a block-causal fast path."""
+"""Attention family: fused scaled dot-product attention, softmax(q k^T * scale + mask) v, with a block-causal path."""
 import numpy as np
 
-from .. import _backend
-from .._array import HALF_DTYPES, array_matmul, sum_to
-from .._backend import array_module
-from .function import Op
+from ..._array import HALF_DTYPES, array_matmul, sum_to
+from ..._backend import array_module
+from ..function import Op
+from .random import _random_keep
 
 __all__ = ["ScaledDotProductAttention", "CAUSAL_BLOCK"]
 
+
 CAUSAL_BLOCK = 64  # query rows per block in the causal path (64 measured fastest at T=256)
-
-
-def _random_keep(shape, p, like):
-    gen = _backend.generator(_backend.device_of_array(like))
-    r = gen.random(shape, dtype=np.float32) if isinstance(gen, np.random.Generator) \
-        else gen.random_sample(shape, dtype=np.float32)
-    return r >= np.float32(p)
 
 
 def _softmax_rows_(s, xp):

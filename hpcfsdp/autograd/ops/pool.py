@@ -1,25 +1,21 @@
-"""Pooling over the trailing spatial dims of (N, C, *spatial): max, average, adaptive average.
-
-Max and average pooling loop over the kernel taps as the convolution does (See [Note: im2col by kernel
-offsets] in ops_conv.py): each tap reads one strided slice of the padded input, so no window array is
-built. Adaptive average pooling is linear and separable: one (out, in) averaging matrix per spatial dim.
-"""
-import itertools
-
+"""Pooling family: max, average, adaptive average and adaptive max pooling over the spatial dims of (N, C, *spatial)."""
 import numpy as np
 
-from .._array import HALF_DTYPES, array_matmul
-from .._backend import array_module
-from .function import Op
-from .ops_conv import pad_zeros, tap_slices
+from ..._array import HALF_DTYPES, index_add
+from ..._backend import array_module
+from ..function import Op
+from ._common import _apply_along, _taps
+from .conv import pad_zeros, tap_slices
 
-__all__ = ["MaxPoolNd", "AvgPoolNd", "AdaptiveAvgPoolNd", "adaptive_matrix"]
+# Max and average pooling loop over the kernel taps as the convolution does (See [Note: im2col by kernel
+# offsets] in conv.py): each tap reads one strided slice of the padded input, so no window array is
+# built. Adaptive average pooling is linear and separable: one (out, in) averaging matrix per spatial dim.
+
+__all__ = ["MaxPoolNd", "AvgPoolNd", "AdaptiveAvgPoolNd", "AdaptiveMaxPoolNd", "avg_divisor", "adaptive_matrix",
+           "adaptive_windows"]
+
 
 _ALL2 = (slice(None), slice(None))
-
-
-def _taps(ks):
-    return itertools.product(*(range(k) for k in ks))
 
 
 def _extra_hi(in_size, out_size, ks, stride, dilation, pads):
@@ -166,6 +162,7 @@ class AvgPoolNd(Op):
         return xp.ascontiguousarray(gpad[inner]).astype(dt, copy=False), None, None, None, None, None
 
 
+# -- adaptive ------------------------------------------------------------------------------------------------
 def adaptive_matrix(n, o, dtype):
     """(o, n) averaging matrix of adaptive pooling: row i averages [floor(i n / o), ceil((i + 1) n / o))."""
     a = np.zeros((o, n), dtype=np.float64)
@@ -173,16 +170,6 @@ def adaptive_matrix(n, o, dtype):
         lo, hi = (i * n) // o, -((-(i + 1) * n) // o)
         a[i, lo:hi] = 1.0 / (hi - lo)
     return a.astype(dtype)
-
-
-def _apply_along(y, mats, transpose):
-    """Multiply the spatial dim 2 + i of y by mats[i] (or its transpose), for each i."""
-    for i, m in enumerate(mats):
-        if m is None:
-            continue
-        ax = 2 + i
-        y = array_matmul(y.swapaxes(ax, -1), m if transpose else m.T).swapaxes(ax, -1)
-    return y
 
 
 class AdaptiveAvgPoolNd(Op):
@@ -201,3 +188,71 @@ class AdaptiveAvgPoolNd(Op):
     def backward(ctx, g):
         xp = array_module(g)
         return xp.ascontiguousarray(_apply_along(g, ctx.mats, True).astype(ctx.dt, copy=False)), None
+
+
+def adaptive_windows(n, o):
+    """(o, K) int64 host array: the positions of window i = [floor(i n / o), ceil((i + 1) n / o)), each row padded
+    to the longest window's length K by repeating its last position."""
+    lo = (np.arange(o) * n) // o
+    hi = -((-(np.arange(o) + 1) * n) // o)
+    k = int((hi - lo).max())
+    return np.minimum(lo[:, None] + np.arange(k)[None, :], hi[:, None] - 1)
+
+
+# Adaptive max pooling gathers each output's window (clamped to a common length by repeating its last
+# position, which never changes a max) and then runs max pooling's tap loop over it.
+class AdaptiveMaxPoolNd(Op):
+    """Max over adaptive windows of x (N, C, *spatial) -> (N, C, *out_size), and int64 flat input indices of the
+    maxima with ``return_indices``. Ties and NaN as max pooling: the first maximum, the last NaN."""
+
+    @staticmethod
+    def forward(ctx, x, out_size, return_indices=False):
+        xp = array_module(x)
+        nd = len(out_size)
+        n, c = x.shape[:2]
+        spatial = x.shape[2:]
+        wins = [adaptive_windows(s, o) for s, o in zip(spatial, out_size)]
+        win = x
+        for i, idx in enumerate(wins):  # (N, C, o1, K1, ..., o_i, K_i, s_{i+1}, ...)
+            ax = 2 + 2 * i
+            win = xp.take(win, xp.asarray(idx.ravel()), axis=ax).reshape(win.shape[:ax] + idx.shape + win.shape[ax + 1:])
+        perm = (0, 1) + tuple(2 + 2 * i for i in range(nd)) + tuple(3 + 2 * i for i in range(nd))
+        ks = tuple(w.shape[1] for w in wins)
+        win = win.transpose(perm).reshape((n, c) + tuple(out_size) + (-1,))  # (N, C, *out, K1 * K2 * ...)
+        floating = x.dtype.kind == "f" or x.dtype in HALF_DTYPES
+        out = win[..., 0].copy()
+        arg = xp.zeros(out.shape, dtype=np.int32)
+        for t in range(1, win.shape[-1]):
+            w = win[..., t]
+            take = w > out
+            if floating:
+                take |= xp.isnan(w)
+            xp.copyto(out, w, where=take)
+            xp.copyto(arg, t, where=take)
+        # flat input index: tap t -> (t_1, ..., t_nd) -> coordinate wins[i][o_i, t_i] along dim i
+        flat = xp.zeros(out.shape, dtype=np.int64)
+        rem = arg.astype(np.int64)
+        taps = []
+        for k in reversed(ks):
+            taps.append(rem % k)
+            rem //= k
+        taps.reverse()
+        for i in range(nd):
+            shape = [1] * (nd + 2)
+            shape[2 + i] = out_size[i]
+            rows = xp.arange(out_size[i], dtype=np.int64).reshape(shape)
+            coord = xp.asarray(wins[i])[rows, taps[i]]
+            flat = flat * spatial[i] + coord
+        ctx.flat, ctx.xshape = flat, x.shape
+        return (out, flat) if return_indices else out
+
+    @staticmethod
+    def backward(ctx, g, _gidx=None):
+        xp = array_module(g)
+        xshape, flat = ctx.xshape, ctx.flat
+        nc = xshape[0] * xshape[1]
+        plane = int(np.prod(xshape[2:]))
+        gx = xp.zeros(nc * plane, dtype=g.dtype)
+        base = (xp.arange(nc, dtype=np.int64) * plane).reshape(xshape[:2] + (1,) * (flat.ndim - 2))
+        index_add(gx, (flat + base).ravel(), xp.ascontiguousarray(g).ravel())
+        return gx.reshape(xshape), None, None

@@ -1,19 +1,16 @@
-"""Shape primitives on raw arrays (views where the array library gives them), cat/stack/where, casts.
-
-Part of the primitive set of ops.py (See its docstring), which re-exports them.
-"""
+"""Shape family: reshape, permute, expand, split, cat, stack, roll, flip, repeat, diagonals; clone, casts, moves."""
 import numpy as np
 
-from .. import _backend
-from .._array import index_add, shape_of, sum_to
-from .._backend import array_module
-from .function import Op
+from ... import _backend
+from ..._array import sum_to
+from ..._backend import array_module
+from ..function import Op
 
-__all__ = ["Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack", "Where", "MaskedFill", "Clone",
-           "Contiguous", "Cast", "ToDevice", "index_add"]
+__all__ = ["Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip", "Repeat", "Diagonal",
+           "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice"]
 
 
-# -- shape ops (views where the array library gives them) ---------------------------------------------
+# -- views where the array library gives them ----------------------------------------------------------------
 class Reshape(Op):
     @staticmethod
     def forward(ctx, a, shape):
@@ -47,28 +44,6 @@ class Expand(Op):
         return sum_to(g, ctx.shape), None
 
 
-def _is_basic(idx):
-    items = idx if isinstance(idx, tuple) else (idx,)
-    return all(i is None or i is Ellipsis or isinstance(i, (int, slice, np.integer)) for i in items)
-
-
-class GetItem(Op):
-    @staticmethod
-    def forward(ctx, a, idx):
-        ctx.shape, ctx.dtype, ctx.idx = a.shape, a.dtype, idx
-        return a[idx]
-
-    @staticmethod
-    def backward(ctx, g):
-        xp = array_module(g)
-        out = xp.zeros(ctx.shape, dtype=g.dtype)
-        if _is_basic(ctx.idx):
-            out[ctx.idx] = g
-        else:
-            index_add(out, ctx.idx, g)
-        return out, None
-
-
 class Split(Op):
     """Split along dim at the given section sizes: several outputs, each a view."""
 
@@ -93,6 +68,7 @@ class Split(Op):
         return xp.concatenate(parts, axis=ctx.dim), None, None
 
 
+# -- joins, rolls, flips, repeats and diagonals (copies) -----------------------------------------------------
 class Cat(Op):
     @staticmethod
     def forward(ctx, dim, *arrays):
@@ -118,42 +94,94 @@ class Stack(Op):
         return (None,) + tuple(g[i] for i in range(g.shape[0]))
 
 
-class Where(Op):
+class Roll(Op):
     @staticmethod
-    def forward(ctx, cond, a, b):
-        ctx.cond, ctx.sa, ctx.sb = cond, shape_of(a), shape_of(b)
-        return array_module(cond).where(cond, a, b)
+    def forward(ctx, a, shifts, dims):
+        ctx.shifts, ctx.dims = shifts, dims
+        return array_module(a).roll(a, shifts, dims)
 
     @staticmethod
     def backward(ctx, g):
-        _, na, nb = ctx.needs_input_grad
-        xp = array_module(g)
-        zero = g.dtype.type(0)
-        ga = sum_to(xp.where(ctx.cond, g, zero), ctx.sa) if na else None
-        gb = sum_to(xp.where(ctx.cond, zero, g), ctx.sb) if nb else None
-        return None, ga, gb
+        return array_module(g).roll(g, tuple(-s for s in ctx.shifts), ctx.dims), None, None
 
 
-class MaskedFill(Op):
+class Flip(Op):
+    """flip along ``dims``: a copy, as PyTorch's (a view would let writes to the result reach the input)."""
+
     @staticmethod
-    def forward(ctx, a, mask, value):
+    def forward(ctx, a, dims):
+        ctx.dims = dims
         xp = array_module(a)
-        ctx.mask = mask
-        if hasattr(value, "shape"):
-            value = value.astype(a.dtype)
-        else:
-            value = a.dtype.type(value)
-        out = xp.where(mask, value, a)
-        if out.shape != a.shape:
-            raise RuntimeError(f"masked_fill: mask of shape {mask.shape} does not broadcast to the input "
-                               f"shape {a.shape}")
+        return xp.ascontiguousarray(xp.flip(a, dims))
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = array_module(g)
+        return xp.ascontiguousarray(xp.flip(g, ctx.dims)), None
+
+
+class Repeat(Op):
+    """Tensor.repeat(*reps) (len(reps) >= ndim): tile; the gradient sums the copies."""
+
+    @staticmethod
+    def forward(ctx, a, reps):
+        xp = array_module(a)
+        shape = (1,) * (len(reps) - a.ndim) + a.shape
+        ctx.shape, ctx.full, ctx.reps = a.shape, shape, reps
+        return xp.tile(a.reshape(shape), reps)
+
+    @staticmethod
+    def backward(ctx, g):
+        split = []
+        for r, s in zip(ctx.reps, ctx.full):
+            split += [r, s]
+        return g.reshape(split).sum(axis=tuple(range(0, len(split), 2))).reshape(ctx.shape), None
+
+
+def _diag_index(n_rows, n_cols, offset, xp):
+    """(rows, cols) of the ``offset`` diagonal of an n_rows x n_cols matrix."""
+    k = max(0, min(n_rows + min(offset, 0), n_cols - max(offset, 0)))
+    i = xp.arange(k)
+    return i - min(offset, 0), i + max(offset, 0)
+
+
+class Diagonal(Op):
+    """diagonal(offset, dim1, dim2): the diagonal as the last dim (a copy); the gradient fills it back in."""
+
+    @staticmethod
+    def forward(ctx, a, offset, d1, d2):
+        ctx.shape, ctx.offset, ctx.d1, ctx.d2 = a.shape, offset, d1, d2
+        return array_module(a).diagonal(a, offset, d1, d2).copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = array_module(g)
+        out = xp.zeros(ctx.shape, dtype=g.dtype)
+        moved = xp.moveaxis(out, (ctx.d1, ctx.d2), (-2, -1))  # a view: writes land in out
+        rows, cols = _diag_index(moved.shape[-2], moved.shape[-1], ctx.offset, xp)
+        moved[..., rows, cols] = g
+        return out, None, None, None
+
+
+class DiagEmbed(Op):
+    """diag(v, offset) of a vector: a square matrix with v on the ``offset`` diagonal."""
+
+    @staticmethod
+    def forward(ctx, v, offset):
+        xp = array_module(v)
+        n = v.shape[0] + abs(offset)
+        ctx.offset = offset
+        out = xp.zeros((n, n), dtype=v.dtype)
+        rows, cols = _diag_index(n, n, offset, xp)
+        out[rows, cols] = v
         return out
 
     @staticmethod
     def backward(ctx, g):
-        return array_module(g).where(ctx.mask, g.dtype.type(0), g), None, None
+        return array_module(g).diagonal(g, ctx.offset).copy(), None
 
 
+# -- clone, casts and device moves ---------------------------------------------------------------------------
 class Clone(Op):
     @staticmethod
     def forward(ctx, a):

@@ -1,13 +1,12 @@
-"""Padding: by a constant (negative widths crop), or by gathering along each padded dim (reflect, replicate, circular).
-
-The gather form takes, per padded dim, an index array of the source position of every output position;
-its backward scatter-adds the gradient back through the same indices.
-"""
+"""Pad family: by a constant (negative widths crop), or by gathering along each dim (reflect, replicate, circular)."""
 import numpy as np
 
-from .._array import index_add
-from .._backend import array_module
-from .function import Op
+from ..._array import index_add
+from ..._backend import array_module
+from ..function import Op
+
+# The gather form takes, per padded dim, an index array of the source position of every output position;
+# its backward scatter-adds the gradient back through the same indices.
 
 __all__ = ["PadConstant", "PadGather", "pad_indices"]
 

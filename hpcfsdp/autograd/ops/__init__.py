@@ -1,0 +1,48 @@
+"""The primitive differentiable ops (autograd Functions on raw arrays), one module per family.
+
+Each ``forward`` receives NumPy/CuPy arrays (Python scalars pass through) and saves on ``ctx`` only what its
+``backward`` needs, right below it. ``backward`` must not write into the gradients it receives (See [Note: Gradient
+ownership] in engine.py). Helpers two families share live once in ``_common.py``; this package re-exports every op
+and every helper other modules use, so callers write ``ops.Name``.
+"""
+from ..._array import array_matmul, sum_to
+from ..._backend import array_module
+from .arithmetic import Add, Atan2, Div, Hypot, Maximum, Minimum, Mul, Pow, PowScalar, RPowScalar, Remainder, Sub
+from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Neg, Rounding, Rsqrt, Sigmoid, Sin, Sqrt, Tanh, UNARY, Unary, erf,
+                    normal_cdf)
+from .reduce import Amax, Cumprod, Cumsum, Logsumexp, MaxDim, Mean, Prod, Sum, Var
+from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, Flip, Permute, Repeat, Reshape, Roll,
+                    Split, Stack, ToDevice)
+from .index import GetItem, MaskedFill, TakeAlong, Where, index_add
+from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Solve, Svdvals, VectorNorm, einsum_plan
+from .random import Sampled
+from .activation import (Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, LogSigmoid, LogSoftmax,
+                         Mish, Prelu, Relu, ScaledElu, Softmax, Softplus, Threshold, softplus_array)
+from .nn import Dropout, Embedding, LayerNorm, Linear
+from .loss import BinaryCrossEntropy, BinaryCrossEntropyWithLogits, CrossEntropy, KlDiv, MseLoss, SmoothL1
+from .attention import CAUSAL_BLOCK, ScaledDotProductAttention
+from .conv import ConvNd, ConvTransposeNd, pad_zeros, tap_slices
+from .pool import (AdaptiveAvgPoolNd, AdaptiveMaxPoolNd, AvgPoolNd, MaxPoolNd, adaptive_matrix, adaptive_windows,
+                   avg_divisor)
+from .resample import ResampleLinear, linear_weights, nearest_index
+from .pad import PadConstant, PadGather, pad_indices
+from .random import _random_keep  # noqa: F401  (also nn.functional's channel dropout)
+
+# Array helpers under the names callers use: _backend.array_module and _array.array_matmul.
+xp_of = array_module
+mm = array_matmul
+
+__all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximum", "Minimum", "Atan2", "Hypot",
+           "Remainder", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
+           "Rounding", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
+           "Logsumexp", "Cumsum", "Cumprod", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
+           "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong",
+           "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
+           "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",
+           "LeakyRelu", "Elu", "Softplus", "Mish", "Hardtanh", "Prelu", "ScaledElu", "Hardswish", "Hardsigmoid",
+           "Threshold", "LogSigmoid", "softplus_array", "Linear", "LayerNorm", "Embedding", "Dropout", "CrossEntropy",
+           "MseLoss", "BinaryCrossEntropy", "BinaryCrossEntropyWithLogits", "SmoothL1", "KlDiv",
+           "ScaledDotProductAttention", "CAUSAL_BLOCK", "ConvNd", "ConvTransposeNd", "tap_slices", "pad_zeros",
+           "MaxPoolNd", "AvgPoolNd", "AdaptiveAvgPoolNd", "AdaptiveMaxPoolNd", "avg_divisor", "adaptive_matrix",
+           "adaptive_windows", "ResampleLinear", "linear_weights", "nearest_index", "PadConstant", "PadGather",
+           "pad_indices", "xp_of", "mm", "sum_to"]

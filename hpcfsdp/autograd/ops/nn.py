@@ -1,0 +1,150 @@
+"""NN family: the fused layers linear, layer_norm, embedding and dropout."""
+import numpy as np
+
+from ..._array import HALF_DTYPES, array_matmul, index_add
+from ..._backend import array_module
+from ..function import Op
+from .random import _random_keep
+
+# Each is one Op (not a composition) for speed and numerical stability. Half-precision inputs on NumPy are
+# computed in float32 and rounded back, as PyTorch's CPU kernels accumulate in float32.
+
+__all__ = ["Linear", "LayerNorm", "Embedding", "Dropout"]
+
+
+class Linear(Op):
+    """y = x @ W.T + b as one op: one GEMM each for the output and both weight gradients."""
+
+    @staticmethod
+    def forward(ctx, x, w, b=None):
+        if w.ndim != 2:
+            raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(w.shape)}")
+        if x.shape[-1] != w.shape[1]:
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                               f"({int(np.prod(x.shape[:-1]))}x{x.shape[-1]} and {w.shape[1]}x{w.shape[0]})")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        out = array_matmul(x2, w.T)
+        if b is not None:
+            out += b
+        ctx.x2, ctx.w, ctx.has_b = x2, w, b is not None
+        return out.reshape(lead + (w.shape[0],))
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.x2, ctx.w
+        nx, nw, nb = (ctx.needs_input_grad + (False,))[:3]
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = array_matmul(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if nx else None
+        gw = array_matmul(g2.T, x2) if nw else None
+        gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype in HALF_DTYPES else None).astype(g2.dtype, copy=False) \
+            if (ctx.has_b and nb) else None
+        return gx, gw, gb
+
+
+class LayerNorm(Op):
+    """Layer normalisation over the trailing ``nd`` dims with optional affine weight and bias."""
+
+    @staticmethod
+    def forward(ctx, x, nd, w=None, b=None, eps=1e-5):
+        dt = x.dtype
+        xp = array_module(x)
+        shape = x.shape
+        d = int(np.prod(shape[len(shape) - nd:])) if nd else 1
+        xc = x.reshape(-1, d)
+        if dt in HALF_DTYPES:
+            xc = xc.astype(np.float32)
+        mean = xc.mean(axis=1, keepdims=True)
+        xhat = xc - mean
+        var = xp.einsum("ij,ij->i", xhat, xhat)[:, None] if xp is np else (xhat * xhat).sum(axis=1, keepdims=True)
+        var *= xhat.dtype.type(1.0 / d)
+        var += xhat.dtype.type(eps)
+        rstd = xp.sqrt(var, out=var)
+        xp.reciprocal(rstd, out=rstd)
+        xhat *= rstd
+        if w is not None:
+            out = xhat * w.reshape(-1).astype(xhat.dtype, copy=False)
+            if b is not None:
+                out += b.reshape(-1).astype(xhat.dtype, copy=False)
+        elif b is not None:
+            out = xhat + b.reshape(-1).astype(xhat.dtype, copy=False)
+        else:
+            out = xhat.copy()  # never hand out the saved array itself
+        ctx.xhat, ctx.rstd, ctx.w, ctx.has_b, ctx.shape, ctx.dt = xhat, rstd, w, b is not None, shape, dt
+        ctx.nshape = shape[len(shape) - nd:]
+        out = out.reshape(shape)
+        return out.astype(dt) if dt in HALF_DTYPES else out
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, w = ctx.xhat, ctx.rstd, ctx.w
+        xp = array_module(xhat)
+        nx, _, nw, nb, _ = ctx.needs_input_grad
+        d = xhat.shape[1]
+        g2 = g.reshape(-1, d)
+        if g2.dtype != xhat.dtype:
+            g2 = g2.astype(xhat.dtype)
+        gw = gb = gx = None
+        if nw:
+            gw = xp.einsum("ij,ij->j", g2, xhat) if xp is np else (g2 * xhat).sum(axis=0)
+            gw = gw.reshape(w.shape).astype(w.dtype, copy=False)
+        if nb:
+            gb = g2.sum(axis=0).reshape(ctx.nshape).astype(ctx.dt, copy=False)
+        if nx:
+            gxh = g2 * w.reshape(-1).astype(xhat.dtype, copy=False) if w is not None else g2.copy()
+            m1 = gxh.mean(axis=1, keepdims=True)
+            m2 = (xp.einsum("ij,ij->i", gxh, xhat)[:, None] if xp is np else (gxh * xhat).sum(axis=1, keepdims=True))
+            m2 *= xhat.dtype.type(1.0 / d)
+            gxh -= m1
+            gxh -= xhat * m2
+            gxh *= rstd
+            gx = gxh.reshape(ctx.shape).astype(ctx.dt, copy=False)
+        return gx, None, gw, gb, None
+
+
+class Embedding(Op):
+    @staticmethod
+    def forward(ctx, idx, w, padding_idx=None):
+        xp = array_module(w)
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= w.shape[0]:
+                raise IndexError(f"embedding: index {lo if lo < 0 else hi} out of range for {w.shape[0]} rows")
+        ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
+        return xp.take(w, idx, axis=0)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = array_module(g)
+        idx = ctx.idx.reshape(-1)
+        d = ctx.shape[1]
+        g2 = g.reshape(-1, d)
+        gw = xp.zeros(ctx.shape, dtype=g.dtype)
+        if xp is np and idx.size:
+            # sort + segment sums: faster than np.add.at for many rows
+            order = np.argsort(idx, kind="stable")
+            sidx = idx[order]
+            starts = np.flatnonzero(np.r_[True, sidx[1:] != sidx[:-1]])
+            gw[sidx[starts]] = np.add.reduceat(g2[order], starts, axis=0)
+        else:
+            index_add(gw, idx, g2)
+        if ctx.pad is not None:
+            gw[ctx.pad] = 0
+        return None, gw, None
+
+
+class Dropout(Op):
+    @staticmethod
+    def forward(ctx, x, p):
+        keep = _random_keep(x.shape, p, x)
+        scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
+        ctx.keep, ctx.scale = keep, scale
+        out = x * keep
+        out *= scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = g * ctx.keep
+        out *= ctx.scale
+        return out, None
