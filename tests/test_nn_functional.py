@@ -322,9 +322,9 @@ def test_half_inputs_compute_in_float32(rng, dt):
 
 @pytest.mark.parametrize("L,S", [(5, 5), (6, 4), (3, 7)])
 def test_sdpa_block_causal_path(rng, monkeypatch, L, S):
-    from hpcfsdp.autograd.ops import attention as ops_attention
+    from hpcfsdp.autograd.ops import attention
 
-    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 2)  # several query blocks on a small problem
+    monkeypatch.setattr(attention, "CAUSAL_BLOCK", 2)  # several query blocks on a small problem
     q, k, v = rng.standard_normal((2, L, 3)), rng.standard_normal((2, S, 3)), rng.standard_normal((1, S, 4))
     gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [q, k, v])
     out = F.scaled_dot_product_attention(hp.tensor(q), hp.tensor(k), hp.tensor(v), is_causal=True)
