@@ -2,8 +2,9 @@
 
 Each ``forward`` receives NumPy/CuPy arrays (Python scalars pass through) and saves on ``ctx`` only what its
 ``backward`` needs, right below it. ``backward`` must not write into the gradients it receives (See [Note: Gradient
-ownership] in engine.py). Helpers two families share live once in ``_common.py``; this package re-exports every op
-and every helper other modules use, so callers write ``ops.Name``.
+ownership] in engine.py). The generic helpers several families use (the half-precision upcast, reduction dims, kernel
+taps) live once in ``_common.py``; a family may use another's (pool the convolution's tap slices, loss the activations'
+softplus). This package re-exports every op and every helper other modules use, so callers write ``ops.Name``.
 """
 from ..._array import array_matmul, sum_to
 from ..._backend import array_module
