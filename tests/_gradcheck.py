@@ -1,4 +1,6 @@
 """Central finite-difference gradient check in float64 (shared by the autograd and functional tests)."""
+import math
+
 import numpy as np
 
 import hpcfsdp as hp
@@ -53,6 +55,9 @@ def gradcheck(fn, arrays, *, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0, check=None)
     return grads
 
 
+LAYOUTS = ["c", "t", "s"]  # rand()'s layouts: contiguous, transposed, strided
+
+
 def rand(rng, *shape, layout="c"):
     """A float64 array of ``shape``: C-contiguous ('c'), a transposed view ('t') or a strided slice ('s')."""
     if layout == "c":
@@ -63,3 +68,14 @@ def rand(rng, *shape, layout="c"):
         big = rng.standard_normal(tuple(2 * s for s in shape))
         return big[tuple(slice(None, None, 2) for _ in shape)]
     raise ValueError(layout)
+
+
+def _np(t):
+    """A tensor's values as a NumPy array (detached, on the host)."""
+    return t.detach().cpu().numpy()
+
+
+def _distinct(rng, *shape):
+    """float64 values with no ties and no element near 0 (sort/topk/norm gradients are smooth there)."""
+    n = math.prod(shape)
+    return ((rng.permutation(n) + 1.0) * np.sign(rng.standard_normal(n)) / n + 0.01 * rng.random(n)).reshape(shape)

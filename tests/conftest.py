@@ -1,6 +1,7 @@
 """Shared pytest fixtures: array backends, MPI helpers."""
 import os
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -8,6 +9,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 from hpcfsdp import _backend  # noqa: E402  (HPCFSDP_CUDA_SIM=1 installs the simulated cupy here)
+
+
+@pytest.fixture
+def rng():
+    """A seeded NumPy generator for test data (a test module may define its own)."""
+    return np.random.default_rng(1234)
 
 
 def _have_gpu():
@@ -24,6 +31,7 @@ REAL_GPU = HAVE_GPU and not _backend.cuda_simulated()  # runs the `gpu_hw` tests
 
 # ---- system tier: the simulated multi-host cluster (fixture `cluster`, tests/cluster/) ----
 from cluster.fixtures import cluster  # noqa: E402,F401
+
 # ---- end system tier ----
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import hpcfsdp as hp
 import hpcfsdp.nn.functional as F
+from hpcfsdp import nn
 from hpcfsdp.autograd.ops import erf, normal_cdf
 from tests._gradcheck import gradcheck, rand
 
@@ -379,3 +380,32 @@ def test_embedding_float32_duplicates_match_reference(rng):
     ref = np.zeros((50, 8))
     np.add.at(ref, idx.reshape(-1), g.reshape(-1, 8).astype(np.float64))
     np.testing.assert_allclose(wt.grad.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+# -- distances --------------------------------------------------------------------------------------------
+def test_cosine_similarity(rng):
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 1, 4))
+    bb = np.broadcast_to(b, a.shape)
+    ref = (a * bb).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(bb, axis=1))
+    np.testing.assert_allclose(F.cosine_similarity(hp.tensor(a), hp.tensor(b)).numpy(), ref, atol=1e-12)
+    gradcheck(lambda p, q: F.cosine_similarity(p, q), [a, b])
+    z = F.cosine_similarity(hp.zeros(2, 3, dtype=hp.float64), hp.tensor(rng.standard_normal((2, 3))))
+    np.testing.assert_array_equal(z.numpy(), [0.0, 0.0])
+    small = F.cosine_similarity(hp.full((1, 3), 1e-9, dtype=hp.float64), hp.ones(1, 3, dtype=hp.float64), eps=1e-8)
+    np.testing.assert_allclose(small.numpy(), [3 * (1e-9 / 1e-8) / math.sqrt(3)])  # the norm clamped at eps
+    m = nn.CosineSimilarity(dim=0)
+    assert repr(m) == "CosineSimilarity()" and tuple(m(hp.randn(3), hp.randn(3)).shape) == ()
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(3\) must match the size of tensor b \(4\)"):
+        F.cosine_similarity(hp.randn(2, 3), hp.randn(2, 4))
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
+def test_pairwise_distance(rng, p):
+    a, b = rng.standard_normal((4, 5)), rng.standard_normal(5)
+    d = a - b + 1e-6
+    ref = np.abs(d).max(-1) if math.isinf(p) else (np.abs(d) ** p).sum(-1) ** (1 / p)
+    np.testing.assert_allclose(F.pairwise_distance(hp.tensor(a), hp.tensor(b), p).numpy(), ref, rtol=1e-12)
+    gradcheck(lambda x, y: F.pairwise_distance(x, y, p), [a, b])
+    m = nn.PairwiseDistance(p, keepdim=True)
+    assert tuple(m(hp.tensor(a), hp.tensor(b)).shape) == (4, 1)
+    assert repr(nn.PairwiseDistance()) == "PairwiseDistance()"

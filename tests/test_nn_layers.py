@@ -1,11 +1,15 @@
-"""Layers against NumPy float64 references: forward values and finite-difference gradients."""
+"""Layers (linear, embedding, norms, dropout, flatten) against NumPy float64 references: forward values and
+finite-difference gradients; instance norm and SyncBatchNorm without a process group."""
 import math
+import warnings
 
 import numpy as np
 import pytest
 
 import hpcfsdp as hp
+import hpcfsdp.nn.functional as F
 from hpcfsdp import nn
+from tests._gradcheck import gradcheck
 
 RNG = np.random.default_rng(1234)
 
@@ -266,3 +270,121 @@ def test_batchnorm_bad_input():
         nn.BatchNorm1d(3)(hp.randn(1, 3))
     with pytest.raises(ValueError, match="expected 3 channels"):
         nn.BatchNorm1d(3)(hp.randn(4, 5))
+
+
+# -- flatten and channel dropout -------------------------------------------------------------------------
+def test_flatten_unflatten(rng):
+    x = hp.tensor(rng.standard_normal((2, 3, 4, 5)), requires_grad=True)
+    y = nn.Flatten()(x)
+    assert y.shape == (2, 60) and nn.Flatten(0, 2)(x).shape == (24, 5)
+    z = nn.Unflatten(1, (3, -1))(y)
+    assert z.shape == (2, 3, 20)
+    z.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), 1.0)
+    assert repr(nn.Flatten()) == "Flatten(start_dim=1, end_dim=-1)"
+    assert repr(nn.Unflatten(1, (2, 5))) == "Unflatten(dim=1, unflattened_size=(2, 5))"
+    with pytest.raises(TypeError, match="unflattened_size must be a tuple of ints, but found type int"):
+        nn.Unflatten(1, 5)
+    with pytest.raises(RuntimeError):
+        nn.Unflatten(1, (2, 5))(hp.zeros(3, 9))
+
+
+@pytest.mark.parametrize("cls,shape", [(nn.Dropout1d, (40, 50, 3)), (nn.Dropout2d, (40, 50, 2, 3)),
+                                       (nn.Dropout3d, (40, 50, 2, 1, 3)), (nn.Dropout1d, (500, 4))])
+def test_channel_dropout(cls, shape):
+    hp.manual_seed(1)
+    d = cls(0.3)
+    x = hp.ones(*shape, dtype=hp.float64, requires_grad=True)
+    y = d(x)
+    out = y.detach().numpy()
+    lead = len(shape) - (1 if cls is nn.Dropout1d else {nn.Dropout2d: 2, nn.Dropout3d: 3}[cls])
+    per_channel = out.reshape(shape[:lead] + (-1,))
+    assert np.all(per_channel == per_channel[..., :1])  # whole channels kept or dropped
+    kept = per_channel[..., 0] != 0
+    assert abs(kept.mean() - 0.7) < 0.05
+    np.testing.assert_allclose(per_channel[kept], 1 / 0.7)
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), out)
+    d.eval()
+    assert d(x) is x or np.array_equal(d(x).detach().numpy(), x.detach().numpy())
+    assert repr(cls(0.2)) == f"{cls.__name__}(p=0.2, inplace=False)"
+
+
+def test_channel_dropout_errors_and_warnings():
+    with pytest.raises(RuntimeError, match="dropout1d: Expected 2D or 3D input, but received a 4D input"):
+        F.dropout1d(hp.zeros(2, 3, 4, 5))
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        F.dropout2d(hp.zeros(2, 3, 4, 5), p=2)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        nn.Dropout2d(-0.1)
+    with pytest.warns(UserWarning, match="Received a 3D input to dropout2d"):
+        assert F.dropout2d(hp.zeros(3, 4, 5)).shape == (3, 4, 5)
+    np.testing.assert_array_equal(F.dropout2d(hp.ones(2, 3, 2, 2), p=1.0).numpy(), 0)
+
+
+# -- instance norm ----------------------------------------------------------------------------------------
+def _inorm_ref(x, eps=1e-5):
+    ax = tuple(range(2, x.ndim))
+    return (x - x.mean(ax, keepdims=True)) / np.sqrt(x.var(ax, keepdims=True) + eps)
+
+
+def test_instance_norm(rng):
+    x = rng.standard_normal((2, 3, 4, 5))
+    m = nn.InstanceNorm2d(3)
+    assert m.weight is None and m.running_mean is None
+    assert repr(m) == "InstanceNorm2d(3, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False)"
+    np.testing.assert_allclose(m(hp.tensor(x)).numpy(), _inorm_ref(x), atol=1e-12)
+    w, b = rng.standard_normal(3), rng.standard_normal(3)
+    ref = _inorm_ref(x) * w.reshape(1, 3, 1, 1) + b.reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(F.instance_norm(hp.tensor(x), weight=hp.tensor(w), bias=hp.tensor(b)).numpy(), ref,
+                               atol=1e-12)
+    gradcheck(lambda a, ww, bb: F.instance_norm(a, weight=ww, bias=bb), [x[:, :, :2], w, b])
+    x1 = rng.standard_normal((3, 6))  # unbatched (C, L)
+    np.testing.assert_allclose(nn.InstanceNorm1d(3)(hp.tensor(x1)).numpy(), _inorm_ref(x1[None])[0], atol=1e-12)
+
+
+def test_instance_norm_running_stats_and_errors(rng):
+    x = rng.standard_normal((4, 3, 6))
+    m = nn.InstanceNorm1d(3, momentum=0.3, affine=True, track_running_stats=True).to(hp.float64)
+    m(hp.tensor(x))
+    np.testing.assert_allclose(m.running_mean.numpy(), 0.3 * x.mean(2).mean(0), atol=1e-12)
+    np.testing.assert_allclose(m.running_var.numpy(), 0.7 + 0.3 * x.var(2, ddof=1).mean(0), atol=1e-12)
+    m.eval()
+    rm, rv = m.running_mean.numpy()[None, :, None], m.running_var.numpy()[None, :, None]
+    np.testing.assert_allclose(m(hp.tensor(x)).detach().numpy(), (x - rm) / np.sqrt(rv + 1e-5), atol=1e-12)
+    with pytest.raises(ValueError, match=r"expected input's size at dim=1 to match num_features \(3\), but got: 4"):
+        nn.InstanceNorm1d(3, affine=True)(hp.randn(2, 4, 5))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        nn.InstanceNorm1d(3)(hp.randn(2, 4, 5))
+    assert any("does not match num_features" in str(r.message) for r in rec)
+    with pytest.raises(ValueError, match="Expected more than 1 spatial element when training"):
+        nn.InstanceNorm2d(3)(hp.randn(2, 3, 1, 1))
+    with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 4D input\)"):
+        nn.InstanceNorm1d(3)(hp.randn(2, 3, 4, 4))
+
+
+# -- SyncBatchNorm without a process group ----------------------------------------------------------------
+def test_sync_batchnorm_without_group_is_batchnorm(rng):
+    x = rng.standard_normal((4, 3, 5))
+    hp.manual_seed(0)
+    bn = nn.BatchNorm1d(3).to(hp.float64)
+    sbn = nn.SyncBatchNorm(3).to(hp.float64)
+    assert repr(sbn) == "SyncBatchNorm(3, eps=1e-05, momentum=0.1, affine=True, bias=True, track_running_stats=True)"
+    np.testing.assert_allclose(sbn(hp.tensor(x)).detach().numpy(), bn(hp.tensor(x)).detach().numpy(), atol=1e-12)
+    np.testing.assert_allclose(sbn.running_var.numpy(), bn.running_var.numpy(), atol=1e-12)
+    with pytest.raises(ValueError, match=r"expected at least 2D input \(got 1D input\)"):
+        sbn(hp.randn(3))
+
+
+def test_convert_sync_batchnorm_shares_parameters():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm1d(2)), nn.InstanceNorm2d(4))
+    model[1].eval()
+    w = model[1].weight
+    conv = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert isinstance(conv[1], nn.SyncBatchNorm) and isinstance(conv[2][0], nn.SyncBatchNorm)
+    assert isinstance(conv[3], nn.InstanceNorm2d) and isinstance(conv[0], nn.Conv2d)
+    assert conv[1].weight is w and conv[1].running_mean is model[1].running_mean and not conv[1].training
+    assert conv[2][0].num_features == 2
+    single = nn.SyncBatchNorm.convert_sync_batchnorm(nn.BatchNorm1d(5, affine=False))
+    assert isinstance(single, nn.SyncBatchNorm) and single.weight is None

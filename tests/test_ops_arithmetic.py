@@ -1,0 +1,145 @@
+"""Arithmetic ops (add, sub, mul, div, pow, remainder, fused multiply-adds): values and gradients against NumPy in float64, broadcasting, scalar operands."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hpcfsdp as hp
+from tests._gradcheck import LAYOUTS, _np, gradcheck, rand
+
+
+
+# -- binary element-wise, with broadcasting and non-contiguous operands ---------------------------------
+BCAST = [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (2, 3)), ((), (2, 3))]
+
+
+@pytest.mark.parametrize("sa,sb", BCAST)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "minimum"])
+def test_binary(rng, op, sa, sb):
+    a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+    if op == "pow":
+        a = np.abs(a) + 0.5
+    if op == "div":
+        b = np.sign(b) * (np.abs(b) + 0.5)
+    f = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+         "div": lambda x, y: x / y, "pow": lambda x, y: x ** y, "maximum": lambda x, y: x.maximum(y),
+         "minimum": lambda x, y: x.minimum(y)}[op]
+    gradcheck(f, [a, b])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_binary_noncontiguous(rng, layout):
+    a, b = rand(rng, 3, 4, layout=layout), rand(rng, 3, 4, layout=layout)
+    gradcheck(lambda x, y: (x * y + x) / (y * y + 1.0) - y, [a, b])
+
+
+def test_scalar_operands(rng):
+    a = rng.standard_normal((2, 3))
+    gradcheck(lambda x: 2.0 * x + 1 - x * 3 + 0.5 / (x * x + 1.0) - (4 - x) + (-x), [a])
+    gradcheck(lambda x: 2.0 ** x + 1.5 ** x, [a])
+
+
+@pytest.mark.parametrize("c", [2, 3, 0.5, -1.5, 1, 0])
+def test_pow_scalar(rng, c):
+    a = np.abs(rng.standard_normal((3, 2))) + 0.3
+    gradcheck(lambda x: x ** c, [a])
+
+
+def test_broadcast_shape_error_names_shapes():
+    with pytest.raises(RuntimeError, match=r"\(2, 3\) and \(4,\)"):
+        hp.zeros(2, 3) + hp.zeros(4)
+    with pytest.raises(RuntimeError, match=r"\(2, 3\) and \(3, 1, 2\)"):
+        hp.zeros(2, 3) * hp.zeros(3, 1, 2)
+
+
+@st.composite
+def broadcast_pair(draw):
+    nd = draw(st.integers(0, 3))
+    full = [draw(st.integers(1, 3)) for _ in range(nd)]
+    a = [s if draw(st.booleans()) else 1 for s in full]
+    b = [s if draw(st.booleans()) else 1 for s in full]
+    a = a[draw(st.integers(0, nd)):]  # drop leading dims: numpy/PyTorch right-aligned broadcasting
+    return tuple(a), tuple(b)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes=broadcast_pair(), op=st.sampled_from(["add", "sub", "mul", "div", "where"]))
+def test_binary_random_broadcast_shapes(shapes, op):
+    rng = np.random.default_rng(0)
+    sa, sb = shapes
+    a, b = rng.standard_normal(sa), rng.standard_normal(sb) + 3.0
+    cond = hp.tensor(rng.standard_normal(np.broadcast_shapes(sa, sb)) > 0)
+    f = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+         "div": lambda x, y: x / y, "where": lambda x, y: hp.where(cond, x, y)}[op]
+    gradcheck(f, [a, b])
+
+
+def test_pow_tensor_or_scalar_base(rng):
+    a = np.abs(rng.standard_normal(4)) + 0.5
+    np.testing.assert_allclose(_np(hp.pow(hp.tensor(a), 3)), a ** 3)
+    np.testing.assert_allclose(_np(hp.pow(2.5, hp.tensor(a))), 2.5 ** a)
+    r = hp.pow(2, hp.tensor([1, 2]))
+    assert r.dtype == hp.int64 and r.tolist() == [2, 4]
+    gradcheck(lambda x: hp.pow(1.5, x) + hp.pow(x, 2.5), [a])
+
+
+@pytest.mark.parametrize("name,ref", [("atan2", np.arctan2), ("hypot", np.hypot)])
+def test_binary_values_and_grad(rng, name, ref):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4,))
+    np.testing.assert_allclose(_np(getattr(hp, name)(hp.tensor(a), hp.tensor(b))), ref(a, b), rtol=1e-12)
+    gradcheck(lambda x, y: getattr(hp, name)(x, y), [a, b])
+    assert getattr(hp, name)(hp.tensor([1]), hp.tensor([1])).dtype == hp.float32
+    np.testing.assert_allclose(_np(getattr(hp.tensor(a), name)(2.0)), ref(a, 2.0))
+
+
+def test_remainder_fmod_floor_divide(rng):
+    a, b = rng.standard_normal((3, 4)) * 5, rng.uniform(0.5, 2, (4,)) * np.sign(rng.standard_normal(4))
+    x, y = hp.tensor(a), hp.tensor(b)
+    np.testing.assert_allclose(_np(hp.remainder(x, y)), np.remainder(a, b), rtol=1e-12)
+    np.testing.assert_allclose(_np(hp.fmod(x, y)), np.fmod(a, b), rtol=1e-12)
+    np.testing.assert_allclose(_np(hp.floor_divide(x, y)), np.floor_divide(a, b))
+    gradcheck(lambda s, t: hp.remainder(s, t), [a, b])
+    gradcheck(lambda s, t: hp.fmod(s, t), [a, b])
+    gradcheck(lambda s: hp.remainder(s, 1.5) + hp.floor_divide(s, 0.7) * s, [a])
+    i = hp.tensor([-3, 3])
+    assert hp.remainder(i, 2).tolist() == [1, 1] and hp.fmod(i, 2).tolist() == [-1, 1]
+    assert hp.floor_divide(i, 2).tolist() == [-2, 1] and hp.floor_divide(i, 2).dtype == hp.int64
+    assert hp.remainder(-3, hp.tensor([2])).tolist() == [1] and hp.fmod(-3.0, hp.tensor([2.0])).tolist() == [-1.0]
+    assert hp.remainder(hp.tensor([1.0]), 0).isnan().all()
+    for f in (hp.remainder, hp.fmod, hp.floor_divide):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(i, 0)
+
+
+# -- fused multiply-adds -------------------------------------------------------------------------------------
+def test_lerp_addmm_baddbmm_addcmul_addcdiv(rng):
+    s, e, w = rng.standard_normal((2, 3)), rng.standard_normal((2, 3)), rng.random((3,))
+    np.testing.assert_allclose(_np(hp.lerp(hp.tensor(s), hp.tensor(e), 0.3)), s + 0.3 * (e - s))
+    gradcheck(lambda a, b, c: hp.lerp(a, b, c), [s, e, w])
+    gradcheck(lambda a, b: a.lerp(b, 0.7), [s, e])
+    i, m1, m2 = rng.standard_normal((3,)), rng.standard_normal((2, 4)), rng.standard_normal((4, 3))
+    np.testing.assert_allclose(_np(hp.addmm(hp.tensor(i), hp.tensor(m1), hp.tensor(m2), beta=0.5, alpha=2)),
+                               0.5 * i + 2 * m1 @ m2, rtol=1e-12)
+    gradcheck(lambda a, b, c: hp.addmm(a, b, c, beta=0.5, alpha=-2), [i, m1, m2])
+    g = gradcheck(lambda a, b, c: hp.addmm(a, b, c, beta=0), [i, m1, m2])
+    assert not g[0].any()
+    nan_in = hp.addmm(hp.full((3,), math.nan, dtype=hp.float64), hp.tensor(m1), hp.tensor(m2), beta=0)
+    assert not nan_in.isnan().any()
+    bi, b1, b2 = rng.standard_normal((2, 1, 3)), rng.standard_normal((2, 2, 4)), rng.standard_normal((2, 4, 3))
+    np.testing.assert_allclose(_np(hp.baddbmm(hp.tensor(bi), hp.tensor(b1), hp.tensor(b2), alpha=3)),
+                               bi + 3 * b1 @ b2, rtol=1e-12)
+    gradcheck(lambda a, b, c: hp.baddbmm(a, b, c, beta=2), [bi, b1, b2])
+    t1, t2 = rng.standard_normal((2, 3)), rng.uniform(1, 2, (3,))
+    np.testing.assert_allclose(_np(hp.addcmul(hp.tensor(s), hp.tensor(t1), hp.tensor(t2), value=0.5)),
+                               s + 0.5 * t1 * t2)
+    np.testing.assert_allclose(_np(hp.addcdiv(hp.tensor(s), hp.tensor(t1), hp.tensor(t2), value=-2)),
+                               s - 2 * t1 / t2)
+    gradcheck(lambda a, b, c: hp.addcmul(a, b, c, value=0.5) + hp.addcdiv(a, b, c, value=3), [s, t1, t2])
+    with pytest.raises(RuntimeError, match="same dtype"):
+        hp.lerp(hp.ones(2), hp.ones(2, dtype=hp.float64), 0.5)
+    with pytest.raises(RuntimeError, match="must be matrices"):
+        hp.addmm(hp.ones(2), hp.ones(2), hp.ones(2, 2))
+    with pytest.raises(RuntimeError, match="Integer division"):
+        hp.addcdiv(hp.ones(2), hp.tensor([1, 2]), hp.tensor([1, 2]))

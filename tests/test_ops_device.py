@@ -1,0 +1,73 @@
+"""The same ops on every array backend (the simulated CUDA device under HPCFSDP_CUDA_SIM=1) match the CPU."""
+import math
+
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+from tests._gradcheck import _np
+
+# Each case: the function, then (rtol, atol) for its output and for its gradient. Scans, quantiles and the
+# matrix functions add or invert float32 values in a different order on the device: looser tolerances.
+TIGHT, LOOSE = ((1e-5, 1e-6), (1e-5, 1e-6)), ((1e-5, 1e-5), (1e-4, 1e-5))
+DEVICE_CASES = {
+    "sort": (lambda x: hp.sort(x, 1, descending=True).values * hp.sort(x, 0).indices.float(), TIGHT),
+    "topk": (lambda x: hp.topk(x, 2).values, TIGHT),
+    "cumsum_prod": (lambda x: hp.cumsum(x, 1) * hp.prod(x, 0), TIGHT),
+    "logsumexp": (lambda x: hp.logsumexp(x, 1), TIGHT),
+    "norms": (lambda x: hp.linalg.vector_norm(x, 3, 1) + hp.linalg.matrix_norm(x, "nuc") + x.norm(), TIGHT),
+    "gather": (lambda x: x.gather(1, hp.tensor([[0, 0], [2, 1], [3, 3]], device=x.device))
+    + x.index_select(1, hp.tensor([1, 1], device=x.device)), TIGHT),
+    "einsum": (lambda x: hp.einsum("ij,kj->ik", x, x) + hp.einsum("ij->i", x) + hp.einsum("ii->i", x[:, :3]), TIGHT),
+    "elementwise": (lambda x: hp.cos(x) * hp.sin(x) + hp.erf(x) + hp.exp2(x) + hp.floor(x) * hp.sign(x), TIGHT),
+    "shape": (lambda x: hp.roll(x, 1, 0) * hp.flip(x, [1]) + hp.tile(x, (1, 1)) + x.repeat_interleave(1, 0), LOOSE),
+    "diag": (lambda x: hp.diagonal(x, 1).sum() + hp.trace(x[:, :3]) + hp.diag(x[0]).sum(), LOOSE),
+    "unary": (lambda x: hp.log1p(x.abs()) + hp.expm1(x) + hp.atan2(x, x + 3) + hp.sinh(x) + hp.remainder(x, 0.7), LOOSE),
+    "scans": (lambda x: hp.cumprod(x, 1) + hp.cummax(x, 0).values + hp.median(x, 1, keepdim=True).values, LOOSE),
+    "quantile": (lambda x: hp.quantile(x, hp.tensor([0.2, 0.9], device=x.device), dim=1) + hp.nansum(x), LOOSE),
+    "fma": (lambda x: hp.addmm(x[:, :3], x, x.mT[:, :3]) + hp.lerp(x[:, :3], x[:, 1:], 0.3), LOOSE),
+    "linalg": (lambda x: hp.linalg.inv(x[:, :3] + 4 * hp.eye(3, device=x.device)) + hp.linalg.det(x[:, 1:] + 4 * hp.eye(
+        3, device=x.device)), LOOSE),
+    "cdist": (lambda x: hp.cdist(x, x * 2), LOOSE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEVICE_CASES))
+def test_ops_on_device_match_cpu(device, case):
+    a = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+    fn, (out_tol, grad_tol) = DEVICE_CASES[case]
+    res = []
+    for dev in ("cpu", device):
+        x = hp.tensor(a, device=dev, requires_grad=True)
+        out = fn(x)
+        out.sum().backward()
+        assert out.device.type == x.grad.device.type == dev
+        res.append((_np(out), _np(x.grad)))
+    np.testing.assert_allclose(res[1][0], res[0][0], rtol=out_tol[0], atol=out_tol[1])
+    np.testing.assert_allclose(res[1][1], res[0][1], rtol=grad_tol[0], atol=grad_tol[1])
+
+
+def test_multinomial_and_predicates_on_device(device):
+    hp.manual_seed(0)
+    w = hp.tensor([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]], device=device)
+    s = hp.multinomial(w, 50, replacement=True)
+    assert s.device.type == device and s.dtype == hp.int64
+    assert set(s[0].cpu().tolist()) <= {1, 2} and set(s[1].cpu().tolist()) == {0}
+    n = hp.multinomial(w[:1], 2)
+    assert sorted(n.cpu().tolist()[0]) == [1, 2]
+    x = hp.tensor([1.0, math.inf, math.nan], device=device)
+    assert hp.isinf(x).cpu().tolist() == [False, True, False] and hp.count_nonzero(x).item() == 3
+
+
+def test_index_results_on_device(device):
+    x = hp.tensor([[0, 3, 1], [3, 0, 2]], device=device)
+    assert hp.nonzero(x).device.type == device and hp.nonzero(x).cpu().tolist() == [[0, 1], [0, 2], [1, 0], [1, 2]]
+    u, c = hp.unique(x, return_counts=True)
+    assert u.cpu().tolist() == [0, 1, 2, 3] and c.cpu().tolist() == [2, 1, 1, 2]
+    assert hp.bincount(x.flatten()).cpu().tolist() == [2, 1, 1, 2]
+    s = hp.tensor([1.0, 3.0, 5.0], device=device)
+    assert hp.searchsorted(s, hp.tensor([2.0, 5.0], device=device)).cpu().tolist() == [1, 2]
+    assert hp.tril_indices(2, 2, device=device).device.type == device
+    hp.manual_seed(0)
+    assert hp.normal(hp.zeros(3, device=device), 1.0).device.type == device
+    assert hp.bernoulli(hp.full((3,), 0.5, device=device)).device.type == device
