@@ -5,54 +5,44 @@ import numpy as np
 
 from .._array import dtype_category as _category
 from .._tensor import Tensor
+from .._autocast import FP32, LOWER, autocast_op
 from ..autograd import ops
-from ._functional.activation import elu, group_norm, hardtanh, leaky_relu, mish, normalize, one_hot, relu6, softplus
+from ._functional.activation import (
+    celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logsigmoid, mish, prelu, relu6, selu, softmin,
+    softplus, softsign, tanhshrink, threshold,
+)
+from ._functional.attention import multi_head_attention_forward
 from ._functional.conv import conv1d, conv2d, conv3d, pad
+from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from ._functional.distance import cosine_similarity, pairwise_distance
+from ._functional.dropout import dropout1d, dropout2d, dropout3d
 from ._functional.loss import (
     binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div, l1_loss, nll_loss, smooth_l1_loss,
 )
+from ._functional.normalization import group_norm, instance_norm, normalize
 from ._functional.pooling import (
-    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d, avg_pool1d, avg_pool2d, avg_pool3d, dropout1d,
-    dropout2d, dropout3d, max_pool1d, max_pool2d, max_pool3d,
+    adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool2d,
+    adaptive_max_pool3d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d,
 )
+from ._functional.resample import interpolate, upsample
+from ._functional.sparse import one_hot
 
+# The functions defined in this module, then those of nn/_functional/ by family (one file each).
 __all__ = [
     "linear", "relu", "gelu", "tanh", "sigmoid", "softmax", "log_softmax", "cross_entropy", "nll_loss",
-    "mse_loss", "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "silu",
-    "rms_norm",
-    # convolution, pooling, padding, channel dropout (nn/_functional/conv.py, pooling.py)
-    "conv1d", "conv2d", "conv3d", "pad", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
-    "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "dropout1d", "dropout2d",
-    "dropout3d",
-    # losses (nn/_functional/loss.py)
+    "mse_loss", "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "silu", "rms_norm",
+    # activation.py
+    "leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "prelu", "selu", "celu", "glu", "hardswish",
+    "hardsigmoid", "softsign", "tanhshrink", "threshold", "logsigmoid", "softmin",
+    # attention.py, conv.py, conv_transpose.py, distance.py, dropout.py
+    "multi_head_attention_forward", "conv1d", "conv2d", "conv3d", "pad", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "cosine_similarity", "pairwise_distance", "dropout1d", "dropout2d", "dropout3d",
+    # loss.py
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
-    # activations and normalization (nn/_functional/activation.py)
-    "leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_norm", "normalize", "one_hot",
-]
-
-# transposed convolution, resampling, adaptive max pooling, distances, instance norm
-# (nn/_functional/conv_transpose.py, resample.py, distance.py)
-from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: E402
-from ._functional.distance import cosine_similarity, instance_norm, pairwise_distance  # noqa: E402
-from ._functional.resample import (  # noqa: E402
-    adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d, interpolate, upsample,
-)
-
-__all__ += [
-    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "interpolate", "upsample", "adaptive_max_pool1d",
-    "adaptive_max_pool2d", "adaptive_max_pool3d", "cosine_similarity", "pairwise_distance", "instance_norm",
-]
-
-# more activations and multi-head attention (nn/_functional/activation_extra.py, attention.py)
-from ._functional.activation_extra import (  # noqa: E402
-    celu, glu, hardsigmoid, hardswish, logsigmoid, prelu, selu, softmin, softsign, tanhshrink, threshold,
-)
-from ._functional.attention import multi_head_attention_forward  # noqa: E402
-from .._autocast import FP32, LOWER, autocast_op
-
-__all__ += [
-    "prelu", "selu", "celu", "glu", "hardswish", "hardsigmoid", "softsign", "tanhshrink", "threshold", "logsigmoid",
-    "softmin", "multi_head_attention_forward",
+    # normalization.py, pooling.py, resample.py, sparse.py
+    "group_norm", "instance_norm", "normalize", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
+    "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d",
+    "adaptive_max_pool2d", "adaptive_max_pool3d", "interpolate", "upsample", "one_hot",
 ]
 
 

@@ -1,16 +1,19 @@
-"""Activations with parameters, group_norm, normalize and one_hot.
+"""The activations of torch.nn.functional beyond the core ones in nn/functional.py: leaky_relu, elu, softplus,
+mish, hardtanh, relu6, prelu, selu, celu, glu, hardswish, hardsigmoid, softsign, tanhshrink, threshold,
+logsigmoid, softmin.
 
 ``inplace=True`` is accepted for signature compatibility; the result is always a new tensor.
 """
-import numpy as np
-
 from ..._array import wrap_dim
-from ..._tensor import Tensor
 from ...autograd import ops
 from ._common import check_float, check_tensor
-from ..._autocast import FP32, autocast_op
+from ..._autocast import FP32, LOWER, autocast_op
 
-__all__ = ["leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "group_norm", "normalize", "one_hot"]
+__all__ = ["leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "prelu", "selu", "celu", "glu", "hardswish",
+           "hardsigmoid", "softsign", "tanhshrink", "threshold", "logsigmoid", "softmin"]
+
+SELU_ALPHA = 1.6732632423543772848170429916717  # the self-normalizing constants of Klambauer et al. (2017)
+SELU_SCALE = 1.0507009873554804934193349852946
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):  # noqa: A002
@@ -51,77 +54,105 @@ def relu6(input, inplace=False):  # noqa: A002
     return hardtanh(input, 0.0, 6.0)
 
 
-@autocast_op(cuda=FP32)
-def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A002
-    """Normalize (N, C, *) over each group of C / num_groups channels (and all positions), then scale and shift
-    per channel by ``weight`` and ``bias`` (C,).
+@autocast_op(cpu=LOWER, cuda=LOWER)
+def prelu(input, weight):  # noqa: A002
+    """x where x > 0, else weight * x, with one weight per channel (dim 1) or a single shared weight.
+
+    Args:
+        input: the tensor; its channels are dim 1 (a 0- or 1-dimensional input has one channel).
+        weight: a 0-D or 1-D tensor of 1 or C values.
 
     Raises:
-        RuntimeError: fewer than 2 dims, C not divisible by ``num_groups``, or a weight or bias of the wrong size.
-        ValueError: the input holds a single value.
+        RuntimeError: ``weight`` has more than 1 dimension, or its size is neither 1 nor the channel count.
     """
-    check_float(input, "group_norm")
-    if input.ndim < 2:
-        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
-    shape = tuple(input.shape)
-    n, c = shape[:2]
-    if num_groups <= 0 or c % num_groups:
-        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of "
-                           f"shape {list(shape)} and num_groups={num_groups}")
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and (p.ndim != 1 or p.shape[0] != c):
-            raise RuntimeError(f"Expected {name} to be a vector of size equal to the number of channels in input, "
-                               f"but got {name} of shape {list(p.shape)} and input of shape {list(shape)}")
-    if input.numel() == 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
-    per_group = c // num_groups * int(np.prod(shape[2:], dtype=np.int64))
-    y = ops.LayerNorm.apply(input.reshape(n, num_groups, per_group), 1, None, None, float(eps)).reshape(shape)
-    bshape = (1, c) + (1,) * (len(shape) - 2)
-    if weight is not None:
-        y = y * weight.reshape(bshape)
-    if bias is not None:
-        y = y + bias.reshape(bshape)
-    return y
+    check_float(input, "prelu")
+    check_tensor(weight, "prelu", "weight")
+    if weight.ndim > 1:
+        raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
+    n = weight.numel()
+    if n != 1:
+        channels = input.shape[1] if input.ndim >= 2 else 1
+        if channels != n:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+                               f"{n} and channel size = {channels}.")
+        weight = weight.reshape((1, n) + (1,) * (input.ndim - 2))  # (1, C, 1, ...)
+    elif weight.ndim > input.ndim:
+        weight = weight.reshape(())
+    return ops.Prelu.apply(input, weight)
 
 
-def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
-    """input / max(||input||_p, eps) along ``dim``.
+def selu(input, inplace=False):  # noqa: A002
+    """scale * elu(x, alpha) with the self-normalizing alpha = 1.6733 and scale = 1.0507."""
+    return ops.ScaledElu.apply(check_float(input, "selu"), SELU_ALPHA, SELU_SCALE, 1.0)
+
+
+def celu(input, alpha=1.0, inplace=False):  # noqa: A002
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)).
 
     Raises:
-        IndexError: ``dim`` is out of range.
-        NotImplementedError: ``out`` is given.
+        RuntimeError: ``alpha`` is 0 (PyTorch's message).
     """
-    check_float(input, "normalize")
-    if out is not None:
-        raise NotImplementedError("normalize(): out= is not supported; use the returned tensor")
+    check_float(input, "celu")
+    if alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+    return ops.ScaledElu.apply(input, float(alpha), 1.0, 1.0 / float(alpha))
+
+
+def glu(input, dim=-1):  # noqa: A002
+    """The gated linear unit a * sigmoid(b), where a and b are the two halves of ``input`` along ``dim``.
+
+    Raises:
+        RuntimeError: ``input`` is 0-dimensional, or its size along ``dim`` is odd.
+    """
+    check_float(input, "glu")
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
     d = wrap_dim(dim, input.ndim)
-    norm = ops.VectorNorm.apply(input, float(p), (d,) if input.ndim else None, True)
-    return input / norm.clamp(min=eps)
+    if input.shape[d] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {input.shape[d]}")
+    a, b = input.chunk(2, d)
+    return a * b.sigmoid()
 
 
-def one_hot(tensor, num_classes=-1):
-    """(*, num_classes) int64 with 1 at each value of the int64 ``tensor``; num_classes=-1 means max + 1.
+def hardswish(input, inplace=False):  # noqa: A002
+    """x * relu6(x + 3) / 6."""
+    return ops.Hardswish.apply(check_float(input, "hardswish"))
 
-    Raises:
-        RuntimeError: a non-int64 tensor, a negative value, a value >= num_classes, or an empty tensor
-            with num_classes=-1, with PyTorch's messages.
-    """
-    check_tensor(tensor, "one_hot", "tensor")
-    if tensor.dtype != np.int64:
-        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
-    a = tensor._data
-    xp = tensor._xp()
-    if a.size == 0:
-        if num_classes == -1:
-            raise RuntimeError("Can not infer total number of classes from empty tensor.")
-    else:
-        if int(a.min()) < 0:
-            raise RuntimeError("Class values must be non-negative.")
-        hi = int(a.max())
-        if num_classes == -1:
-            num_classes = hi + 1
-        elif hi >= num_classes:
-            raise RuntimeError("Class values must be smaller than num_classes.")
-    if num_classes < 0:
-        raise RuntimeError("Class values must be smaller than num_classes.")
-    return Tensor._wrap((a[..., None] == xp.arange(int(num_classes))).astype(np.int64))
+
+def hardsigmoid(input, inplace=False):  # noqa: A002
+    """relu6(x + 3) / 6."""
+    return ops.Hardsigmoid.apply(check_float(input, "hardsigmoid"))
+
+
+def softsign(input):  # noqa: A002
+    """x / (1 + |x|) (composed of Tensor ops, as PyTorch)."""
+    check_float(input, "softsign")
+    return input / (input.abs() + 1)
+
+
+def tanhshrink(input):  # noqa: A002
+    """x - tanh(x) (composed of Tensor ops, as PyTorch)."""
+    check_float(input, "tanhshrink")
+    return input - input.tanh()
+
+
+def threshold(input, threshold, value, inplace=False):  # noqa: A002
+    """x where x > threshold, else value; the gradient is 0 where x <= threshold."""
+    check_tensor(input, "threshold")
+    return ops.Threshold.apply(input, threshold, value)
+
+
+def logsigmoid(input):  # noqa: A002
+    """log(sigmoid(x)), computed without overflow."""
+    return ops.LogSigmoid.apply(check_float(input, "logsigmoid"))
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):  # noqa: A002
+    """softmax(-input) along ``dim``; None picks PyTorch's legacy implicit dimension (0 for 0-, 1- and 3-dimensional
+    input, else 1). ``dtype``, if given, casts ``input`` first."""
+    check_tensor(input, "softmin")
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    if dtype is not None:
+        input = input.to(dtype)  # noqa: A001
+    return (-input).softmax(dim)

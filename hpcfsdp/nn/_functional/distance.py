@@ -1,10 +1,9 @@
-"""cosine_similarity, pairwise_distance and instance_norm, composed of differentiable Tensor ops."""
+"""cosine_similarity and pairwise_distance, composed of differentiable Tensor ops."""
 import numpy as np
 
 from ._common import check_float
-from .activation import group_norm
 
-__all__ = ["cosine_similarity", "pairwise_distance", "instance_norm"]
+__all__ = ["cosine_similarity", "pairwise_distance"]
 
 
 def _broadcast(x1, x2, name):
@@ -52,59 +51,3 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     if a.ndim == 0:
         return (a - b + eps).abs()
     return (a - b + eps).norm(p, a.ndim - 1, keepdim=keepdim)
-
-
-def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,  # noqa: A002
-                  use_input_stats=True, momentum=0.1, eps=1e-5):
-    """Normalise (N, C, *) over the spatial dims of each (sample, channel), then scale and shift per channel.
-
-    Args:
-        input: (N, C, *spatial), at least one spatial dim.
-        running_mean: optional (C,) buffer; with ``use_input_stats`` it is updated in place with the batch
-            mean of the per-instance means, ``momentum`` weighting the new value.
-        running_var: optional (C,) buffer updated alike with the unbiased per-instance variances.
-        weight: optional (C,) scale.
-        bias: optional (C,) shift.
-        use_input_stats: normalise with each instance's statistics (True) or with the running ones (False).
-        momentum: the running statistics' update factor.
-        eps: added to the variance.
-
-    Raises:
-        ValueError: a single spatial element per instance with ``use_input_stats``.
-        RuntimeError: fewer than 3 dims, or an input that is not floating point.
-    """
-    check_float(input, "instance_norm")
-    if input.ndim < 3:
-        raise RuntimeError(f"instance_norm(): expected (N, C, *spatial) input with at least 3 dims, got "
-                           f"{list(input.shape)}")
-    c = input.shape[1]
-    shape = (1, c) + (1,) * (input.ndim - 2)  # per channel: (1, C, 1, ...)
-    if use_input_stats:
-        n = int(np.prod(input.shape[2:], dtype=np.int64))
-        if n <= 1:
-            raise ValueError(f"Expected more than 1 spatial element when training, got input size {input.shape}")
-        y = group_norm(input, c, None, None, eps)
-        if running_mean is not None or running_var is not None:
-            import hpcfsdp
-
-            with hpcfsdp.no_grad():
-                flat = input.detach().reshape(input.shape[0], c, n)  # (N, C, n)
-                if running_mean is not None:
-                    m = flat.mean(dim=2).mean(dim=0).to(running_mean.dtype)
-                    running_mean.mul_(1.0 - momentum).add_(m * momentum)
-                if running_var is not None:
-                    v = flat.var(dim=2, unbiased=True).mean(dim=0).to(running_var.dtype)
-                    running_var.mul_(1.0 - momentum).add_(v * momentum)
-    else:
-        if running_mean is None or running_var is None:
-            raise RuntimeError("instance_norm(): use_input_stats=False needs running_mean and running_var")
-        mean = running_mean.to(input.dtype).reshape(shape)
-        var = running_var.to(input.dtype).reshape(shape)
-        y = (input - mean) / (var + eps).sqrt()
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    if bias is not None:
-        y = y + bias.reshape(shape)
-    return y
-
-

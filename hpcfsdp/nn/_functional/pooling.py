@@ -1,16 +1,13 @@
-"""Max, average and adaptive average pooling (1-, 2-, 3-d) and channel-wise dropout, with PyTorch's checks."""
-import warnings
+"""Max, average, adaptive average and adaptive max pooling (1-, 2-, 3-d), with PyTorch's checks."""
 
 import numpy as np
 
-from ..._tensor import Tensor
 from ...autograd import ops
-from ...autograd.ops import _random_keep
 from ._common import check_float, check_tensor, expand_param
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-           "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "dropout1d", "dropout2d",
-           "dropout3d", "pool_output_size"]
+           "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d",
+           "adaptive_max_pool2d", "adaptive_max_pool3d", "pool_output_size"]
 
 
 def pool_output_size(n, k, s, p, d, ceil_mode):
@@ -186,60 +183,56 @@ def adaptive_avg_pool3d(input, output_size):  # noqa: A002
     return _adaptive_avg(3, input, output_size)
 
 
-def _feature_dropout(input, p, training, mask_shape, name):  # noqa: A002
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+def _adaptive_max(nd, input, output_size, return_indices):  # noqa: A002
+    name = f"adaptive_max_pool{nd}d"
     check_tensor(input, name)
-    if not training or p == 0.0:
-        return input
-    keep = _random_keep(tuple(mask_shape), float(p), input._data)
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    mask = keep.astype(input.dtype)
-    mask *= input.dtype.type(scale)
-    return input * Tensor._wrap(mask)
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"{name}(): Expected {nd + 1}D or {nd + 2}D tensor, but got: {list(input.shape)}")
+    first = 1 if input.ndim == nd + 2 else 0
+    for d in range(first, input.ndim):
+        if input.shape[d] == 0:
+            raise RuntimeError(f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input "
+                               f"has sizes {list(input.shape)} with dimension {d} being empty")
+    sizes = [output_size] * nd if output_size is None or isinstance(output_size, (int, np.integer)) \
+        else list(output_size)
+    if len(sizes) != nd:
+        if nd == 1:
+            raise RuntimeError(f"{name}() argument 'output_size' should contain one int (got {len(sizes)})")
+        raise RuntimeError(f"{name}(): output_size must have {nd} elements, got {list(sizes)}")
+    spatial = input.shape[input.ndim - nd:]
+    out = tuple(int(n) if o is None else int(o) for n, o in zip(spatial, sizes))
+    if min(out) < 0:
+        raise RuntimeError(f"{name}: elements of output_size must be greater than or equal to 0 but received {out}")
+    unbatched = input.ndim == nd + 1
+    x = input.unsqueeze(0) if unbatched else input
+    if min(out) == 0:
+        import hpcfsdp
+
+        y = hpcfsdp.zeros(tuple(x.shape[:2]) + out, dtype=x.dtype, device=x.device)
+        idx = hpcfsdp.zeros(tuple(y.shape), dtype=hpcfsdp.int64, device=x.device)
+        res = (y, idx)
+    else:
+        res = ops.AdaptiveMaxPoolNd.apply(x, out, True)
+    y, idx = res
+    if unbatched:
+        y, idx = y.squeeze(0), idx.squeeze(0)
+    return (y, idx) if return_indices else y
 
 
-def dropout1d(input, p=0.5, training=True, inplace=False):  # noqa: A002
-    """Zero whole channels of (N, C, L) or (C, L) with probability ``p``, scaling the rest by 1 / (1 - p).
+def adaptive_max_pool1d(input, output_size, return_indices=False):  # noqa: A002
+    """Max pooling of (N, C, L) or (C, L) to length ``output_size``; window i is [floor(i L / o), ceil((i + 1) L / o)).
 
-    Raises:
-        RuntimeError: the input is not 2-D or 3-D.
-        ValueError: ``p`` is outside [0, 1].
+    With ``return_indices``, also the int64 position of each maximum in the input (the first maximum; NaN wins).
     """
-    if input.ndim not in (2, 3):
-        raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {input.ndim}D input. Note that "
-                           "dropout1d exists to provide channel-wise dropout on inputs with 1 spatial dimension, a "
-                           "channel dimension, and an optional batch dimension (i.e. 2D or 3D inputs).")
-    shape = tuple(input.shape[:-1]) + (1,)
-    return _feature_dropout(input, p, training, shape, "dropout1d")
+    return _adaptive_max(1, input, output_size, return_indices)
 
 
-def dropout2d(input, p=0.5, training=True, inplace=False):  # noqa: A002
-    """Zero whole channels of (N, C, H, W) with probability ``p``, scaling the rest by 1 / (1 - p).
-
-    As PyTorch, a 3-D input is taken as (N, C, L) (with a warning), and other ranks than 3 and 4 warn and
-    drop along dims 0 and 1.
-    """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if input.ndim not in (3, 4):
-        warnings.warn(f"dropout2d: Received a {input.ndim}-D input to dropout2d, which is deprecated and will result "
-                      "in an error in a future release. To retain the behavior and silence this warning, please use "
-                      "dropout instead.", stacklevel=2)
-    if input.ndim == 3:
-        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout behavior "
-                      "is desired - input is interpreted as shape (N, C, L), where C is the channel dim. To maintain "
-                      "the 1D channel-wise dropout behavior, please switch to using dropout1d instead.", stacklevel=2)
-    shape = tuple(input.shape[:2]) + (1,) * (input.ndim - 2)
-    return _feature_dropout(input, p, training, shape, "dropout2d")
+def adaptive_max_pool2d(input, output_size, return_indices=False):  # noqa: A002
+    """Max pooling of (N, C, H, W) or (C, H, W) to ``output_size`` (an int, or a pair whose None entries keep that
+    size); with ``return_indices`` also the flat index h * W + w of each maximum."""
+    return _adaptive_max(2, input, output_size, return_indices)
 
 
-def dropout3d(input, p=0.5, training=True, inplace=False):  # noqa: A002
-    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) with probability ``p``, scaling the rest by 1 / (1 - p)."""
-    if input.ndim not in (4, 5):
-        warnings.warn(f"dropout3d: Received a {input.ndim}-D input to dropout3d, which is deprecated and will result "
-                      "in an error in a future release. To retain the behavior and silence this warning, please use "
-                      "dropout instead.", stacklevel=2)
-    lead = 1 if input.ndim == 4 else 2
-    shape = tuple(input.shape[:lead]) + (1,) * (input.ndim - lead)
-    return _feature_dropout(input, p, training, shape, "dropout3d")
+def adaptive_max_pool3d(input, output_size, return_indices=False):  # noqa: A002
+    """Max pooling of (N, C, D, H, W) or (C, D, H, W) to ``output_size``; as ``adaptive_max_pool2d``."""
+    return _adaptive_max(3, input, output_size, return_indices)

@@ -1,13 +1,13 @@
-"""interpolate (nearest, nearest-exact, linear, bilinear, trilinear, area) and adaptive max pooling."""
+"""interpolate (nearest, nearest-exact, linear, bilinear, trilinear, area) and upsample."""
 import math
 
 import numpy as np
 
 from ...autograd import ops
-from ._common import check_float, check_tensor
+from ._common import check_float
 from .pooling import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d
 
-__all__ = ["interpolate", "upsample", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"]
+__all__ = ["interpolate", "upsample"]
 
 _ALL_MODES = "nearest | linear | bilinear | bicubic | trilinear | lanczos | area | nearest-exact"
 _LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3}
@@ -105,58 +105,3 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
 def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):  # noqa: A002
     """Deprecated alias of ``interpolate`` (as PyTorch's ``upsample``)."""
     return interpolate(input, size, scale_factor, mode, align_corners)
-
-
-def _adaptive_max(nd, input, output_size, return_indices):  # noqa: A002
-    name = f"adaptive_max_pool{nd}d"
-    check_tensor(input, name)
-    if input.ndim not in (nd + 1, nd + 2):
-        raise RuntimeError(f"{name}(): Expected {nd + 1}D or {nd + 2}D tensor, but got: {list(input.shape)}")
-    first = 1 if input.ndim == nd + 2 else 0
-    for d in range(first, input.ndim):
-        if input.shape[d] == 0:
-            raise RuntimeError(f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input "
-                               f"has sizes {list(input.shape)} with dimension {d} being empty")
-    sizes = [output_size] * nd if output_size is None or isinstance(output_size, (int, np.integer)) \
-        else list(output_size)
-    if len(sizes) != nd:
-        if nd == 1:
-            raise RuntimeError(f"{name}() argument 'output_size' should contain one int (got {len(sizes)})")
-        raise RuntimeError(f"{name}(): output_size must have {nd} elements, got {list(sizes)}")
-    spatial = input.shape[input.ndim - nd:]
-    out = tuple(int(n) if o is None else int(o) for n, o in zip(spatial, sizes))
-    if min(out) < 0:
-        raise RuntimeError(f"{name}: elements of output_size must be greater than or equal to 0 but received {out}")
-    unbatched = input.ndim == nd + 1
-    x = input.unsqueeze(0) if unbatched else input
-    if min(out) == 0:
-        import hpcfsdp
-
-        y = hpcfsdp.zeros(tuple(x.shape[:2]) + out, dtype=x.dtype, device=x.device)
-        idx = hpcfsdp.zeros(tuple(y.shape), dtype=hpcfsdp.int64, device=x.device)
-        res = (y, idx)
-    else:
-        res = ops.AdaptiveMaxPoolNd.apply(x, out, True)
-    y, idx = res
-    if unbatched:
-        y, idx = y.squeeze(0), idx.squeeze(0)
-    return (y, idx) if return_indices else y
-
-
-def adaptive_max_pool1d(input, output_size, return_indices=False):  # noqa: A002
-    """Max pooling of (N, C, L) or (C, L) to length ``output_size``; window i is [floor(i L / o), ceil((i + 1) L / o)).
-
-    With ``return_indices``, also the int64 position of each maximum in the input (the first maximum; NaN wins).
-    """
-    return _adaptive_max(1, input, output_size, return_indices)
-
-
-def adaptive_max_pool2d(input, output_size, return_indices=False):  # noqa: A002
-    """Max pooling of (N, C, H, W) or (C, H, W) to ``output_size`` (an int, or a pair whose None entries keep that
-    size); with ``return_indices`` also the flat index h * W + w of each maximum."""
-    return _adaptive_max(2, input, output_size, return_indices)
-
-
-def adaptive_max_pool3d(input, output_size, return_indices=False):  # noqa: A002
-    """Max pooling of (N, C, D, H, W) or (C, D, H, W) to ``output_size``; as ``adaptive_max_pool2d``."""
-    return _adaptive_max(3, input, output_size, return_indices)

@@ -5,7 +5,7 @@ Threshold, Softmin, LogSigmoid, Softmax2d.
 """
 import hpcfsdp.nn.functional as F
 from hpcfsdp.nn import init
-from hpcfsdp.nn._functional import activation_extra as _act
+from hpcfsdp.nn._functional import activation as _act
 from hpcfsdp.nn.modules.module import Module
 from hpcfsdp.nn.parameter import Parameter
 

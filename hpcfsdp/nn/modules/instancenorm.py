@@ -1,7 +1,7 @@
 """Instance normalisation: InstanceNorm1d, InstanceNorm2d (PyTorch's defaults: no affine, no running stats)."""
 import warnings
 
-from hpcfsdp.nn._functional.distance import instance_norm
+from hpcfsdp.nn._functional.normalization import instance_norm
 from hpcfsdp.nn.modules.batchnorm import _NormBase
 
 __all__ = ["InstanceNorm1d", "InstanceNorm2d"]

@@ -1,7 +1,7 @@
 """Pooling layers: MaxPool1d/2d/3d, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d, AdaptiveMaxPool1d/2d/3d (PyTorch's
 arguments and reprs)."""
 import hpcfsdp.nn.functional as F
-from hpcfsdp.nn._functional.resample import adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d
+from hpcfsdp.nn._functional.pooling import adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d
 from hpcfsdp.nn.modules.module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",

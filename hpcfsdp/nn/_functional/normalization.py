@@ -1,0 +1,111 @@
+"""Normalization functions of torch.nn.functional: group_norm, instance_norm, normalize."""
+import numpy as np
+
+from ..._array import wrap_dim
+from ...autograd import ops
+from ._common import check_float
+from ..._autocast import FP32, autocast_op
+
+__all__ = ["group_norm", "instance_norm", "normalize"]
+
+
+@autocast_op(cuda=FP32)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Normalize (N, C, *) over each group of C / num_groups channels (and all positions), then scale and shift
+    per channel by ``weight`` and ``bias`` (C,).
+
+    Raises:
+        RuntimeError: fewer than 2 dims, C not divisible by ``num_groups``, or a weight or bias of the wrong size.
+        ValueError: the input holds a single value.
+    """
+    check_float(input, "group_norm")
+    if input.ndim < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    shape = tuple(input.shape)
+    n, c = shape[:2]
+    if num_groups <= 0 or c % num_groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of "
+                           f"shape {list(shape)} and num_groups={num_groups}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (p.ndim != 1 or p.shape[0] != c):
+            raise RuntimeError(f"Expected {name} to be a vector of size equal to the number of channels in input, "
+                               f"but got {name} of shape {list(p.shape)} and input of shape {list(shape)}")
+    if input.numel() == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
+    per_group = c // num_groups * int(np.prod(shape[2:], dtype=np.int64))
+    y = ops.LayerNorm.apply(input.reshape(n, num_groups, per_group), 1, None, None, float(eps)).reshape(shape)
+    bshape = (1, c) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        y = y * weight.reshape(bshape)
+    if bias is not None:
+        y = y + bias.reshape(bshape)
+    return y
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
+    """input / max(||input||_p, eps) along ``dim``.
+
+    Raises:
+        IndexError: ``dim`` is out of range.
+        NotImplementedError: ``out`` is given.
+    """
+    check_float(input, "normalize")
+    if out is not None:
+        raise NotImplementedError("normalize(): out= is not supported; use the returned tensor")
+    d = wrap_dim(dim, input.ndim)
+    norm = ops.VectorNorm.apply(input, float(p), (d,) if input.ndim else None, True)
+    return input / norm.clamp(min=eps)
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,  # noqa: A002
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    """Normalise (N, C, *) over the spatial dims of each (sample, channel), then scale and shift per channel.
+
+    Args:
+        input: (N, C, *spatial), at least one spatial dim.
+        running_mean: optional (C,) buffer; with ``use_input_stats`` it is updated in place with the batch
+            mean of the per-instance means, ``momentum`` weighting the new value.
+        running_var: optional (C,) buffer updated alike with the unbiased per-instance variances.
+        weight: optional (C,) scale.
+        bias: optional (C,) shift.
+        use_input_stats: normalise with each instance's statistics (True) or with the running ones (False).
+        momentum: the running statistics' update factor.
+        eps: added to the variance.
+
+    Raises:
+        ValueError: a single spatial element per instance with ``use_input_stats``.
+        RuntimeError: fewer than 3 dims, or an input that is not floating point.
+    """
+    check_float(input, "instance_norm")
+    if input.ndim < 3:
+        raise RuntimeError(f"instance_norm(): expected (N, C, *spatial) input with at least 3 dims, got "
+                           f"{list(input.shape)}")
+    c = input.shape[1]
+    shape = (1, c) + (1,) * (input.ndim - 2)  # per channel: (1, C, 1, ...)
+    if use_input_stats:
+        n = int(np.prod(input.shape[2:], dtype=np.int64))
+        if n <= 1:
+            raise ValueError(f"Expected more than 1 spatial element when training, got input size {input.shape}")
+        y = group_norm(input, c, None, None, eps)
+        if running_mean is not None or running_var is not None:
+            import hpcfsdp
+
+            with hpcfsdp.no_grad():
+                flat = input.detach().reshape(input.shape[0], c, n)  # (N, C, n)
+                if running_mean is not None:
+                    m = flat.mean(dim=2).mean(dim=0).to(running_mean.dtype)
+                    running_mean.mul_(1.0 - momentum).add_(m * momentum)
+                if running_var is not None:
+                    v = flat.var(dim=2, unbiased=True).mean(dim=0).to(running_var.dtype)
+                    running_var.mul_(1.0 - momentum).add_(v * momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("instance_norm(): use_input_stats=False needs running_mean and running_var")
+        mean = running_mean.to(input.dtype).reshape(shape)
+        var = running_var.to(input.dtype).reshape(shape)
+        y = (input - mean) / (var + eps).sqrt()
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
