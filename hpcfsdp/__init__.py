@@ -3,15 +3,21 @@ from . import _backend
 from ._backend import (bfloat16, bool, device, double, float, float16, float32, float64, half, int, int8,  # noqa: A004
                        int16, int32, int64, long, manual_seed, uint8)
 # _creation, and with it _tensor, loads before autograd: See [Note: Tensor and Function] in _tensor.py
-from ._creation import (arange, as_tensor, cat, concat, concatenate, empty, empty_like, eye, from_dlpack,
-                        from_numpy, full, full_like, is_tensor, linspace, numel, ones, ones_like, rand, rand_like,
-                        randint, randn, randn_like, randperm, stack, tensor, tril, triu, where, zeros, zeros_like)
-from ._ops_api import (abs, allclose, amax, equal, amin, argmax, argmin, clamp, clip, exp, log, matmul, max, maximum,  # noqa: A004
-                       mean, min, minimum, relu, rsqrt, sigmoid, softmax, log_softmax, sqrt, sum, tanh, var,
-                       get_default_dtype, is_floating_point, promote_types)
+from ._creation import (arange, as_tensor, empty, eye, from_dlpack, from_numpy, full, is_tensor, linspace, numel,
+                        ones, rand, randint, randn, randperm, tensor, zeros)
+from ._creation import tril_indices, triu_indices  # noqa: F401
+from ._dtype_info import (e, finfo, get_default_dtype, iinfo, inf, is_floating_point, nan, newaxis, pi,  # noqa: F401
+                          promote_types)
+from ._registry import top_level as _top_level
 from ._tensor import Size, Tensor
+from ._tensor_base import broadcast_shapes  # noqa: F401
 from .autograd.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from . import autograd  # noqa: E402
+
+# The op functions (hp.sum, hp.cat, hp.where, ...): every hpcfsdp.* function of the op registry, declared with
+# its op in hpcfsdp/_tensor_methods/ (loaded with _tensor above). See CONTRIBUTING.md.
+_OPS = _top_level()
+globals().update(_OPS)
 
 dtype = _backend.np.dtype  # isinstance(x, hp.dtype) works: hp dtypes are NumPy dtypes
 
@@ -21,14 +27,12 @@ __all__ = [
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
     "double", "float", "half", "long", "int", "dtype", "device", "Size", "Tensor",
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "randperm", "arange",
-    "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like",
-    "from_numpy", "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu",
+    "linspace", "eye", "from_numpy", "from_dlpack",
     "is_tensor", "numel", "manual_seed", "no_grad", "enable_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled",
-    "abs", "allclose", "equal", "amax", "amin", "argmax", "argmin", "clamp", "clip", "exp", "log", "matmul", "max",
-    "maximum", "mean", "min", "minimum", "relu", "rsqrt", "sigmoid", "softmax", "log_softmax", "sqrt", "sum", "tanh",
-    "var", "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
+    "get_default_dtype", "is_floating_point", "promote_types", "autograd", "nn", "optim", "models",
     "save", "load",
 ]
+__all__ = sorted(__all__ + list(_OPS))  # its own names above, then the registry's
 
 # Submodules above the compute core, imported last: they import the names above.
 from . import nn, optim, models, accelerator  # noqa: E402,F401
@@ -42,19 +46,6 @@ from ._runtime import (are_deterministic_algorithms_enabled, compile, get_float3
                        get_num_interop_threads, get_num_threads, is_deterministic_algorithms_warn_only_enabled,
                        set_float32_matmul_precision, set_num_interop_threads, set_num_threads,
                        use_deterministic_algorithms)
-from ._ops_extra import (isfinite, isnan, isinf, logical_not, logical_and, logical_or, logical_xor, cumsum, prod,  # noqa: E402,F401,A004
-                         logsumexp, std, count_nonzero, all, any, norm, sort, argsort, topk, multinomial, chunk, split,
-                         tensor_split, unbind, squeeze, unsqueeze, flatten, unflatten, reshape, transpose, swapaxes,
-                         permute, t, narrow, gather, index_select, masked_fill, dot, mm, bmm, outer, einsum, square, pow,
-                         neg, negative, cos, sin, erf, exp2, sign, round, floor, ceil, clone)
-from ._ops_more import (inf, nan, pi, e, newaxis, finfo, iinfo, roll, flip, fliplr, flipud, repeat_interleave,  # noqa: E402,F401
-                        tile, diag, diagonal, trace, tril_indices, triu_indices, movedim, moveaxis, normal, bernoulli,
-                        nonzero, argwhere, unique, bincount, searchsorted, bucketize, clamp_min, clamp_max, lerp, addmm,
-                        baddbmm, addcmul, addcdiv, log1p, expm1, log2, log10, atan2, arctan2, hypot, sinh, cosh, asin,
-                        acos, atan, arcsin, arccos, arctan, masked_select, take, meshgrid, broadcast_tensors,
-                        broadcast_shapes, broadcast_to, atleast_1d, atleast_2d, atleast_3d, diff, cummax, cummin,
-                        cumprod, median, kthvalue, quantile, nanmean, nansum, var_mean, std_mean, remainder, fmod,
-                        floor_divide, reciprocal, trunc, fix, frac, isclose, cdist)
 from .utils import data as _utils_data  # noqa: E402,F401  (hp.utils.data, as torch.utils.data)
 from ._autocast import (clear_autocast_cache, get_autocast_cpu_dtype, get_autocast_dtype,  # noqa: E402,F401
                         get_autocast_gpu_dtype, is_autocast_cache_enabled, is_autocast_cpu_enabled,

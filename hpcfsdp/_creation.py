@@ -1,20 +1,20 @@
-"""Creation functions (tensor, zeros, randn, arange, ...) and cat/stack/where."""
+"""Constructors from shapes and data (tensor, zeros, randn, arange, eye, tril_indices, from_numpy, ...): not ops on
+tensors, so not in the op registry. The ops that make tensors from tensors (zeros_like, cat, where, ...) are in
+hpcfsdp/_tensor_methods/."""
 import builtins
 
 import numpy as np
 
 from . import _backend
-from ._array import new_array, promote_types, random_array, result_type_scalar, wrap_dim
+from ._array import new_array
 from ._backend import float32, int64
 from ._tensor import Tensor
 from ._tensor_base import as_array, parse_shape
-from .autograd import ops
+from ._tensor_methods._common import _random
 
 __all__ = [
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "linspace",
-    "zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like", "from_numpy",
-    "from_dlpack", "cat", "concat", "concatenate", "stack", "where", "tril", "triu", "eye", "is_tensor",
-    "numel", "randperm",
+    "from_numpy", "from_dlpack", "eye", "is_tensor", "numel", "randperm", "tril_indices", "triu_indices",
 ]
 
 
@@ -60,12 +60,6 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False):
     if not t.is_meta:
         t._data.fill(fill_value)
     return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-def _random(kind, shape, dtype, device, generator, low=0, high=None):
-    """random_array drawing from ``generator`` (an hp.Generator) when given."""
-    gen = None if generator is None else _backend.generator_for(generator, device)
-    return random_array(kind, shape, dtype, device, low, high, gen=gen)
 
 
 def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
@@ -128,48 +122,6 @@ def eye(n, m=None, *, dtype=None, device=None, requires_grad=False):
     return Tensor._wrap(as_array(np.eye(n, m, dtype=dt), dt, device, copy=False), requires_grad)
 
 
-def _like(t, dtype, device):
-    return (_backend.to_dtype(dtype) if dtype is not None else t.dtype,
-            _backend.to_device(device) if device is not None else t.device)
-
-
-def _filled_like(input, dtype, device, requires_grad, how):
-    dt, dev = _like(input, dtype, device)
-    like = getattr(input, "__hp_like__", None)
-    if like is not None:  # a DTensor: the same layout, each rank filling its local piece (PyTorch's result)
-        return like(new_array(dev, input._data.shape, dt, how), requires_grad)
-    return Tensor._wrap(new_array(dev, input.shape, dt, how), requires_grad)
-
-
-def zeros_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    return _filled_like(input, dtype, device, requires_grad, "zeros")
-
-
-def ones_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    return _filled_like(input, dtype, device, requires_grad, "ones")
-
-
-def empty_like(input, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    return _filled_like(input, dtype, device, requires_grad, "empty")
-
-
-def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    t = empty_like(input, dtype=dtype, device=device)
-    if not t.is_meta:
-        t._data.fill(fill_value)
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_random("randn", tuple(input.shape), dt, dev, generator), requires_grad)
-
-
-def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
-    dt, dev = _like(input, dtype, device)
-    return Tensor._wrap(_random("rand", tuple(input.shape), dt, dev, generator), requires_grad)
-
-
 def from_numpy(a):
     """A cpu tensor sharing memory with ndarray ``a``."""
     if not isinstance(a, np.ndarray):
@@ -201,73 +153,17 @@ def numel(t):
     return t.numel()
 
 
-def _common(tensors, name):
-    tensors = list(tensors)
-    if not tensors:
-        raise RuntimeError(f"{name}(): expected a non-empty list of Tensors")
-    for i, t in enumerate(tensors):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}(): expected a sequence of Tensors, but element {i} is {type(t).__name__}")
-    dt = tensors[0].dtype
-    for t in tensors[1:]:
-        dt = promote_types(dt, t.dtype)
-    return [t if t.dtype == dt else t.to(dt) for t in tensors]
+def _indices(kind, row, col, offset, dtype, device):
+    r, c = getattr(np, f"{kind}_indices")(row, offset, col)
+    t = Tensor._wrap(np.stack([r, c]).astype(_backend.to_dtype(dtype)))
+    return t if device is None else t.to(device)
 
 
-def cat(tensors, dim=0):
-    tensors = _common(tensors, "cat")
-    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
-    d = wrap_dim(dim, tensors[0].ndim)
-    ref = tensors[0].shape
-    for t in tensors[1:]:
-        if t.ndim != len(ref) or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref)) if i != d):
-            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected {tuple(ref)} "
-                               f"but got {tuple(t.shape)}")
-    return ops.Cat.apply(d, *tensors)
+def tril_indices(row, col, offset=0, *, dtype=_backend.int64, device=None, layout=None):
+    """The (2, N) row and column indices of the lower triangle of a row x col matrix, row by row."""
+    return _indices("tril", row, col, offset, dtype, device)
 
 
-concat = concatenate = cat
-
-
-def stack(tensors, dim=0):
-    tensors = _common(tensors, "stack")
-    ref = tensors[0].shape
-    for t in tensors[1:]:
-        if t.shape != ref:
-            raise RuntimeError(f"stack expects each tensor to be equal size, but got {tuple(ref)} and {tuple(t.shape)}")
-    d = wrap_dim(dim, tensors[0].ndim + 1)
-    return ops.Stack.apply(d, *tensors)
-
-
-def where(condition, input=None, other=None):  # noqa: A002
-    """where(cond, x, y) element-wise select (broadcasting); where(cond) -> tuple of index tensors."""
-    c = condition._data if isinstance(condition, Tensor) else np.asarray(condition)
-    if input is None and other is None:
-        return tuple(Tensor._wrap(i.astype(np.int64)) for i in c.nonzero())
-    if c.dtype != np.bool_:
-        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {c.dtype}")
-    a, b = input, other
-    if isinstance(a, Tensor) and isinstance(b, Tensor):
-        dt = promote_types(a.dtype, b.dtype, a.ndim == 0, b.ndim == 0)
-        a, b = a.to(dt), b.to(dt)
-    elif isinstance(a, Tensor):
-        a = a.to(result_type_scalar(a.dtype, b))
-        b = a._data.dtype.type(b)
-    elif isinstance(b, Tensor):
-        b = b.to(result_type_scalar(b.dtype, a))
-        a = b._data.dtype.type(a)
-    else:
-        dt = float32 if builtins.any(isinstance(v, float) for v in (a, b)) else int64
-        a, b = dt.type(a), dt.type(b)
-    return ops.Where.apply(c, a, b)
-
-
-def tril(input, diagonal=0):  # noqa: A002
-    xp = input._xp()
-    return input.masked_fill(Tensor._wrap(~xp.tril(xp.ones(input.shape[-2:], dtype=bool), diagonal)), 0)
-
-
-def triu(input, diagonal=0):  # noqa: A002
-    xp = input._xp()
-    return input.masked_fill(Tensor._wrap(~xp.triu(xp.ones(input.shape[-2:], dtype=bool), diagonal)), 0)
-
+def triu_indices(row, col, offset=0, *, dtype=_backend.int64, device=None, layout=None):
+    """The (2, N) row and column indices of the upper triangle of a row x col matrix, row by row."""
+    return _indices("triu", row, col, offset, dtype, device)

@@ -1,13 +1,37 @@
-"""torch.finfo and torch.iinfo: the numeric limits of a floating or integer dtype (bfloat16 through ml_dtypes).
+"""torch.finfo and torch.iinfo: the numeric limits of a floating or integer dtype (bfloat16 through ml_dtypes);
+the dtype queries get_default_dtype, is_floating_point and promote_types; the constants inf, nan, pi, e and newaxis.
+None of them computes on a tensor's data: they are not in the op registry.
 
-The usual use is an attention mask's fill value, ``torch.finfo(x.dtype).min``.
+The usual use of finfo is an attention mask's fill value, ``torch.finfo(x.dtype).min``.
 """
+import math
+
 import ml_dtypes
 import numpy as np
 
 from . import _backend
+from ._array import promote_types as _promote
 
-__all__ = ["finfo", "iinfo"]
+__all__ = ["finfo", "iinfo", "get_default_dtype", "is_floating_point", "promote_types", "inf", "nan", "pi", "e",
+           "newaxis"]
+
+inf = math.inf
+nan = math.nan
+pi = math.pi
+e = math.e
+newaxis = None
+
+
+def get_default_dtype():
+    return _backend.float32
+
+
+def is_floating_point(t):
+    return t.is_floating_point()
+
+
+def promote_types(type1, type2):
+    return _promote(_backend.to_dtype(type1), _backend.to_dtype(type2))
 
 # PyTorch's resolution is 10 ** -precision, with precision floor(-log10(eps)) (2 for bfloat16, 3 for float16).
 _RESOLUTION = {np.dtype(np.float64): 1e-15, np.dtype(np.float32): 1e-6, np.dtype(np.float16): 1e-3,

@@ -9,7 +9,7 @@ from . import _backend
 from ._array import dtype_category, wrap_dim
 from ._backend import bfloat16, float32, int64
 
-__all__ = ["TensorBase", "Size", "as_array", "parse_shape"]
+__all__ = ["TensorBase", "Size", "as_array", "broadcast_shapes", "parse_shape"]
 
 
 class Size(tuple):
@@ -31,8 +31,8 @@ class TensorBase:
     """The part of Tensor that needs neither ops nor the graph (PyTorch's ``torch._C.TensorBase``).
 
     Storage is ``_data`` (a NumPy, CuPy or meta array). Never instantiated alone: ``Tensor`` adds the
-    math, shape and in-place mixins and the graph-facing methods, among them ``_wrap``, which code below
-    ``Tensor`` reaches through a tensor it holds (``self._wrap(array)`` is always a plain Tensor).
+    op families' mixins (hpcfsdp/_tensor_methods/) and the graph-facing methods, among them ``_wrap``, which
+    code below ``Tensor`` reaches through a tensor it holds (``self._wrap(array)`` is always a plain Tensor).
     """
 
     # class-level defaults keep Tensor._wrap cheap; instances set what differs
@@ -97,14 +97,6 @@ class TensorBase:
     @data.setter
     def data(self, other):
         self._data = other._data if isinstance(other, TensorBase) else other
-
-    def detach(self):
-        return self._wrap(self._data)
-
-    def detach_(self):
-        self.grad_fn = None
-        self._requires_grad = False
-        return self
 
     def retain_grad(self):
         if self.grad_fn is None:
@@ -328,6 +320,15 @@ def parse_shape(size):
             raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
         out.append(int(s))
     return tuple(out)
+
+
+def broadcast_shapes(*shapes):
+    """The shape that tensors of ``shapes`` broadcast to (RuntimeError if they do not)."""
+    try:
+        return Size(np.broadcast_shapes(*((s,) if isinstance(s, int) else tuple(s) for s in shapes)))
+    except ValueError:
+        raise RuntimeError(f"Shape mismatch: objects cannot be broadcast to a single shape: "
+                           f"{[list(s) if not isinstance(s, int) else s for s in shapes]}") from None
 
 
 def _infer_dtype(a):

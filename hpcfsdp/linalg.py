@@ -4,7 +4,7 @@ import numpy as np
 
 from ._array import dtype_category
 from ._tensor import Tensor
-from ._tensor_extra import matrix_norm, svdvals, vector_norm
+from ._tensor_methods.linalg import matrix_norm, svdvals, vector_norm
 from .autograd import ops
 
 __all__ = ["vector_norm", "matrix_norm", "norm", "svdvals", "det", "inv", "solve", "cholesky", "qr", "svd", "eigh",

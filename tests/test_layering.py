@@ -16,7 +16,9 @@ LEVELS = {
     "hpcfsdp.testing._comparison": 1,  # assert_close: compares Tensors (hpcfsdp.testing loads it lazily)
     "hpcfsdp.data": 0,
     "hpcfsdp": 1,  # `import hpcfsdp as hp`: the core Tensor API
+    "hpcfsdp._registry": 0,  # the op registry: a table, imports nothing of hpcfsdp (a leaf)
     "hpcfsdp._tensor": 1,
+    "hpcfsdp._tensor_methods": 1,  # Tensor's methods by op family, registered into _registry; _tensor combines them
     "hpcfsdp._creation": 1,
     "hpcfsdp.autograd": 1,
     "hpcfsdp.nn.functional": 1,

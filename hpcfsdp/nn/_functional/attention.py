@@ -10,8 +10,10 @@ import warnings
 import numpy as np
 
 from ..._array import dtype_category
-from ..._creation import cat, zeros, zeros_like
+from ..._creation import zeros
 from ..._tensor import Tensor
+from ..._tensor_methods.creation import zeros_like
+from ..._tensor_methods.shape import cat
 from ...autograd import ops
 from ._common import check_float, check_tensor
 from .conv import pad

@@ -7,7 +7,8 @@ from typing import Callable
 import numpy as np
 
 from hpcfsdp._backend import float64
-from hpcfsdp._creation import as_tensor, empty, stack, tensor
+from hpcfsdp._creation import as_tensor, empty, tensor
+from hpcfsdp._tensor_methods.shape import stack
 from hpcfsdp._tensor import Tensor
 
 __all__ = ["collate", "default_collate", "default_collate_fn_map", "default_convert", "pin_memory"]

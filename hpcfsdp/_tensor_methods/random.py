@@ -1,0 +1,128 @@
+"""Sampling: bernoulli, multinomial, hp.normal and the in-place normal_/uniform_ (initialisation). Samples carry no
+gradient (hp.normal's to its tensor mean and std is zero, as PyTorch's)."""
+import operator
+
+import numpy as np
+
+from .. import _backend
+from .._array import dtype_category, random_array
+from .._registry import function_op, mixin, op
+from .._tensor_base import Size
+from ..autograd import ops
+from ._common import TensorBase, _float_only, _inplace, _topk_indices, _wrap_array
+
+__all__ = ["RandomMixin"]
+
+
+@op("random", function=True)
+def bernoulli(self, p=None, *, generator=None):
+    """0/1 samples with probability ``self`` (or the number ``p``), in self's dtype; no gradient."""
+    _float_only(self, "bernoulli")
+    xp = self._xp()
+    prob = self._data if p is None else xp.full(self._data.shape, float(p), dtype=np.float64)
+    if prob.size and not bool(((prob >= 0) & (prob <= 1)).all()):
+        raise RuntimeError("bernoulli: Expected p_in >= 0 && p_in <= 1 to be true")
+    u = random_array("rand", prob.shape, np.dtype(np.float64), self.device,
+                     gen=_backend.generator_for(generator, self.device))
+    return self._wrap((u < prob).astype(self._data.dtype))
+
+
+@op("random", function=True)
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    """Indices sampled from the rows of weights ``self`` (1-D or 2-D, non-negative, any positive sum).
+
+    With replacement: inverse CDF (one searchsorted over all rows); without: the exponential race, the
+    ``num_samples`` largest of w / Exp(1) (categories of weight 0 come last, as PyTorch's).
+    """
+    if self.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {self.ndim}")
+    if dtype_category(self._data.dtype) != 2:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {self.dtype}")
+    k = operator.index(num_samples)
+    if k <= 0:
+        raise RuntimeError(f"cannot sample n_sample <= 0 samples (num_samples={k})")
+    xp = self._xp()
+    w = self._data.astype(np.float64).reshape(-1, self._data.shape[-1])  # (rows, n)
+    rows, n = w.shape
+    if not replacement and k > n:
+        raise RuntimeError(f"cannot sample n_sample > prob_dist.size(-1) samples without replacement "
+                           f"({k} > {n})")
+    if not bool((xp.isfinite(w) & (w >= 0)).all()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    total = w.sum(axis=1, keepdims=True)  # (rows, 1)
+    if not bool((total > 0).all()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    dev = self.device
+    u = random_array("rand", (rows, k if replacement else n), np.dtype(np.float64), dev,
+                     gen=_backend.generator_for(generator, dev))
+    if replacement:
+        # row r's CDF, shifted into [r, r + 1] (ending at exactly r + 1), makes all rows one sorted array
+        offset = xp.arange(rows, dtype=np.float64)[:, None]
+        cdf = xp.cumsum(w, axis=1)
+        cdf = cdf / cdf[:, -1:] + offset
+        idx = xp.searchsorted(cdf.ravel(), (u + offset).ravel(), side="right").reshape(rows, k)
+        idx = idx - (offset * n).astype(idx.dtype)
+        last = (n - 1) - xp.argmax(xp.flip(w > 0, 1).astype(np.int8), axis=1)[:, None]  # never a 0 weight
+        idx = xp.minimum(idx, last)
+    else:
+        with np.errstate(divide="ignore"):
+            keys = xp.where(w > 0, w / -xp.log1p(-u), -1.0)
+        idx = _topk_indices(keys, k, 1, True)
+    idx = idx.astype(np.int64, copy=False)
+    return self._wrap(idx.reshape(-1) if self.ndim == 1 else idx)
+
+
+@function_op("random", functions=(ops.Sampled,))
+def normal(mean, std=1.0, size=None, *, generator=None, out=None, dtype=None, layout=None, device=None,
+           pin_memory=False, requires_grad=False):
+    """normal(mean, std) with a Tensor mean and/or std (broadcast; their gradients are zero, as PyTorch's), or
+    normal(mean: float, std: float, size) with dtype=, device=; generator= takes an hp.Generator."""
+    if out is not None:
+        raise TypeError("normal(): out= is not supported by hpcfsdp; use the returned tensor")
+    tensors = [t for t in (mean, std) if isinstance(t, TensorBase)]
+    if not tensors:
+        if size is None:
+            raise TypeError("normal() received an invalid combination of arguments: (float mean, float std) needs "
+                            "size=")
+        if float(std) < 0:
+            raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+        dt = _backend.to_dtype(dtype) if dtype is not None else _backend.default_float_dtype()
+        dev = _backend.to_device(device)
+        shape = tuple(size) if isinstance(size, (tuple, list, Size)) else (size,)
+        noise = random_array("randn", shape, np.dtype(np.float64), dev, gen=_backend.generator_for(generator, dev))
+        return _wrap_array((noise * float(std) + float(mean)).astype(dt), requires_grad)
+    ref = tensors[0]
+    if size is not None:
+        raise TypeError("normal(): size= is only accepted with a float mean and a float std")
+    if isinstance(std, TensorBase) and std.numel() and not bool((std._data >= 0).all()):
+        raise RuntimeError("normal expects all elements of std >= 0.0")
+    if not isinstance(std, TensorBase) and float(std) < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    shape = np.broadcast_shapes(*(tuple(t.shape) for t in tensors))
+    dt = ref.dtype if len(tensors) == 1 else np.result_type(mean.dtype, std.dtype)
+    if not _backend.is_floating_dtype(dt):
+        raise RuntimeError(f"normal(): expected a floating-point mean and std, got {dt}")
+    noise = random_array("randn", shape, np.dtype(np.float64), ref.device,
+                         gen=_backend.generator_for(generator, ref.device))
+    m = mean._data if isinstance(mean, TensorBase) else float(mean)
+    s = std._data if isinstance(std, TensorBase) else float(std)
+    sample = (noise * s + m).astype(dt)
+    return ops.Sampled.apply(sample, *tensors)
+
+
+# -- in place (initialisation; See [Note: In-place ops and autograd] in _common.py) ------------------------
+@op("random")
+@_inplace
+def normal_(a, mean=0.0, std=1.0, *, generator=None):
+    a[...] = random_array("randn", a.shape, a.dtype if a.dtype == np.float64 else np.dtype(np.float32),
+                          _backend.device_of_array(a)) * std + mean
+
+
+@op("random")
+@_inplace
+def uniform_(a, from_=0.0, to=1.0, *, generator=None):
+    a[...] = random_array("rand", a.shape, a.dtype if a.dtype == np.float64 else np.dtype(np.float32),
+                          _backend.device_of_array(a)) * (to - from_) + from_
+
+
+RandomMixin = mixin("random")

@@ -1,0 +1,202 @@
+"""Unary element-wise functions: neg, abs, square, reciprocal, exp/log and their kin (exp2, expm1, log1p, log2,
+log10), sqrt/rsqrt, the trigonometric and hyperbolic functions, erf, sign and rounding (floor, ceil, round, trunc,
+frac), and the in-place exp_/sqrt_/neg_."""
+import numpy as np
+
+from .._array import dtype_category
+from .._backend import array_module
+from .._registry import mixin, op
+from ..autograd import ops
+from ._common import _inplace, _to_float
+
+__all__ = ["UnaryMixin"]
+
+
+@op("unary", name="neg", aliases=("negative", "__neg__"), function=True, function_aliases=("negative",),
+    functions=(ops.Neg,))
+def __neg__(self):
+    return ops.Neg.apply(self)
+
+
+@op("unary")
+def __pos__(self):
+    return self
+
+
+@op("unary", aliases=("__abs__",), function=True, functions=(ops.Abs,))
+def abs(self):  # noqa: A001
+    return ops.Abs.apply(self)
+
+
+@op("unary", function=True, functions=(ops.PowScalar,))
+def square(self):
+    return ops.PowScalar.apply(self, 2)
+
+
+@op("unary", function=True, functions=(ops.Exp,))
+def exp(self):
+    return ops.Exp.apply(_to_float(self))
+
+
+@op("unary", function=True)
+def exp2(self):
+    return 2.0 ** _to_float(self)
+
+
+@op("unary", function=True, functions=(ops.Log,))
+def log(self):
+    return ops.Log.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Sqrt,))
+def sqrt(self):
+    return ops.Sqrt.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Rsqrt,))
+def rsqrt(self):
+    return ops.Rsqrt.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Tanh,))
+def tanh(self):
+    return ops.Tanh.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Cos,))
+def cos(self):
+    return ops.Cos.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Sin,))
+def sin(self):
+    return ops.Sin.apply(_to_float(self))
+
+
+@op("unary", function=True, functions=(ops.Erf,))
+def erf(self):
+    return ops.Erf.apply(_to_float(self))
+
+
+# -- the functions of ops.Unary -----------------------------------------------------------------------
+def _unary(self, name):
+    return ops.Unary.apply(_to_float(self), name)
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def log1p(self):
+    return _unary(self, "log1p")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def expm1(self):
+    return _unary(self, "expm1")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def log2(self):
+    return _unary(self, "log2")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def log10(self):
+    return _unary(self, "log10")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def sinh(self):
+    return _unary(self, "sinh")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def cosh(self):
+    return _unary(self, "cosh")
+
+
+@op("unary", aliases=("arcsin",), function=True, function_aliases=("arcsin",), functions=(ops.Unary,))
+def asin(self):
+    return _unary(self, "arcsin")
+
+
+@op("unary", aliases=("arccos",), function=True, function_aliases=("arccos",), functions=(ops.Unary,))
+def acos(self):
+    return _unary(self, "arccos")
+
+
+@op("unary", aliases=("arctan",), function=True, function_aliases=("arctan",), functions=(ops.Unary,))
+def atan(self):
+    return _unary(self, "arctan")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
+def reciprocal(self):
+    return _unary(self, "reciprocal")
+
+
+# -- sign and rounding -------------------------------------------------------------------------------------
+@op("unary", function=True, functions=(ops.Rounding,))
+def sign(self):
+    if self._data.dtype == np.bool_:
+        return self.clone()
+    return ops.Rounding.apply(self, "sign", 0)
+
+
+def _rounding(self, kind, decimals=0):
+    category = dtype_category(self._data.dtype)
+    if category == 0:
+        raise NotImplementedError(f"\"{kind}\" not implemented for 'Bool'")
+    if category == 1:
+        if decimals:
+            raise NotImplementedError(f"round(decimals={decimals}) is not implemented for integer tensors "
+                                      f"({self.dtype})")
+        return self.clone()  # integers are already integral (PyTorch returns a copy)
+    return ops.Rounding.apply(self, kind, decimals)
+
+
+@op("unary", function=True, functions=(ops.Rounding,))
+def floor(self):
+    return _rounding(self, "floor")
+
+
+@op("unary", function=True, functions=(ops.Rounding,))
+def ceil(self):
+    return _rounding(self, "ceil")
+
+
+@op("unary", function=True, functions=(ops.Rounding,))
+def round(self, *, decimals=0):  # noqa: A001
+    return _rounding(self, "round", decimals)
+
+
+@op("unary", aliases=("fix",), function=True, function_aliases=("fix",), functions=(ops.Rounding,))
+def trunc(self):
+    return _rounding(self, "trunc")
+
+
+@op("unary", function=True)
+def frac(self):
+    if dtype_category(self._data.dtype) != 2:
+        raise RuntimeError(f"\"frac_cpu\" not implemented for '{self.dtype}'")
+    return self - self.trunc()
+
+
+# -- in place (See [Note: In-place ops and autograd] in _common.py) ----------------------------------------
+@op("unary")
+@_inplace
+def exp_(a):
+    array_module(a).exp(a, out=a)
+
+
+@op("unary")
+@_inplace
+def sqrt_(a):
+    array_module(a).sqrt(a, out=a)
+
+
+@op("unary")
+@_inplace
+def neg_(a):
+    array_module(a).negative(a, out=a)
+
+
+UnaryMixin = mixin("unary")
