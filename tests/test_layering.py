@@ -8,6 +8,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 LEVELS = {
     "hpcfsdp._backend": 0,
     "hpcfsdp._settings": 0,  # the HPCFSDP_* environment variables (a leaf: imports nothing of hpcfsdp)
+    "hpcfsdp._launcher_env": 0,  # the launcher's rank and variables from the environment: _settings only
     "hpcfsdp._version": 0,
     "hpcfsdp._logging": 0,  # the hpcfsdp logger: logging and _settings only
     "hpcfsdp._trace": 0,  # the timeline recorder: _settings only; the comm layer and FSDP call it
