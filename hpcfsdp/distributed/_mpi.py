@@ -189,11 +189,6 @@ def node_comm(comm=None):
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
-def node_split(comm) -> tuple[Any, Any, list[int]] | None:
-    """The node-aware split of ``comm``: ``node_split_info(comm)[1]``."""
-    return node_split_info(comm)[1]
-
-
 def node_split_info(comm) -> tuple[int, tuple[Any, Any, list[int]] | None]:
     """(H, split): the number H of nodes holding ``comm``'s ranks, and the node-aware split of ``comm`` for
     hierarchical collectives (collective; caller frees the comms).
