@@ -67,6 +67,16 @@ def _parse_positive_int(raw: str) -> int:
     return k
 
 
+def _parse_pid(raw: str) -> int:
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError("expected a process id (a positive integer)") from None
+    if k <= 0:
+        raise ValueError("expected a process id (a positive integer)")
+    return k
+
+
 def _choice(*choices: str, aliases: dict[str, str] | None = None) -> Callable[[str], str]:
     aliases = aliases or {}
 
@@ -106,6 +116,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "ranks agree, so every rank raises the same FloatingPointError at the end of backward"),
     Setting("HPCFSDP_RANKS_PER_NODE", _parse_positive_int, None,
             "ranks per node, overriding MPI's shared-memory split (simulates several nodes on one machine)"),
+    Setting("HPCFSDP_RANK_ENV_PID", _parse_pid, None,
+            "set by hpcfsdp, not by hand: the pid of the process RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE "
+            "were exported for; a process that finds another pid (a child of a rank, a job started from a "
+            "training script) replaces those values instead of checking them"),
     Setting("HPCFSDP_CUDA_AWARE", _parse_auto_bool, None,
             "whether MPI takes GPU buffers; unset or auto = probe the MPI library"),
     Setting("HPCFSDP_GPU_COMM", _choice("auto", "nccl", "mpi", "staged"), "auto",

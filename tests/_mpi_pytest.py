@@ -8,11 +8,16 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# as conftest.py sets them, before hpcfsdp (NumPy) loads below
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from hpcfsdp._launcher_env import launcher_rank  # noqa: E402
+
+
 def _rank() -> int:
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MPI_LOCALRANKID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+    rank = launcher_rank()  # see [Note: Launcher rank] in hpcfsdp/_launcher_env.py
+    return 0 if rank is None else rank
 
 
 def main() -> int:

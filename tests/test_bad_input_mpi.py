@@ -12,7 +12,7 @@ import hpcfsdp as hp
 import hpcfsdp.distributed as dist
 from hpcfsdp import nn
 from hpcfsdp.distributed import _buffers as B
-from hpcfsdp.distributed import process_group as P
+from hpcfsdp.distributed import _failure as F
 from hpcfsdp.distributed.fsdp import FSDP, ShardingStrategy
 from hpcfsdp.distributed.fsdp.wrap import ModuleWrapPolicy
 from hpcfsdp.distributed.process_group import ProcessGroup, ReduceOp
@@ -149,7 +149,7 @@ def test_watchdog_peer_report_names_missing_and_elsewhere_ranks():
     seq = 7 if r != 1 else 8
     meta = CollectiveRecord(seq, "all_reduce", 4, "float32", "SUM", -1, pg)
     if r != silent:
-        report, linger = P._peer_report(meta, 1.0, 9.0)
+        report, linger = F.peer_report(meta, 1.0, 9.0)
     pg.barrier()
     if r > 1 and r != silent:
         assert (report, linger) == ("", 9.0)
@@ -168,8 +168,8 @@ def _drain_watchdog_reports(pg):
     from mpi4py import MPI
 
     st = MPI.Status()
-    while pg.comm.Iprobe(MPI.ANY_SOURCE, P._WATCHDOG_TAG, st):  # nothing should be left; never leave it behind
-        pg.comm.Recv([np.empty(st.Get_count(MPI.BYTE), np.uint8), MPI.BYTE], st.Get_source(), P._WATCHDOG_TAG)
+    while pg.comm.Iprobe(MPI.ANY_SOURCE, F.WATCHDOG_TAG, st):  # nothing should be left; never leave it behind
+        pg.comm.Recv([np.empty(st.Get_count(MPI.BYTE), np.uint8), MPI.BYTE], st.Get_source(), F.WATCHDOG_TAG)
     pg.barrier()
     pg.destroy()
 
@@ -188,7 +188,7 @@ def test_watchdog_peer_report_compares_kind_size_dtype_and_op():
         meta = CollectiveRecord(5, "all_gather", 4096, np.dtype(np.float32), "", -1, pg)
     else:
         meta = CollectiveRecord(5, "reduce_scatter", 8192, np.dtype(np.float32), "AVG", -1, pg)
-    report, linger = P._peer_report(meta, 1.0, 9.0)
+    report, linger = F.peer_report(meta, 1.0, 9.0)
     pg.barrier()
     if r == 0:
         assert ("group rank 1 (world rank 1) waits in all_gather of 4096 float32 while group rank 0 (world rank 0) "
@@ -214,7 +214,7 @@ def test_watchdog_peer_report_same_call_everywhere_is_an_mpi_level_hang():
     pg = ProcessGroup(MPI.COMM_WORLD, name="wd3")
     pg.barrier()
     meta = CollectiveRecord(2, "all_reduce", 1, np.dtype(np.float64), "SUM", -1, pg)
-    report, _ = P._peer_report(meta, 1.0, 9.0)
+    report, _ = F.peer_report(meta, 1.0, 9.0)
     pg.barrier()
     if pg.rank() <= 1:
         assert report == ("\n  every rank of the group reports waiting on #2 all_reduce of 1 float64 (op=SUM) "

@@ -4,8 +4,9 @@ import os
 import numpy as np
 import pytest
 
-from hpcfsdp.data import (VOCAB_SIZE, ByteTokenizer, DistributedSampler, TokenDataset, batches, build_token_file,
-                          decode, default_corpus, encode)
+from hpcfsdp.data import (VOCAB_SIZE, ByteTokenizer, DistributedSampler, TokenDataset, batches, decode, default_corpus,
+                          encode)
+from hpcfsdp.data.tokenfile import build_token_file
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer

@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from hpcfsdp.cli.data import prepare, stdlib_dir
-from hpcfsdp.data import ShardedTokenDataset, TokenFileWriter, build_token_file, open_token_data
-from hpcfsdp.data.tokenfile import read_sidecar, sidecar_path
+import hpcfsdp.data
+from hpcfsdp.data import ShardedTokenDataset, TokenFileWriter, open_token_data
+from hpcfsdp.data.tokenfile import build_token_file, read_sidecar, sidecar_path
+
+
+def test_build_token_file_lives_with_the_token_files():
+    import hpcfsdp.data.tokenizer as tokenizer
+
+    assert hpcfsdp.data.build_token_file is build_token_file  # the package's name is the same function
+    assert build_token_file.__module__ == "hpcfsdp.data.tokenfile" and not hasattr(tokenizer, "build_token_file")
 
 
 def test_build_token_file_writes_a_sidecar(tmp_path):

@@ -1,49 +1,17 @@
-"""torch.distributed-style collectives on Tensors (hpcfsdp.distributed)."""
+"""torch.distributed-style collectives on Tensors (hpcfsdp.distributed): process groups, all_reduce, all_gather,
+reduce_scatter_tensor, broadcast, the object collectives, bad input, the default group's lifecycle, and the
+backend and launcher queries."""
 import datetime
 import os
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import hpcfsdp.distributed as dist
+from _c10d_util import DTYPES, OPS, T, close, data, reduced
 from hpcfsdp._tensor import Tensor
+from hpcfsdp.distributed import _c10d_groups
 from hpcfsdp.distributed import distributed_c10d as c10d
-
-DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
-          np.dtype(np.int64)]
-OPS = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]
-
-
-def T(a):
-    return Tensor._wrap(np.ascontiguousarray(a))
-
-
-def _data(rank, shape, dtype, salt=0):
-    rng = np.random.default_rng(100 * rank + salt)
-    if np.dtype(dtype).kind == "i":
-        return rng.integers(-4, 5, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def _ref(op, arrays):
-    dt = arrays[0].dtype
-    acc = np.stack([a.astype(np.int64 if dt.kind == "i" else np.float64) for a in arrays])
-    n = len(arrays)
-    return {
-        dist.ReduceOp.SUM: lambda: acc.sum(0),
-        dist.ReduceOp.AVG: lambda: acc.sum(0) // n if dt.kind == "i" else acc.sum(0) / n,
-        dist.ReduceOp.MAX: lambda: acc.max(0),
-        dist.ReduceOp.MIN: lambda: acc.min(0),
-        dist.ReduceOp.PRODUCT: lambda: acc.prod(0),
-    }[op]()
-
-
-def _close(got, ref, dt, n):
-    if dt.kind == "i":
-        return np.array_equal(got, ref)
-    tol = 2e-2 if dt.itemsize == 2 else 1e-5
-    return bool(np.all(np.abs(got.astype(np.float64) - ref) <= tol * n * np.maximum(1, np.abs(ref))))
 
 
 def _groups():
@@ -65,12 +33,12 @@ def test_all_reduce_all_ops_dtypes_groups():
             for dt in DTYPES:
                 for op in OPS:
                     for shape in [(0,), (1,), (3, 5)]:
-                        t = T(_data(me, shape, dt, 1))
+                        t = T(data(me, shape, dt, 1))
                         w = dist.all_reduce(t, op=op, group=g, async_op=async_op)
                         if async_op:
                             w.wait()
-                        ref = _ref(op, [_data(r, shape, dt, 1) for r in ranks])
-                        assert _close(t._data, ref, dt, len(ranks)), (g, dt, op, shape)
+                        ref = reduced(op, [data(r, shape, dt, 1) for r in ranks])
+                        assert close(t._data, ref, dt, len(ranks)), (g, dt, op, shape)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -78,8 +46,8 @@ def test_all_gather_into_tensor_reduce_scatter_tensor_all_gather():
     n, me = dist.get_world_size(), dist.get_rank()
     for dt in DTYPES:
         for rows in (0, 1, 3):
-            x = T(_data(me, (rows, 2), dt, 2))
-            full = np.concatenate([_data(r, (rows, 2), dt, 2) for r in range(n)])
+            x = T(data(me, (rows, 2), dt, 2))
+            full = np.concatenate([data(r, (rows, 2), dt, 2) for r in range(n)])
             cat = T(np.zeros((n * rows, 2), dt))
             dist.all_gather_into_tensor(cat, x)
             assert np.array_equal(cat._data.view(np.uint8), full.view(np.uint8))
@@ -90,22 +58,22 @@ def test_all_gather_into_tensor_reduce_scatter_tensor_all_gather():
             w = dist.all_gather(outs, x, async_op=True)
             w.wait()
             for r in range(n):
-                assert np.array_equal(outs[r]._data.view(np.uint8), _data(r, (rows, 2), dt, 2).view(np.uint8))
+                assert np.array_equal(outs[r]._data.view(np.uint8), data(r, (rows, 2), dt, 2).view(np.uint8))
             for op in OPS:
-                inp = T(_data(me, (n * rows, 2), dt, 3))
+                inp = T(data(me, (n * rows, 2), dt, 3))
                 out = T(np.zeros((rows, 2), dt))
                 dist.reduce_scatter_tensor(out, inp, op=op)
-                ref = _ref(op, [_data(r, (n * rows, 2), dt, 3) for r in range(n)])[me * rows:(me + 1) * rows]
-                assert _close(out._data, ref, dt, n), (dt, op, rows)
+                ref = reduced(op, [data(r, (n * rows, 2), dt, 3) for r in range(n)])[me * rows:(me + 1) * rows]
+                assert close(out._data, ref, dt, n), (dt, op, rows)
 
 
 @pytest.mark.mpi(min_size=2)
 def test_broadcast_objects_barrier_and_subgroup_ranks():
     n, me = dist.get_world_size(), dist.get_rank()
     for src in range(n):
-        t = T(_data(me, (4,), np.float32, 4))
+        t = T(data(me, (4,), np.float32, 4))
         dist.broadcast(t, src=src)
-        assert np.array_equal(t._data, _data(src, (4,), np.float32, 4))
+        assert np.array_equal(t._data, data(src, (4,), np.float32, 4))
     sub = dist.new_group([n - 1, 0])  # order does not matter: ranks are sorted
     if me in (0, n - 1):
         assert dist.get_world_size(sub) == 2 and dist.get_rank(sub) == (0 if me == 0 else 1)
@@ -177,7 +145,7 @@ def test_default_group_lifecycle_and_init_checks():
     assert comm_timeout() == 30.0
     with pytest.raises(RuntimeError, match="twice"):
         dist.init_process_group()
-    assert dist.group.WORLD is c10d._default_group() and dist.get_backend() == "nccl"  # the name given
+    assert dist.group.WORLD is _c10d_groups.default_group() and dist.get_backend() == "nccl"  # the name given
     assert dist.get_backend(dist.new_group([0])) == "nccl"  # inherited, as PyTorch
     assert dist.get_backend(dist.new_group([0], backend="GLOO")) == "gloo"
     with pytest.raises(ValueError, match="backend='tcp'"):
@@ -188,3 +156,37 @@ def test_default_group_lifecycle_and_init_checks():
     dist.destroy_process_group()
     assert comm_timeout() == float(os.environ.get("HPCFSDP_COMM_TIMEOUT", "600"))  # back to the environment
     assert dist.get_world_size() == 1  # re-initialised lazily on first use
+
+
+def test_backend_and_launcher_queries(monkeypatch):
+    import importlib.util
+
+    has_nccl = importlib.util.find_spec("cupy") is not None and importlib.util.find_spec("nvidia.nccl") is not None
+    assert dist.is_nccl_available() is has_nccl  # the cuda extra installs CuPy with the NCCL wheel
+    assert dist.is_gloo_available() is True
+    assert dist.get_default_backend_for_device("cpu") == "gloo"  # consistent: that backend name works
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert dist.is_torchelastic_launched() is False
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    assert dist.is_torchelastic_launched() is True
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert dist.get_node_local_rank() == 3 and dist.get_node_local_rank(fallback_rank=7) == 3
+    monkeypatch.delenv("LOCAL_RANK")
+    assert dist.get_node_local_rank(fallback_rank=7) == 7
+    with pytest.raises(RuntimeError, match="LOCAL_RANK is not in the environment"):
+        dist.get_node_local_rank()
+
+
+
+def test_distributed_c10d_holds_exactly_its_parts():
+    """distributed_c10d (PyTorch's path) re-exports every public name of its parts, and hpcfsdp.distributed all of
+    them; the parts import only lower layers (tests/test_layering.py: no cycle back into distributed_c10d)."""
+    from hpcfsdp.distributed import (_c10d_backends, _c10d_collectives, _c10d_groups, _c10d_objects, _c10d_p2p,
+                                     _c10d_rooted)
+
+    parts = (_c10d_groups, _c10d_collectives, _c10d_rooted, _c10d_p2p, _c10d_objects, _c10d_backends)
+    names = [n for part in parts for n in part.__all__]
+    assert sorted(names) == sorted(c10d.__all__) and len(set(names)) == len(names)
+    for part in parts:
+        for name in part.__all__:
+            assert getattr(c10d, name) is getattr(part, name) is getattr(dist, name) and name in dist.__all__, name

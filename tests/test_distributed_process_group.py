@@ -304,16 +304,16 @@ def test_size_one_group_fast_path_makes_no_mpi_call():
 
 
 def test_work_reraises_comm_thread_exception_and_explicit_timeout():
-    from hpcfsdp.distributed import process_group as P
+    from hpcfsdp.distributed import _comm_thread as CT
 
     def boom():
         raise ValueError("broken collective")
 
-    w = P._submit("test op", boom, async_op=True)
+    w = CT.submit("test op", boom, async_op=True)
     with pytest.raises(ValueError, match="broken collective"):
         w.wait()
     assert w.is_completed() and isinstance(w.exception(), ValueError)
-    w2 = P._submit("slow op", lambda: time.sleep(0.5), async_op=True)
+    w2 = CT.submit("slow op", lambda: time.sleep(0.5), async_op=True)
     with pytest.raises(TimeoutError, match="slow op did not complete within timeout=0.05"):
         w2.wait(timeout=0.05)
     assert w2.wait() is True

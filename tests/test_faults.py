@@ -95,17 +95,18 @@ def test_rank_that_exits(tmp_path):
 # -- the comm layer's failure handling, unit by unit ---------------------------------------------------------
 
 def test_comm_thread_exception_is_reraised_at_wait_with_its_traceback():
-    from hpcfsdp.distributed import process_group as P
+    from hpcfsdp.distributed import _comm_thread as CT
+    from hpcfsdp.distributed import _failure as F
 
     def broken():
         raise ValueError("MPI_ERR_TRUNCATE on the comm thread")
 
-    w = P._submit("test collective", broken, async_op=True)
+    w = CT.submit("test collective", broken, async_op=True)
     with pytest.raises(ValueError, match="MPI_ERR_TRUNCATE on the comm thread") as info:
         w.wait()
     assert info.value is w.exception()
     assert "in broken" in w._tb and "in _run" in w._tb  # captured on the thread that ran it
-    assert id(w) not in P._UNREPORTED  # retrieved: not reported again
+    assert id(w) not in F.UNREPORTED  # retrieved: not reported again
     with pytest.raises(ValueError):  # every wait() re-raises
         w.wait()
 
@@ -113,10 +114,11 @@ def test_comm_thread_exception_is_reraised_at_wait_with_its_traceback():
 def test_unwaited_failed_work_is_raised_at_the_next_collective():
     from mpi4py import MPI
 
+    from hpcfsdp.distributed import _comm_thread as CT
     from hpcfsdp.distributed import process_group as P
 
     pg = P.ProcessGroup(MPI.COMM_SELF, name="self")
-    w = P._submit("lost all_gather", lambda: 1 / 0, async_op=True)
+    w = CT.submit("lost all_gather", lambda: 1 / 0, async_op=True)
     while not w.is_completed():
         time.sleep(0.001)
     x = np.ones(3)
@@ -133,14 +135,15 @@ def test_unwaited_failed_work_is_raised_at_the_next_collective():
 def test_recent_collectives_ring():
     from mpi4py import MPI
 
+    from hpcfsdp.distributed import _failure as F
     from hpcfsdp.distributed import process_group as P
 
     pg = P.ProcessGroup(MPI.COMM_SELF, name="ring")
-    for i in range(P.HISTORY_LEN + 2):
+    for i in range(F.HISTORY_LEN + 2):
         pg.all_reduce_(np.ones(i + 1, np.float32), P.ReduceOp.MAX)
     pg.broadcast_(np.ones(2, np.int64), src=0)
     hist = P.recent_collectives()
-    assert len(hist) == P.HISTORY_LEN
+    assert len(hist) == F.HISTORY_LEN
     assert hist[-1] == "#11 broadcast(count=2, dtype=int64, src=0) on group 'ring' (size 1, world ranks [0]) [done]"
     assert hist[-2] == "#10 all_reduce(count=10, dtype=float32, op=MAX) on group 'ring' (size 1, world ranks [0]) [done]"
 
@@ -204,11 +207,11 @@ def test_uncaught_exception_aborts_the_job(where, launcher):
 
 UNWAITED_JOB = """
 import time
-from hpcfsdp.distributed import process_group as P
+from hpcfsdp.distributed import _comm_thread as CT
 import hpcfsdp.distributed as dist
 dist.barrier()
 if dist.get_rank() == 1:
-    P._submit("forgotten reduce_scatter", lambda: 1 / 0, async_op=True)  # never waited on
+    CT.submit("forgotten reduce_scatter", lambda: 1 / 0, async_op=True)  # never waited on
     time.sleep(0.2)
 else:
     time.sleep(60)  # without the report at exit, rank 0 would sleep it out
@@ -227,11 +230,11 @@ def test_unwaited_failed_work_is_reported_at_exit():
 STUCK_MAIN_JOB = """
 import time
 from mpi4py import MPI
-from hpcfsdp.distributed import process_group as P
+from hpcfsdp.distributed import _comm_thread as CT
 import hpcfsdp.distributed as dist
 dist.barrier()
 if dist.get_rank() == 1:
-    P._submit("reduce_scatter of the last bucket", lambda: 1 / 0, async_op=True)
+    CT.submit("reduce_scatter of the last bucket", lambda: 1 / 0, async_op=True)
     time.sleep(60)  # the main thread is busy elsewhere and never looks at the failed Work
 else:
     MPI.COMM_WORLD.barrier()  # a raw mpi4py call: no watchdog sees it

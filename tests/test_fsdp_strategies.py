@@ -9,6 +9,7 @@ import pytest
 
 import hpcfsdp as hp
 import hpcfsdp.distributed as dist
+from hpcfsdp.distributed import _c10d_groups
 from hpcfsdp.distributed.fsdp import (
     FSDP,
     MixedPrecision,
@@ -77,7 +78,7 @@ def test_hsdp_communication_stays_in_shard_and_replicate_groups():
     shard_ranks = info.shard_process_group.world_ranks
     assert len({r // 2 for r in shard_ranks}) == 1  # a shard group stays inside one (simulated) node
     x, y = gpt_batches(1, 4 * w + 1)[0]
-    world_pg = dist.distributed_c10d._default_group()
+    world_pg = _c10d_groups.default_group()
     before = dict(world_pg.stats)
     shard_group, replicate_group = info.shard_process_group, info.replicate_process_group
     s0, r0 = dict(shard_group.stats), dict(replicate_group.stats)

@@ -67,9 +67,9 @@ def test_gpt_training_step_matches_cpu():
 def test_collectives_on_device_arrays():
     import cupy as cp
 
-    import hpcfsdp.distributed as dist
+    from hpcfsdp.distributed import _c10d_groups
 
-    pg = dist.distributed_c10d._default_group()
+    pg = _c10d_groups.default_group()
     w, r = pg.size(), pg.rank()
     for dtype in (np.float32, np.float16):
         inp = cp.arange(5, dtype=dtype) + r

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import hpcfsdp as hp
-import hpcfsdp.distributed as dist
 from hpcfsdp import _backend
+from hpcfsdp.distributed import _c10d_groups
 from hpcfsdp.distributed import _mpi
 from hpcfsdp.distributed.fsdp import (AllGather, CPUOffloadPolicy, MixedPrecisionPolicy, ReduceScatter,
                                       fully_shard)
@@ -37,7 +37,7 @@ def mpi_path(request, monkeypatch):
     if _backend.cuda_simulated():
         monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test: simulated device memory is host memory"))
     monkeypatch.setenv("HPCFSDP_GPU_COMM", "mpi" if aware else "staged")
-    monkeypatch.setattr(dist.distributed_c10d._default_group(), "_gpu", None)
+    monkeypatch.setattr(_c10d_groups.default_group(), "_gpu", None)
     return request.param
 
 

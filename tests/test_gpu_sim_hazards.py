@@ -262,13 +262,13 @@ def _mpi_group(monkeypatch, aware: bool):
     """A fresh group over every rank whose device arrays take the MPI path (not NCCL): the device pointer itself
     to MPI (aware: the simulated device's memory is host memory), or staged through pinned host memory. The
     default group is reset too, so FSDP (which runs on it) chooses its path again under this setting."""
-    import hpcfsdp.distributed as dist
+    from hpcfsdp.distributed import _c10d_groups
     from hpcfsdp.distributed import _mpi
     from hpcfsdp.distributed.process_group import ProcessGroup
 
     monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test"))
     monkeypatch.setenv("HPCFSDP_GPU_COMM", "mpi" if aware else "staged")
-    monkeypatch.setattr(dist.distributed_c10d._default_group(), "_gpu", None)
+    monkeypatch.setattr(_c10d_groups.default_group(), "_gpu", None)
     return ProcessGroup(name=f"sim-hazard-{'mpi' if aware else 'staged'}")
 
 

@@ -8,6 +8,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 LEVELS = {
     "hpcfsdp._backend": 0,
     "hpcfsdp._settings": 0,  # the HPCFSDP_* environment variables (a leaf: imports nothing of hpcfsdp)
+    "hpcfsdp._launcher_env": 0,  # the launcher's rank and variables from the environment: _settings only
     "hpcfsdp._version": 0,
     "hpcfsdp._logging": 0,  # the hpcfsdp logger: logging and _settings only
     "hpcfsdp._trace": 0,  # the timeline recorder: _settings only; the comm layer and FSDP call it
@@ -125,11 +126,22 @@ def test_checker_catches_an_upward_import(tmp_path):
 
 
 # [Note: Import cycles]
-# A cycle is a set of modules that import one another at load time. Load-time imports are the import
-# statements Python runs when the module is first imported: at module level, in class bodies and in
-# if/try blocks, but not inside functions. `from pkg import name` counts as an import of the submodule
-# pkg.name when that is a module, else of pkg; the implicit import of parent packages is not counted
-# (every module would otherwise sit in a cycle with the package __init__ that re-exports it).
+# A cycle is a set of modules that import one another. Every import statement counts, wherever it is:
+# at module level, in class bodies and if/try blocks (they run when the module is first imported), and
+# inside functions (lazy imports, run on first use). A lazy import does not fail at load time, but one
+# used to dodge a cycle is still a tangle: the two modules depend on each other. This checker used to
+# count load-time imports only, and so missed eight such cycles, each closed by lazy imports; among them
+# distributed._c10d_more <-> distributed_c10d (``_c10d()`` fetched the default group on use),
+# fsdp._fully_shard._fully_shard -> fsdp._state_dict_utils -> fsdp._fully_shard (the state-dict hooks),
+# and data.tokenizer -> data.tokenfile -> data.tokenizer (build_token_file's sidecar). Imports under
+# ``if TYPE_CHECKING:`` never run and do not count. `from pkg import name` counts as an import of the
+# submodule pkg.name when that is a module, else of pkg; the implicit import of parent packages is not
+# counted (every module would otherwise sit in a cycle with the package __init__ that re-exports it).
+#
+# The package ``hpcfsdp`` itself is the facade ``import hpcfsdp as hp``: its level is the core Tensor
+# API's (LEVELS), and its imports of higher layers (nn, optim, distributed, ... re-exported: EXEMPT from
+# the layering check above) are not edges, so a module anywhere may call ``hpcfsdp.empty`` as PyTorch's
+# modules call ``torch.empty``. Its imports of the core itself are edges.
 #
 # One cycle is allowed, as in PyTorch and tinygrad: Tensor <-> Function, the imports between
 # `hpcfsdp._tensor` and `hpcfsdp.autograd.function` (Tensor's methods build graphs of Functions,
@@ -137,12 +149,15 @@ def test_checker_catches_an_upward_import(tmp_path):
 # the import graph acyclic, so every cycle passes through that pair and no other module pair imports
 # each other. See [Note: Tensor and Function] in hpcfsdp/_tensor.py.
 #
-# Imports inside functions (lazy imports) do not make load-time cycles, but a lazy import used to dodge
-# a cycle is still a tangle: the tensor core (hpcfsdp._* and hpcfsdp.autograd.*) has none that point
-# into hpcfsdp (test_core_has_no_lazy_internal_imports). Elsewhere they are allowed (the CLI imports
-# its commands on use, for start-up time).
+# A lazy import that is deliberate and closes a cycle goes into ALLOWED_LAZY, with its reason; an entry
+# must be an import made only inside functions (a load-time import cannot be excused). There is none
+# today: the CLI's on-use command imports, the deliberate lazy imports of the tree, close no cycle. The
+# tensor core (hpcfsdp._* and hpcfsdp.autograd.*) has no lazy import into hpcfsdp at all
+# (test_core_has_no_lazy_internal_imports).
 ALLOWED_CYCLE = frozenset({"hpcfsdp._tensor", "hpcfsdp.autograd.function"})
+ALLOWED_LAZY: dict[tuple[str, str], str] = {}  # (importer, imported) -> why that lazy import stays
 CORE_PREFIXES = ("hpcfsdp._", "hpcfsdp.autograd")
+FACADE = "hpcfsdp"
 
 def _type_checking_only(node):
     """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): a block Python never runs, for annotations."""
@@ -191,12 +206,32 @@ def _targets(node, name, is_pkg, pkg):
     return out
 
 
-def import_graph(pkg=PKG):
-    """module -> set of hpcfsdp modules it imports at load time."""
-    graph = {}
+def import_edges(pkg=PKG):
+    """(module, imported module) -> [(line, inside a function)] for every import statement of the tree."""
+    edges = {}
     for name, path, is_pkg in modules(pkg):
         tree = ast.parse(open(path).read())
-        graph[name] = {t for node, _ in _import_statements(tree, lazy=False) for t in _targets(node, name, is_pkg, pkg)}
+        for node, inside_function in _import_statements(tree, lazy=True):
+            for t in _targets(node, name, is_pkg, pkg):
+                edges.setdefault((name, t), []).append((node.lineno, inside_function))
+    return edges
+
+
+def _lazy_only(sites) -> bool:
+    return all(inside for _, inside in sites)
+
+
+def import_graph(pkg=PKG, allowed_lazy=None):
+    """module -> set of hpcfsdp modules it imports (see [Note: Import cycles]: lazy imports included, the facade's
+    re-exports of higher layers and the ``allowed_lazy`` (default ALLOWED_LAZY) lazy-only edges left out)."""
+    allowed_lazy = ALLOWED_LAZY if allowed_lazy is None else allowed_lazy
+    graph = {name: set() for name, _, _ in modules(pkg)}
+    for (a, b), sites in import_edges(pkg).items():
+        if a == FACADE and level(b) > level(FACADE):
+            continue
+        if (a, b) in allowed_lazy and _lazy_only(sites):
+            continue
+        graph[a].add(b)
     return graph
 
 
@@ -243,15 +278,17 @@ def _strongly_connected(graph):
     return found
 
 
-def cycles(pkg=PKG):
+def cycles(pkg=PKG, allowed_lazy=None):
     """Import cycles left once the allowed Tensor <-> Function imports are removed, each as a line of text."""
-    graph = import_graph(pkg)
+    graph = import_graph(pkg, allowed_lazy)
     for a in ALLOWED_CYCLE:
         if a in graph:
             graph[a] = graph[a] - ALLOWED_CYCLE
+    sites = import_edges(pkg)
     out = {}
     for component in _strongly_connected(graph):
-        edges = sorted(f"{m} -> {t}" for m in component for t in graph[m] if t in component)
+        edges = sorted(f"{m} -> {t}" + (" (lazy)" if _lazy_only(sites[(m, t)]) else "")
+                       for m in component for t in graph[m] if t in component)
         out[component] = "cycle among " + ", ".join(sorted(component)) + ": " + "; ".join(edges)
     return out
 
@@ -334,3 +371,63 @@ def test_checker_catches_a_lazy_core_import(tmp_path):
         "nn/__init__.py": "def f():\n    from .. import _tensor\n",  # outside the core: allowed
     })
     assert lazy_core_imports(pkg) == ["hpcfsdp._tensor line 5 imports hpcfsdp.autograd.engine inside a function"]
+
+
+def test_checker_counts_lazy_imports_as_edges(tmp_path):
+    """The three cycles the load-time checker missed, in small: each closed by one import inside a function."""
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "distributed/__init__.py": "",
+        "distributed/distributed_c10d.py": "from ._c10d_more import reduce\n",
+        "distributed/_c10d_more.py": "def _c10d():\n    from . import distributed_c10d\n    return distributed_c10d\n",
+        "fsdp/__init__.py": "",
+        "fsdp/_fully_shard/__init__.py": "from ._fully_shard import fully_shard\n",
+        "fsdp/_fully_shard/_fully_shard.py": "def fully_shard():\n    from .._state_dict_utils import hooks\n",
+        "fsdp/_state_dict_utils.py": "from ._fully_shard import fully_shard\n",
+        "data/__init__.py": "",
+        "data/tokenizer.py": "def build():\n    from .tokenfile import write_sidecar\n",
+        "data/tokenfile.py": "from .tokenizer import check\n",
+    })
+    found = cycles(pkg)
+    assert set(found) == {
+        frozenset({"hpcfsdp.distributed.distributed_c10d", "hpcfsdp.distributed._c10d_more"}),
+        frozenset({"hpcfsdp.fsdp._fully_shard", "hpcfsdp.fsdp._fully_shard._fully_shard",
+                   "hpcfsdp.fsdp._state_dict_utils"}),
+        frozenset({"hpcfsdp.data.tokenizer", "hpcfsdp.data.tokenfile"}),
+    }, found
+    assert found[frozenset({"hpcfsdp.data.tokenizer", "hpcfsdp.data.tokenfile"})] == (
+        "cycle among hpcfsdp.data.tokenfile, hpcfsdp.data.tokenizer: hpcfsdp.data.tokenfile -> hpcfsdp.data.tokenizer; "
+        "hpcfsdp.data.tokenizer -> hpcfsdp.data.tokenfile (lazy)")  # the message names the lazy import
+
+
+def test_the_facade_reexports_are_not_edges_but_its_core_imports_are(tmp_path):
+    pkg = _package(tmp_path, {
+        "__init__.py": "from . import _creation, nn\n",  # `import hpcfsdp` re-exports nn: not an edge
+        "_creation.py": "def f():\n    import hpcfsdp\n",  # the core importing the facade: a cycle
+        "nn/__init__.py": "from . import linear\n",
+        "nn/linear.py": "import hpcfsdp\n\n\ndef f():\n    return hpcfsdp.empty\n",  # as torch.nn's `import torch`
+    })
+    assert list(cycles(pkg)) == [frozenset({"hpcfsdp", "hpcfsdp._creation"})]
+
+
+def test_allowed_lazy_excuses_only_imports_inside_functions(tmp_path):
+    files = {
+        "__init__.py": "",
+        "cli/__init__.py": "",
+        "cli/main.py": "def run():\n    from . import train\n",
+        "cli/train.py": "from .main import run\n",
+    }
+    pkg = _package(tmp_path, files)
+    allowed = {("hpcfsdp.cli.main", "hpcfsdp.cli.train"): "commands load on use"}
+    assert list(cycles(pkg)) == [frozenset({"hpcfsdp.cli.main", "hpcfsdp.cli.train"})]
+    assert cycles(pkg, allowed) == {}
+    files["cli/main.py"] = "from . import train\n"  # the same edge at load time: no excuse
+    assert list(cycles(_package(tmp_path / "b", files), allowed)) == [frozenset({"hpcfsdp.cli.main",
+                                                                                 "hpcfsdp.cli.train"})]
+
+
+def test_allowed_lazy_entries_are_lazy_imports_of_the_tree():
+    edges = import_edges()
+    for (a, b), reason in ALLOWED_LAZY.items():
+        assert reason.strip(), (a, b)
+        assert (a, b) in edges and _lazy_only(edges[(a, b)]), f"{a} -> {b}: not a lazy import of the tree"

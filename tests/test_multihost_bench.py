@@ -53,9 +53,9 @@ def test_units_gathered_once_and_twice():
 @pytest.mark.mpi(min_size=2)
 def test_local_collectives_copy_locally_and_refuse_others():
     import hpcfsdp.distributed as dist
-    from hpcfsdp.distributed.distributed_c10d import _default_group
+    from hpcfsdp.distributed._c10d_groups import default_group
 
-    pg = _default_group()
+    pg = default_group()
     w, r = pg.size(), pg.rank()
     x = np.full(3, r + 1.0, np.float32)
     out = np.zeros(3 * w, np.float32)

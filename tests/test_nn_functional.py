@@ -409,3 +409,73 @@ def test_pairwise_distance(rng, p):
     m = nn.PairwiseDistance(p, keepdim=True)
     assert tuple(m(hp.tensor(a), hp.tensor(b)).shape) == (4, 1)
     assert repr(nn.PairwiseDistance()) == "PairwiseDistance()"
+
+
+# -- group_norm, normalize, one_hot ----------------------------------------------------------------------
+def gn_ref(x, g, w=None, b=None, eps=1e-5):
+    n, c = x.shape[:2]
+    xr = x.reshape(n, g, -1)
+    y = ((xr - xr.mean(-1, keepdims=True)) / np.sqrt(xr.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(shape)) + (0 if b is None else b.reshape(shape))
+
+
+def test_group_norm(rng):
+    x = rand(rng, 2, 6, 3, 2, layout="t") * 2 + 1
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    np.testing.assert_allclose(F.group_norm(hp.tensor(x), 3, hp.tensor(w), hp.tensor(b)).numpy(), gn_ref(x, 3, w, b),
+                               rtol=1e-10, atol=1e-12)
+    gradcheck(lambda a, ww, bb: F.group_norm(a, 3, ww, bb), [x, w, b])
+    gradcheck(lambda a: F.group_norm(a, 2, eps=1e-3), [x[:, :, 0]])
+    m = nn.GroupNorm(3, 6, dtype=hp.float64)
+    assert (m.weight.detach().numpy() == 1).all() and (m.bias.detach().numpy() == 0).all()
+    np.testing.assert_allclose(m(hp.tensor(x)).detach().numpy(), gn_ref(x, 3), rtol=1e-10, atol=1e-12)
+    assert repr(m) == "GroupNorm(3, 6, eps=1e-05, affine=True, bias=True)"
+    assert repr(nn.GroupNorm(2, 4, affine=False)) == "GroupNorm(2, 4, eps=1e-05, affine=False, bias=False)"
+    assert nn.GroupNorm(2, 4, bias=False).bias is None and list(nn.GroupNorm(2, 4, affine=False).parameters()) == []
+    assert nn.GroupNorm(2, 4, device="meta").weight.device.type == "meta"
+    with pytest.raises(ValueError, match=r"num_channels \(6\) must be divisible by num_groups \(4\)"):
+        nn.GroupNorm(4, 6)
+    with pytest.raises(RuntimeError, match="Expected number of channels in input to be divisible by num_groups"):
+        F.group_norm(hp.zeros(2, 6, 3), 4)
+    with pytest.raises(RuntimeError, match="Expected weight to be a vector of size equal to the number of channels"):
+        F.group_norm(hp.zeros(2, 6, 3), 3, weight=hp.ones(5))
+    with pytest.raises(RuntimeError, match="Expected at least 2 dimensions for input tensor but received 1"):
+        F.group_norm(hp.zeros(6), 3)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, float("inf")])
+def test_normalize(rng, p, dim=1):
+    x = rand(rng, 3, 4, 2, layout="s")
+    norm = np.max(np.abs(x), axis=dim, keepdims=True) if p == float("inf") else \
+        (np.abs(x) ** p).sum(axis=dim, keepdims=True) ** (1 / p)
+    np.testing.assert_allclose(F.normalize(hp.tensor(x), p=p, dim=dim).numpy(), x / np.maximum(norm, 1e-12),
+                               rtol=1e-12)
+    gradcheck(lambda a: F.normalize(a, p=p, dim=dim), [x])
+    gradcheck(lambda a: F.normalize(a, p=p, dim=-1), [x])
+
+
+def test_normalize_zero_vector_and_errors():
+    z = hp.zeros(2, 3, dtype=hp.float64, requires_grad=True)
+    out = F.normalize(z)
+    out.sum().backward()
+    np.testing.assert_array_equal(out.detach().numpy(), 0)
+    assert np.isfinite(z.grad.numpy()).all()
+    np.testing.assert_allclose(F.normalize(hp.tensor([3.0, 4.0]), dim=0).numpy(), [0.6, 0.8])
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        F.normalize(hp.zeros(3))
+
+
+def test_one_hot():
+    out = F.one_hot(hp.tensor([0, 2, 1]))
+    assert out.dtype == hp.int64 and out.numpy().tolist() == [[1, 0, 0], [0, 0, 1], [0, 1, 0]]
+    assert F.one_hot(hp.tensor([[0, 2]]), 5).shape == (1, 2, 5)
+    assert F.one_hot(hp.tensor(np.zeros(0, np.int64)), 3).shape == (0, 3)
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes."):
+        F.one_hot(hp.tensor([0, 2, 1]), 2)
+    with pytest.raises(RuntimeError, match="Class values must be non-negative."):
+        F.one_hot(hp.tensor([0, -2, 1]))
+    with pytest.raises(RuntimeError, match="one_hot is only applicable to index tensor of type LongTensor."):
+        F.one_hot(hp.tensor([0.0, 2.0]))
+    with pytest.raises(RuntimeError, match="Can not infer total number of classes from empty tensor."):
+        F.one_hot(hp.tensor(np.zeros(0, np.int64)))

@@ -464,3 +464,56 @@ def test_register_module_and_state_dict_destination():
     dest = OrderedDict()
     out = m.state_dict(destination=dest, prefix="x.")
     assert out is dest and list(dest) == ["x.a.weight", "x.a.bias"]
+
+
+# -- parameter containers --------------------------------------------------------------------------------
+def test_parameter_list():
+    pl = nn.ParameterList([nn.Parameter(hp.randn(3, 4)), hp.randn(5)])
+    assert len(pl) == 2 and all(isinstance(p, nn.Parameter) for p in pl)  # a plain Tensor becomes a Parameter
+    pl.append(hp.zeros(2))
+    pl.extend([hp.ones(1)])
+    assert [tuple(p.shape) for p in pl.parameters()] == [(3, 4), (5,), (2,), (1,)]
+    assert list(pl.state_dict()) == ["0", "1", "2", "3"]
+    assert pl[-1].shape == (1,) and len(pl[1:3]) == 2
+    pl[0] = hp.ones(7)
+    assert pl[0].shape == (7,) and isinstance(pl[0], nn.Parameter)
+    assert repr(nn.ParameterList([hp.zeros(3, 4), hp.zeros(5, dtype=hp.float64)])) == (
+        "ParameterList(\n    (0): Parameter containing: [hp.float32 of size 3x4]\n"
+        "    (1): Parameter containing: [hp.float64 of size 5]\n)")
+    # one entry: PyTorch's Module.__repr__ puts a single extra_repr line inline
+    assert repr(nn.ParameterList([hp.zeros(3)])) == "ParameterList(  (0): Parameter containing: [hp.float32 of size 3])"
+    assert repr(nn.ParameterList()) == "ParameterList()"
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.ParameterList([hp.zeros(2)])
+
+    assert list(dict(M().named_parameters())) == ["p.0"]
+    with pytest.raises(IndexError):
+        pl[4]
+    with pytest.raises(TypeError, match="should be called with an iterable"):
+        pl.extend(3)
+    with pytest.raises(RuntimeError, match="ParameterList should not be called"):
+        pl(1)
+
+
+def test_parameter_dict():
+    pd = nn.ParameterDict({"b": hp.randn(3, 4), "a": nn.Parameter(hp.zeros(5, dtype=hp.float64))})
+    assert list(pd.keys()) == ["a", "b"]  # a plain dict is inserted in sorted order, as PyTorch
+    assert all(isinstance(v, nn.Parameter) for v in pd.values())
+    assert list(pd.state_dict()) == ["a", "b"] and "a" in pd and len(pd) == 2
+    pd["c"] = hp.ones(1)
+    pd.update([("d", hp.ones(2))])
+    assert list(pd) == ["a", "b", "c", "d"]
+    assert pd.pop("c").shape == (1,) and "c" not in dict(pd.named_parameters())
+    assert pd.popitem()[0] == "d" and pd.get("zz", 3) == 3 and pd.setdefault("e", hp.ones(3)).shape == (3,)
+    assert repr(nn.ParameterDict({"a": hp.zeros(5, dtype=hp.float64), "b": hp.zeros(2, 3)})) == (
+        "ParameterDict(\n    (a): Parameter containing: [hp.DoubleTensor of size 5]\n"
+        "    (b): Parameter containing: [hp.FloatTensor of size 2x3]\n)")
+    merged = nn.ParameterDict({"x": hp.ones(1)}) | nn.ParameterDict({"y": hp.ones(2)})
+    assert list(merged) == ["x", "y"]
+    with pytest.raises(TypeError, match="not a string"):
+        pd[1] = hp.ones(1)
+    with pytest.raises(RuntimeError, match="ParameterDict should not be called"):
+        pd(1)

@@ -1,6 +1,6 @@
 """MultiheadAttention and the Transformer layers against NumPy float64 references written here (same weights):
 forward values, finite-difference gradients, PyTorch's parameter names and reprs. The activations added with them
-are tested in test_nn_activation_extra.py."""
+are tested in test_nn_activations.py."""
 import math
 
 import numpy as np

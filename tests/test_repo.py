@@ -54,7 +54,7 @@ def test_extras_and_dependencies():
     # the GPU extras bring the NCCL library CuPy's bindings load; the simulator's CuPy is pinned
     assert {"cupy-cuda13x", "nvidia-nccl-cu13"} == _names(extras["cuda"]) == _names(extras["cuda13"])
     assert any(r.startswith("cupy-cuda13x==14.2") for r in extras["cuda"]), extras["cuda"]
-    assert {"pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "ruff"} <= _names(extras["test"])
+    assert {"pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "ruff", "pylint"} <= _names(extras["test"])
     assert "tokenizers" in _names(extras["data"])
     # only the MPI extras install an MPI: a cluster's own MPI stays in place with test/dev
     for name, reqs in extras.items():

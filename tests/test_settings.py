@@ -73,6 +73,7 @@ def test_errors_name_the_variable_and_the_value(monkeypatch):
         "HPCFSDP_DEBUG": ("maybe", "expected 1/true/yes/on or 0/false/no/off"),
         "HPCFSDP_COMM_TIMEOUT": ("soon", "expected a number of seconds"),
         "HPCFSDP_RANKS_PER_NODE": ("0", "expected a positive integer"),
+        "HPCFSDP_RANK_ENV_PID": ("me", "expected a process id (a positive integer)"),
         "HPCFSDP_CUDA_AWARE": ("2", "expected 1/true/yes/on, 0/false/no/off or auto"),
         "HPCFSDP_MALLOC_TUNE": ("fast", "expected one of ('speed', 'memory', 'off')"),
         "HPCFSDP_COMM_PROGRESS": ("sometimes", "expected one of ('blocking', 'test')"),

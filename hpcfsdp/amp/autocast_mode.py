@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from hpcfsdp import _autocast, _backend
+from hpcfsdp import _autocast, _backend, accelerator
 from hpcfsdp._tensor_base import TensorBase
 
 __all__ = ["autocast", "is_autocast_available", "custom_fwd", "custom_bwd"]
@@ -14,9 +14,7 @@ _SUPPORTED = {"cpu": (_backend.bfloat16, _backend.float16), "cuda": (_backend.fl
 
 
 def _cuda_available() -> bool:
-    from hpcfsdp import cuda
-
-    return cuda.is_available()
+    return accelerator.is_available()  # what hpcfsdp.cuda.is_available() answers (hpcfsdp.cuda imports this package)
 
 
 class autocast:  # noqa: N801 (PyTorch's name)

@@ -45,6 +45,8 @@ import sys
 import threading
 import time
 
+from hpcfsdp._launcher_env import forget_inherited
+
 from . import _shm
 from .rankwrap import describe_status
 
@@ -119,13 +121,6 @@ def _is_python(arg: str) -> bool:
     return base.startswith("python") and not base.endswith((".py", "-config"))
 
 
-_RANK_SOURCES = {  # vendor -> its per-rank (rank, size, local rank, local size) variables
-    "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                "OMPI_COMM_WORLD_LOCAL_SIZE"),
-}
-
-
 def rank_env_wrapper(vendor=None, ranks_per_node=None) -> list:
     """argv prefix that runs each rank's command under hpcfsdp's rank wrapper (see [Note: Rank wrapper] in
     cli/rankwrap.py): it exports the torchrun variables, forwards signals and names a rank killed by one."""
@@ -148,9 +143,7 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
         cmd = [cmd[0], "-m", "mpi4py", *cmd[1:]]
     argv = [mpiexec, "-n", str(nprocs)]
     env = dict(env)
-    if "HPCFSDP_RANK_ENV_PID" in env:  # exported by an hpcfsdp process for itself: not this job's values
-        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID"):
-            env.pop(var, None)
+    forget_inherited(env)  # exported by an hpcfsdp process for itself: not this job's values
     k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
     cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
     if vendor == "mpich":

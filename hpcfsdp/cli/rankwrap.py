@@ -24,29 +24,22 @@ import socket
 import subprocess
 import sys
 
+from hpcfsdp._launcher_env import RANK_ENV_PID, find_launcher, forget_inherited, launcher_rank
+
 __all__ = ["main", "rank_env", "describe_status", "FORWARDED"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-
-_SOURCES = (  # (rank, size, local rank, local size) of each launcher, first found wins
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
-)
-_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def rank_env(environ, ranks_per_node=None) -> dict:
     """The torchrun variables this rank gets from its launcher's variables in `environ` (values set there
     already win); {} when no launcher's variables are found."""
-    for source in _SOURCES:
-        if source[0] in environ and source[1] in environ:
-            break
-    else:
+    hit = find_launcher(environ)
+    if hit is None:
         return {}
     values = {}
-    for key, var in zip(_KEYS, source):
-        if var and environ.get(var, "").strip().isdigit():
+    for key, var in hit[1].items():
+        if environ.get(var, "").strip().isdigit():
             values[key] = environ[var].strip()
     if ranks_per_node:
         values["LOCAL_RANK"] = str(int(values["RANK"]) % ranks_per_node)
@@ -68,10 +61,8 @@ def describe_status(returncode) -> str:
 
 
 def _this_rank():
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").strip().isdigit():
-            return os.environ[var].strip()
-    return "?"
+    rank = launcher_rank()
+    return "?" if rank is None else str(rank)
 
 
 def _die_with_parent():
@@ -83,7 +74,7 @@ def _die_with_parent():
     except (OSError, AttributeError):
         pass
     if "RANK" in os.environ:
-        os.environ["HPCFSDP_RANK_ENV_PID"] = str(os.getpid())
+        os.environ[RANK_ENV_PID] = str(os.getpid())
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
 
@@ -97,9 +88,7 @@ def main(argv=None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command given: python -m hpcfsdp.cli.rankwrap -- CMD ...")
-    if "HPCFSDP_RANK_ENV_PID" in os.environ:  # set by an hpcfsdp process for itself: not this rank's values
-        for key in (*_KEYS, "HPCFSDP_RANK_ENV_PID"):
-            os.environ.pop(key, None)
+    forget_inherited(os.environ)  # set by an hpcfsdp process for itself: not this rank's values
     os.environ.update(rank_env(os.environ, args.ranks_per_node))
     child = None
     pending = []

@@ -12,6 +12,7 @@ import sys
 import time
 
 from hpcfsdp import _settings
+from hpcfsdp._launcher_env import launcher_rank
 
 __all__ = [
     "PROGRESS_ENV", "VAL_FRACTION",
@@ -25,12 +26,10 @@ VAL_FRACTION = 0.1  # tail of the token windows held out for --eval-interval
 
 
 def launch_rank() -> int:
-    """This process's rank from the launcher's environment (no MPI call), 0 when not launched."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    """This process's rank from the launcher's environment (no MPI call; see [Note: Launcher rank] in
+    hpcfsdp/_launcher_env.py), 0 when not launched."""
+    rank = launcher_rank()
+    return 0 if rank is None else rank
 
 
 def _job_rank() -> int:

@@ -1,8 +1,8 @@
 """Training data: byte-level tokenizer, memory-mapped token windows, resumable distributed sampling."""
 from .dataset import TokenDataset, default_corpus
 from .sampler import DistributedSampler, batches
-from .tokenizer import VOCAB_SIZE, ByteTokenizer, build_token_file, decode, encode
-from .tokenfile import ShardedTokenDataset, TokenFileWriter, open_token_data, read_sidecar
+from .tokenizer import VOCAB_SIZE, ByteTokenizer, decode, encode
+from .tokenfile import ShardedTokenDataset, TokenFileWriter, build_token_file, open_token_data, read_sidecar
 
 __all__ = [
     "VOCAB_SIZE",

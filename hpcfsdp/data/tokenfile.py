@@ -1,4 +1,5 @@
-"""Token files with a JSON sidecar (dtype, vocabulary, count), streaming writers, and sharded datasets."""
+"""Token files with a JSON sidecar (dtype, vocabulary, count): writers (streaming, and build_token_file from a text
+file), readers and sharded datasets."""
 from __future__ import annotations
 
 import glob
@@ -8,9 +9,9 @@ import os
 import numpy as np
 
 from .dataset import TokenDataset
-from .tokenizer import check_token_dtype
+from .tokenizer import VOCAB_SIZE, check_token_dtype, encode
 
-__all__ = ["SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "write_sidecar", "TokenFileWriter",
+__all__ = ["SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "write_sidecar", "TokenFileWriter", "build_token_file",
            "ShardedTokenDataset", "open_token_data", "dtype_for_vocab"]
 
 # [Note: Token file sidecar]
@@ -119,6 +120,27 @@ class TokenFileWriter:
             return False
         self.close()
         return False
+
+
+def build_token_file(text_path, out_path, dtype=np.uint16) -> int:
+    """Tokenise a UTF-8 text file into a flat little-endian binary of token ids (nanoGPT's train.bin layout),
+    written to a temporary name and renamed into place, with its sidecar OUT.json (dtype, vocabulary).
+    Returns the number of tokens."""
+    dt = check_token_dtype(dtype).newbyteorder("<")
+    try:
+        with open(text_path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{os.fspath(text_path)!r} is not UTF-8 text: {e}") from None
+    ids = encode(text, np.uint32)
+    if ids.size and int(ids.max()) > np.iinfo(dt).max:
+        raise ValueError(f"token id {int(ids.max())} does not fit in {dt.name}; use dtype=numpy.uint32")
+    tmp = f"{os.fspath(out_path)}.tmp-{os.getpid()}"
+    ids.astype(dt).tofile(tmp)
+    os.replace(tmp, out_path)
+    write_sidecar(out_path, dtype=dt, vocab_size=VOCAB_SIZE, num_tokens=ids.size,
+                  max_id=int(ids.max()) if ids.size else -1, tokenizer={"type": "byte"})
+    return int(ids.size)
 
 
 class ShardedTokenDataset:

@@ -1,11 +1,10 @@
-"""Byte-level tokenizer (UTF-8 bytes are the token ids, vocabulary 256) and token files for TokenDataset."""
+"""Byte-level tokenizer (UTF-8 bytes are the token ids, vocabulary 256) and the check of a token dtype on disk; token
+files are written and read by tokenfile.py."""
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
-__all__ = ["VOCAB_SIZE", "ByteTokenizer", "encode", "decode", "build_token_file", "check_token_dtype"]
+__all__ = ["VOCAB_SIZE", "ByteTokenizer", "encode", "decode", "check_token_dtype"]
 
 VOCAB_SIZE = 256
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
@@ -52,26 +51,3 @@ def encode(text: str, dtype=np.uint16) -> np.ndarray:
 def decode(ids) -> str:
     """Text from byte token ids."""
     return _TOKENIZER.decode(ids)
-
-
-def build_token_file(text_path, out_path, dtype=np.uint16) -> int:
-    """Tokenise a UTF-8 text file into a flat little-endian binary of token ids (nanoGPT's train.bin layout),
-    written to a temporary name and renamed into place, with its sidecar OUT.json (dtype, vocabulary).
-    Returns the number of tokens."""
-    dt = check_token_dtype(dtype).newbyteorder("<")
-    try:
-        with open(text_path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{os.fspath(text_path)!r} is not UTF-8 text: {e}") from None
-    ids = encode(text, np.uint32)
-    if ids.size and int(ids.max()) > np.iinfo(dt).max:
-        raise ValueError(f"token id {int(ids.max())} does not fit in {dt.name}; use dtype=numpy.uint32")
-    tmp = f"{os.fspath(out_path)}.tmp-{os.getpid()}"
-    ids.astype(dt).tofile(tmp)
-    os.replace(tmp, out_path)
-    from .tokenfile import write_sidecar
-
-    write_sidecar(out_path, dtype=dt, vocab_size=VOCAB_SIZE, num_tokens=ids.size,
-                  max_id=int(ids.max()) if ids.size else -1, tokenizer={"type": "byte"})
-    return int(ids.size)

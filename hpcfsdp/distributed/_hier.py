@@ -14,7 +14,7 @@ __all__: list[str] = []  # internal: used by process_group.ProcessGroup
 # [Note: Node-aware collectives]
 # A group spanning H nodes with L of its ranks on each (L > 1; HPCFSDP_COMM_HIERARCHY=auto) runs
 # all-gather and reduce-scatter in two stages over sub-communicators made once at construction
-# (_mpi.node_split): "cross" joins the ranks with the same local index on every node, "local"
+# (_mpi.node_split_info): "cross" joins the ranks with the same local index on every node, "local"
 # the ranks of one node. All-gather: cross all-gather of the k-element inputs (H*k, by node),
 # local all-gather of those (L*H*k, by local index, then node), then one permuting copy into the
 # rank-major output: block (j, h) is group rank perm[j*H + h] (when the group's ranks are node-major

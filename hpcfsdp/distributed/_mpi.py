@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from hpcfsdp import _settings
+from hpcfsdp._launcher_env import RANK_ENV_PID, TORCHRUN_VARIABLES, find_launcher
 
 __all__ = [
     "init_mpi",
@@ -117,44 +118,36 @@ def vendor() -> tuple[str, str]:
 # them right after its imports finds them), when MPI is initialised (rank and size from COMM_WORLD), and
 # when the default process group is created over COMM_WORLD (local values from the node split, a
 # collective). `hpcfsdp launch` exports them before the command starts. The launcher's variables are
-# those of the first launcher found below (Slurm's only inside an srun step, and last: an mpiexec in a
-# batch job inherits the batch step's SLURM_PROCID); with HPCFSDP_RANKS_PER_NODE its local values are
-# not used. HPCFSDP_RANK_ENV_PID names the process that set the variables: a child process (a job
-# started from a training script) finds another pid there and replaces the inherited values instead
-# of rejecting them; values a user set (no marker) that disagree raise.
-_LAUNCHERS = (  # (launcher, rank, size, local rank, local size)
-    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", None),
-)
-_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-_RANK_ENV_PID = "HPCFSDP_RANK_ENV_PID"
+# those of the first launcher found in LAUNCHERS (hpcfsdp/_launcher_env.py, in the order of [Note: Launcher
+# rank] there: Slurm's only inside an srun step, and last, since an mpiexec in a batch job inherits the
+# batch step's SLURM_PROCID); with HPCFSDP_RANKS_PER_NODE its local values are not used.
+# HPCFSDP_RANK_ENV_PID names the process that set the variables: a child process (a job started from a
+# training script) finds another pid there and replaces the inherited values instead of rejecting them;
+# values a user set (no marker) that disagree raise.
 
 
 def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_size=None) -> dict:
     """Set the torchrun variables from MPI's values (None: unknown) and the launcher's; see
     [Note: torchrun variables]. A launcher's variable, or one the user set, that disagrees with MPI (or
     with the launcher) raises RuntimeError. Returns the values set."""
-    mpi = dict(zip(_RANK_VARS, (rank, world_size, local_rank, local_world_size)))
+    mpi = dict(zip(TORCHRUN_VARIABLES, (rank, world_size, local_rank, local_world_size)))
     k = _ranks_per_node_override()
     launcher, found = None, {}
-    for name, *variables in _LAUNCHERS:
-        if variables[0] in os.environ and variables[1] in os.environ:
-            launcher = name
-            for key, var in zip(_RANK_VARS, variables):
-                if var and var in os.environ and not (k is not None and key.startswith("LOCAL")):
-                    found[key] = (var, os.environ[var].strip())
-            break
-    marker = os.environ.get(_RANK_ENV_PID)
-    if marker is not None and marker != str(os.getpid()):  # a parent's: stale here
-        for key in (*_RANK_VARS, _RANK_ENV_PID):
+    hit = find_launcher(os.environ)
+    if hit is not None:
+        launcher = hit[0]
+        for key, var in hit[1].items():
+            if var in os.environ and not (k is not None and key.startswith("LOCAL")):
+                found[key] = (var, os.environ[var].strip())
+    marker = _settings.get(RANK_ENV_PID)
+    if marker is not None and marker != os.getpid():  # a parent's: stale here
+        for key in (*TORCHRUN_VARIABLES, RANK_ENV_PID):
             os.environ.pop(key, None)
     elif marker is not None and k is not None:  # ours: simulated nodes (set since?) decide the local values
         for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(key, None)
     values = {}
-    for key in _RANK_VARS:
+    for key in TORCHRUN_VARIABLES:
         truth, source = mpi[key], "MPI"
         if key in found:
             var, raw = found[key]
@@ -173,7 +166,7 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
         if truth is not None:
             values[key] = os.environ[key] = str(truth)
     if values:
-        os.environ[_RANK_ENV_PID] = str(os.getpid())
+        os.environ[RANK_ENV_PID] = str(os.getpid())
     return values
 
 
@@ -194,11 +187,6 @@ def node_comm(comm=None):
     if k is not None:
         return comm.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-
-
-def node_split(comm) -> tuple[Any, Any, list[int]] | None:
-    """The node-aware split of ``comm``: ``node_split_info(comm)[1]``."""
-    return node_split_info(comm)[1]
 
 
 def node_split_info(comm) -> tuple[int, tuple[Any, Any, list[int]] | None]:

@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hpcfsdp.distributed import distributed_c10d as c10d
+from hpcfsdp.distributed import _comm_thread as CT
+from hpcfsdp.distributed._c10d_groups import default_group
 from hpcfsdp.distributed._mpi import node_comm
 from hpcfsdp.distributed.process_group import ProcessGroup
 
@@ -50,7 +51,7 @@ class DeviceMesh:
         self.device_type = device_type
         self.mesh = arr
         self.mesh_dim_names = _check_names(mesh_dim_names, arr.ndim)
-        self._world = c10d._default_group()
+        self._world = default_group()
         me = self._world.rank()
         if _root is None:
             hits = np.argwhere(arr == me)
@@ -235,7 +236,7 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *, mesh_dim_na
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0:
             raise ValueError(f"mesh_shape={shape}: expected positive integers")
     names = _check_names(mesh_dim_names, len(shape))
-    world = c10d._default_group()
+    world = default_group()
     n = world.size()
     if math.prod(shape) != n:
         raise ValueError(
@@ -256,9 +257,8 @@ def _select_gpu(world: ProcessGroup) -> None:
     if not _backend.cupy_available():
         raise RuntimeError(f"init_device_mesh('cuda', ...): device 'cuda' {_backend.cupy_unavailable_reason()}")
     cupy = _backend._try_cupy()
-    from hpcfsdp.distributed.process_group import _call_sync
 
-    _, local = _call_sync("node_comm", lambda: _node_index_noobj(world))
+    _, local = CT.call_sync("node_comm", lambda: _node_index_noobj(world))
     ngpu = cupy.cuda.runtime.getDeviceCount()
     if ngpu <= 0:
         raise RuntimeError("init_device_mesh('cuda', ...): no CUDA device is visible")
@@ -274,7 +274,6 @@ def _node_index_noobj(world: ProcessGroup) -> tuple[None, int]:
 
 
 def _check_node_local(mesh: DeviceMesh, dim: int | str, world: ProcessGroup) -> None:
-    from hpcfsdp.distributed.process_group import _call_sync
 
     def leader_of():
         nc = node_comm(world.comm)
@@ -283,7 +282,7 @@ def _check_node_local(mesh: DeviceMesh, dim: int | str, world: ProcessGroup) -> 
         finally:
             nc.Free()
 
-    leader = _call_sync("node_comm", leader_of)
+    leader = CT.call_sync("node_comm", leader_of)
     leaders = world.all_gather_object(leader)
     order = sorted(set(leaders))
     node_of = [order.index(x) for x in leaders]

@@ -41,9 +41,9 @@ Counters: ``collective_counts()`` -> {kind: calls issued in this process}, ``col
 counts point-to-point "send" and "recv"). Size-1 groups count too (they make no MPI call).
 ``recent_collectives()``: the last few issued.
 
-Work, the communication thread and the hand-off of each call to it (inline or queued) live in
-_comm_thread.py: see [Note: Communication thread], [Note: Progress and busy polling] and
-[Note: Inline calls] there; their names stay importable from here.
+Work (public here too), the communication thread and the hand-off of each call to it (inline or queued)
+live in _comm_thread.py: see [Note: Communication thread], [Note: Progress and busy polling] and
+[Note: Inline calls] there.
 
 Failure (_failure.py): see [Note: Watchdog], [Note: Failure handling] and [Note: Debug mode]
 (HPCFSDP_DEBUG=1).
@@ -72,16 +72,9 @@ from hpcfsdp.distributed._hier import (
     rsag_allreduce_staged,
     use_rsag_allreduce,
 )
+from hpcfsdp.distributed._comm_thread import Work  # public here too
 from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
-from hpcfsdp.distributed._mpi import (  # noqa: F401 (re-exported settings)
-    comm_timeout,
-    get_mpi,
-    inline_enabled,
-    node_split_info,
-    progress_mode,
-    set_default_timeout,
-    thread_level,
-)
+from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, node_split_info, progress_mode, set_default_timeout
 from hpcfsdp.distributed._p2p import PointToPoint
 from hpcfsdp.distributed._rooted import RootedCollectives
 
@@ -98,30 +91,6 @@ __all__ = [
     "debug_enabled",
     "recent_collectives",
 ]
-
-# The failure machinery's names as this module offered them before it moved to _failure.py
-# (tests and tools reach them here); the same objects, so mutations are shared.
-HISTORY_LEN = F.HISTORY_LEN
-_UNREPORTED = F.UNREPORTED
-_WATCHDOG_TAG = F.WATCHDOG_TAG
-_peer_report = F.peer_report
-
-# Likewise the communication thread's names (moved to _comm_thread.py). The running thread itself
-# lives only in CT.COMM_THREAD; reading ``_COMM_THREAD`` here forwards to it (module __getattr__).
-Work = CT.Work
-_CommThread = CT.CommThread
-_THREAD_LOCK = CT._THREAD_LOCK
-_comm_thread = CT.comm_thread
-_watchdog_abort = CT._watchdog_abort
-_execute = CT.execute
-_submit = CT.submit
-_call_sync = CT.call_sync
-
-
-def __getattr__(name: str) -> Any:
-    if name == "_COMM_THREAD":
-        return CT.COMM_THREAD
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ReduceOp(enum.Enum):
@@ -186,10 +155,10 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         self._allreduce_mode = _settings.get("HPCFSDP_COMM_ALLREDUCE")
         self._debug = debug_enabled()
         comm_timeout()
-        self.comm = _call_sync("Comm.Dup", comm.Dup) if dup else comm
+        self.comm = CT.call_sync("Comm.Dup", comm.Dup) if dup else comm
         self._seq = 0  # collectives issued on this group (history, debug checks, watchdog reports)
         # debug mode: fingerprints travel on a communicator of their own. See [Note: Debug mode]
-        self._check_comm = _call_sync("Comm.Dup", self.comm.Dup) if self._debug else None
+        self._check_comm = CT.call_sync("Comm.Dup", self.comm.Dup) if self._debug else None
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
         wg = MPI.COMM_WORLD.Get_group()
@@ -208,11 +177,11 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         self._staged = _settings.get("HPCFSDP_COMM_STAGED")
         self._gpu: _nccl.GpuPath | None = None  # how device arrays move, set at the first device collective
         if self._size > 1:
-            hosts, split = _call_sync("node_split", lambda: node_split_info(self.comm))
+            hosts, split = CT.call_sync("node_split", lambda: node_split_info(self.comm))
             if hosts == 1:
                 self._link = "intra"
             if split is not None and (hier_mode == "flat" or (hier_mode == "auto" and split[0].Get_size() == 1)):
-                _call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
+                CT.call_sync("Comm.Free", lambda: (split[0].Free(), split[1].Free()))
                 split = None
             if split is not None:
                 perm = np.asarray(split[2], dtype=np.intp)
@@ -271,7 +240,7 @@ class ProcessGroup(RootedCollectives, PointToPoint):
             fn = trivial
         elif self._debug:
             fn = F.debug_checked(self, fn, meta)
-        return _submit(desc, fn, async_op, meta)
+        return CT.submit(desc, fn, async_op, meta)
 
     def _nccl_for(self, a, meta) -> "_nccl.NcclGroup | None":
         """The group's NCCL communicator for device array ``a``, or None (host array, or another path); in
@@ -280,7 +249,7 @@ class ProcessGroup(RootedCollectives, PointToPoint):
             return None
         ng = _nccl.gpu_path(self, a).nccl
         if ng is not None and self._debug:
-            _call_sync("HPCFSDP_DEBUG fingerprint check", F.debug_checked(self, lambda: None, meta), meta)
+            CT.call_sync("HPCFSDP_DEBUG fingerprint check", F.debug_checked(self, lambda: None, meta), meta)
         return ng
 
     @property
@@ -592,17 +561,17 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         if comm is not None:
             MPI = get_mpi()
             if not MPI.Is_finalized():
-                _call_sync("Comm.Free", comm.Free)
+                CT.call_sync("Comm.Free", comm.Free)
                 if hier is not None:
-                    _call_sync("Comm.Free", lambda: (hier[0].Free(), hier[1].Free()))
+                    CT.call_sync("Comm.Free", lambda: (hier[0].Free(), hier[1].Free()))
                 if check is not None:
-                    _call_sync("Comm.Free", check.Free)
+                    CT.call_sync("Comm.Free", check.Free)
 
     def _sync(self, desc, fn: Callable[[], Any], meta: list) -> Any:
         """A blocking collective returning a value (objects, communicator creation), checked in debug mode."""
         if self._debug and self._size > 1:
             fn = F.debug_checked(self, fn, meta)
-        return _call_sync(desc, fn, meta)
+        return CT.call_sync(desc, fn, meta)
 
     def _check_output(self, what: str, out_flat, in_flat, *, gather: bool) -> int:
         """Check ``out_flat`` against the already checked ``in_flat`` of a gather (output = size x input)

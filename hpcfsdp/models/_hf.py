@@ -203,10 +203,8 @@ _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tan
 _GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def gpt2_config(hf: dict, **overrides):
-    """GPTConfig of a GPT-2 config.json; features hpcfsdp's GPT cannot represent are refused."""
-    from .gpt import GPTConfig
-
+def gpt2_config(hf: dict, **overrides) -> dict:
+    """GPTConfig's arguments for a GPT-2 config.json; features hpcfsdp's GPT cannot represent are refused."""
     if hf.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"GPT.from_pretrained expects a GPT-2 model (model_type 'gpt2'), got {hf.get('model_type')!r}")
     act = hf.get("activation_function", "gelu_new")
@@ -224,7 +222,7 @@ def gpt2_config(hf: dict, **overrides):
               tie_weights=hf.get("tie_word_embeddings", True), gelu_approximate=_GPT2_GELU[act],
               layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5))
     kw.update(overrides)
-    return GPTConfig(**kw)
+    return kw
 
 
 def gpt2_hf_config(c) -> dict:
@@ -254,9 +252,8 @@ GPT2_IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older 
 
 
 # ---------------------------------------------------------------------------------------------------- Llama
-def llama_config(hf: dict, **overrides):
-    from .llama import LlamaConfig
-
+def llama_config(hf: dict, **overrides) -> dict:
+    """LlamaConfig's arguments for a Llama config.json; features hpcfsdp's Llama cannot represent are refused."""
     if hf.get("model_type", "llama") != "llama":
         raise ValueError(f"Llama.from_pretrained expects model_type 'llama', got {hf.get('model_type')!r}")
     if hf.get("hidden_act", "silu") != "silu":
@@ -281,7 +278,7 @@ def llama_config(hf: dict, **overrides):
               dropout=float(hf.get("attention_dropout", 0.0)), bias=attn_bias,
               tie_weights=hf.get("tie_word_embeddings", False), init_std=hf.get("initializer_range", 0.02))
     kw.update(overrides)
-    return LlamaConfig(**kw)
+    return kw
 
 
 def llama_hf_config(c) -> dict:

@@ -270,7 +270,7 @@ class GPT(nn.Module):
         """
         from . import _hf
 
-        cfg = _hf.gpt2_config(_hf.read_config(path), **config_overrides)
+        cfg = GPTConfig(**_hf.gpt2_config(_hf.read_config(path), **config_overrides))
         model, used, ckpt = _hf.from_pretrained(cls, cfg, path, _hf.gpt2_names, _hf.gpt2_transposed, device=device,
                                                 dtype=dtype, shard_fn=shard_fn)
         _hf.check_unused(ckpt, used, "GPT",

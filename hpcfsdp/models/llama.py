@@ -227,7 +227,7 @@ class Llama(nn.Module):
         """
         from . import _hf
 
-        cfg = _hf.llama_config(_hf.read_config(path), **config_overrides)
+        cfg = LlamaConfig(**_hf.llama_config(_hf.read_config(path), **config_overrides))
         model, used, ckpt = _hf.from_pretrained(cls, cfg, path, _hf.llama_names, device=device, dtype=dtype,
                                                 shard_fn=shard_fn)
         _hf.check_unused(ckpt, used, "Llama", tied_to="model.embed_tokens.weight" if cfg.tie_weights else None,

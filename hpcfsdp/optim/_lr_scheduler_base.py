@@ -13,6 +13,15 @@ def _check_optimizer(optimizer):
         raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
 
 
+def _group_lrs(optimizer: Optimizer) -> List[float]:
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+def _state_dict_without(scheduler, *skip) -> Dict[str, Any]:
+    """A scheduler's attributes but the optimizer and ``skip`` (what its state_dict saves)."""
+    return {key: value for key, value in scheduler.__dict__.items() if key not in ("optimizer", *skip)}
+
+
 class LRScheduler:
     """Base class: sets ``group["lr"]`` for every param group of ``optimizer`` at each ``step()``.
 
@@ -48,7 +57,7 @@ class LRScheduler:
 
     def state_dict(self):
         """Every attribute except the optimizer."""
-        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
+        return _state_dict_without(self)
 
     def load_state_dict(self, state_dict) -> None:
         """Restore the attributes saved by ``state_dict()``."""
@@ -83,7 +92,7 @@ class LRScheduler:
             self._get_lr_called_within_step = False
         for param_group, lr in zip(self.optimizer.param_groups, values):
             param_group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self._last_lr = _group_lrs(self.optimizer)
 
 
 # [Note: Chainable and closed-form schedules]
@@ -92,9 +101,9 @@ class LRScheduler:
 # several schedulers on one optimizer compose (ChainedScheduler) and a manual change of group["lr"]
 # persists; during the construction step (``_is_initial``) most return the current lr unchanged.
 # ``_get_closed_form_lr`` computes the lr from ``base_lrs`` and ``last_epoch`` alone; ``step(epoch)``
-# and SequentialLR's switch to the next scheduler use it. The schedulers in _lr_schedulers_more.py
-# and _lr_schedulers_cyclic.py follow PyTorch 2.13 exactly. lr_scheduler.py's CosineAnnealingLR and
-# LinearLR use their closed form for both (See [Note: Closed-form cosine] there).
+# and SequentialLR's switch to the next scheduler use it. The schedulers follow PyTorch 2.13 exactly, but
+# for CosineAnnealingLR and LinearLR, which use their closed form for both (See [Note: Closed-form cosine]
+# in _lr_schedulers_cosine.py).
 
 
 def _warn_get_lr_called_within_step(scheduler: LRScheduler) -> None:
@@ -127,7 +136,7 @@ class _LambdaScheduler(LRScheduler):
         raise NotImplementedError
 
     def state_dict(self) -> Dict[str, Any]:
-        state_dict = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "lr_lambdas")}
+        state_dict = _state_dict_without(self, "lr_lambdas")
         state_dict["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else fn.__dict__.copy()
                                     for fn in self.lr_lambdas]
         return state_dict

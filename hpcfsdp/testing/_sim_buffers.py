@@ -112,12 +112,6 @@ class _Buf:
             self.reads.clear()
             self.pending[stream.id] = (seq, what, _where(), None)
 
-    def host_write(self):
-        """The calling host thread wrote it at once (a blocking host op): an instantaneous MPI-style access."""
-        from . import _sim_mpi  # noqa: PLC0415
-
-        _sim_mpi.end(_sim_mpi.begin_bufs((), (self,), "a host write"))
-
 
 def _agent(hit) -> str:
     key, seq = hit[0], hit[1]
@@ -126,9 +120,7 @@ def _agent(hit) -> str:
 
 
 def _hazard(hit, base: str) -> str:
-    from . import _sim_mpi  # noqa: PLC0415
-
-    if hit[0] in _sim_mpi.INFLIGHT:
+    if hit[0] in _rt.INFLIGHT:
         return "MPI ownership window"
     if hit[4] is not None:
         return "memory-pool reuse"

@@ -8,14 +8,14 @@ import threading
 import numpy as np
 
 from . import _sim_runtime as _rt
-from ._sim_runtime import CudaSimError, _fmt, _host_buf, _lock, _stack, _where, agent_name
+from ._sim_buffers import _Buf, _fail, _fail_write, _host_buf
+from ._sim_runtime import INFLIGHT, CudaSimError, _fmt, _lock, _stack, _where, agent_name
 
 __all__ = ["begin", "begin_bufs", "end", "call", "Token", "INFLIGHT", "HANDOFF", "WINDOW", "open_here"]
 
 SIM_FILES = _rt.SIM_FILES
 SIM_FILES.add(__file__)
 
-INFLIGHT: dict[int, "Token"] = {}  # agent id of an MPI call in flight -> its token
 _tls = threading.local()
 
 
@@ -33,7 +33,7 @@ class Token:
 def _buf_of(x, op):
     """(the _Buf of device array / pinned host array ``x``, its description), or None (pageable host memory)."""
     b = getattr(x, "_buf", None)
-    if isinstance(b, _rt._Buf):
+    if isinstance(b, _Buf):
         cur = _rt._cur_dev()
         if b.dev != cur:
             raise CudaSimError(
@@ -71,11 +71,11 @@ def _begin(rs, ws, op) -> Token:
         for b, desc in rs:
             hit = b.unordered(None)
             if hit is not None:
-                _rt._fail(op, desc, hit, "MPI read it (synchronise the stream, or an event recorded after the write)")
+                _fail(op, desc, hit, "MPI read it (synchronise the stream, or an event recorded after the write)")
         for b, desc in ws:
             got = b.unordered_access(None)
             if got is not None:
-                _rt._fail_write(op, desc, got[0], got[1], "MPI wrote it")
+                _fail_write(op, desc, got[0], got[1], "MPI wrote it")
         tok = Token(op, [b for b, _ in rs], [b for b, _ in ws], dict(_rt.host().vc), _where())
         entry = (1, op, tok.where, None)
         for b in tok.writes:
@@ -128,7 +128,7 @@ def end(tok: Token) -> None:
 def _array(spec):
     if isinstance(spec, (list, tuple)):
         spec = spec[0] if spec else None
-    if isinstance(spec, np.ndarray) or isinstance(getattr(spec, "_buf", None), _rt._Buf):
+    if isinstance(spec, np.ndarray) or isinstance(getattr(spec, "_buf", None), _Buf):
         return spec
     return None
 

@@ -13,7 +13,7 @@ import numpy as np
 import hpcfsdp._settings as _settings  # a leaf
 
 from . import _sim_runtime as _rt
-from ._sim_buffers import AddressRanges
+from ._sim_buffers import AddressRanges, _fail
 
 __all__ = ["nccl", "note_pointer"]
 
@@ -208,7 +208,7 @@ class NcclCommunicator:
         for view, buf in ins:
             hit = buf.unordered(s)
             if hit is not None:
-                _rt._fail(what, f"a {view.nbytes}-byte NCCL input on cuda:{buf.dev}", hit,
+                _fail(what, f"a {view.nbytes}-byte NCCL input on cuda:{buf.dev}", hit,
                           f"{what} on stream {s.id}")
         seq = s._enqueue()
         for _, buf in ins:

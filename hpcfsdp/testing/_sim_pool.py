@@ -3,7 +3,8 @@ carrying the accesses of other streams still pending on them (see [Note: Simulat
 from __future__ import annotations
 
 from . import _sim_runtime as _rt
-from ._sim_runtime import _Buf, _lock, _where
+from ._sim_buffers import _Buf
+from ._sim_runtime import _lock, _where
 
 __all__ = ["alloc", "MemoryPool", "PinnedMemoryPool", "UNIT"]
 

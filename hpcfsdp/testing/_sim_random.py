@@ -6,7 +6,14 @@ import numpy as np
 from ._sim_runtime import _cur_dev
 from ._sim_surface import SimModule
 
-__all__ = ["RandomState", "random"]
+__all__ = ["RandomState", "random", "wire"]
+
+_KERNEL = []  # cuda_sim's kernel context (_Ctx): set by wire(), as cuda_sim builds on this module
+
+
+def wire(kernel) -> None:
+    """Draws become kernels of ``kernel(name)`` (``check(name)``, ``out(array, name)``): cuda_sim's _Ctx."""
+    _KERNEL[:] = [kernel]
 
 
 class RandomState:
@@ -16,9 +23,7 @@ class RandomState:
         self._g = np.random.default_rng(seed)
 
     def _out(self, r, name):
-        from .cuda_sim import _Ctx  # noqa: PLC0415  (cuda_sim imports this module)
-
-        c = _Ctx(name)
+        c = _KERNEL[0](name)
         c.check(name)
         return c.out(np.asarray(r), name)
 

@@ -28,6 +28,7 @@ _STREAMS: dict[int, list] = {}  # device -> weak refs of its streams
 _NULL: dict[int, "Stream"] = {}
 _ids = iter(range(1, 1 << 62))  # ids of agents: streams, host threads' clocks, MPI calls in flight
 _AGENTS: dict[int, str] = {}  # agent id -> name, for the agents that are not streams
+INFLIGHT: dict[int, "object"] = {}  # agent id of an MPI call in flight -> its _sim_mpi.Token (_sim_mpi keeps it)
 _DEV_SEQS: dict[int, dict] = {}  # device -> stream id -> its last op, streams gone included (Device.synchronize)
 
 
@@ -360,15 +361,3 @@ class _Runtime(types.ModuleType):
 
     def driverGetVersion(self):  # noqa: N802
         return 13000
-
-
-_BUFFER_NAMES = frozenset(["_Buf", "_fail", "_fail_write", "_host_buf", "alloc_pinned_memory", "PinnedMemoryPointer",
-                           "is_pinned"])
-
-
-def __getattr__(name):  # the buffers live in _sim_buffers, which builds on this module: reached through here too
-    if name in _BUFFER_NAMES:
-        from . import _sim_buffers  # noqa: PLC0415
-
-        return getattr(_sim_buffers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,11 +18,12 @@ from . import _sim_ops
 from . import _sim_runtime as _rt
 from . import _sim_surface as _gate
 from ._cupy_surface import purge_real_cupy, surface
+from . import _sim_random
 from ._sim_random import RandomState, random
 from ._sim_surface import Flags, SimModule, ndarray_attr_error
-from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, PinnedMemoryPointer, Stream, _cur_dev,
-                           _fail, _host_buf, _stack, alloc_pinned_memory, get_current_stream, get_elapsed_time,
-                           is_pinned, set_device_count)
+from ._sim_buffers import PinnedMemoryPointer, _fail, _host_buf, alloc_pinned_memory, is_pinned
+from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, Stream, _cur_dev, _stack, get_current_stream,
+                           get_elapsed_time, set_device_count)
 
 __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned", "mpi_access", "cuda", "random",
            "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx", "RandomState", "linalg"]
@@ -410,6 +411,7 @@ _PRODUCTS = {n: _half_exact(getattr(np, n)) for n in ["matmul", "dot", "einsum",
 
 
 _sim_ops.wire(ndarray, _call, _ufunc, _PRODUCTS["matmul"])
+_sim_random.wire(_Ctx)  # cupy.random's draws are kernels too
 
 
 # ---------------------------------------------------------------------------------------------

@@ -118,12 +118,12 @@ _comms: dict = {}
 def _comm(process_group):
     """A communicator of its own for checkpoint I/O (a Dup of the group's), so that checkpoint collectives
     never interleave with the communication thread's on the same communicator."""
-    from ..distributed_c10d import _resolve
-    from ..process_group import _call_sync
+    from .._c10d_groups import resolve_group
+    from .._comm_thread import call_sync
 
-    pg = _resolve(process_group)
+    pg = resolve_group(process_group)
     if id(pg) not in _comms:  # Dup is a collective on pg.comm: run it in the communication thread's order
-        _comms[id(pg)] = (pg, _call_sync("Comm.Dup", pg.comm.Dup))
+        _comms[id(pg)] = (pg, call_sync("Comm.Dup", pg.comm.Dup))
     return _comms[id(pg)][1]
 
 

@@ -87,12 +87,12 @@ def wait_pending() -> None:
 
 def _async_comm(process_group):
     """The Dup of the group's communicator that async saves use. See [Note: Asynchronous save]."""
-    from ..distributed_c10d import _resolve
-    from ..process_group import _call_sync
+    from .._c10d_groups import resolve_group
+    from .._comm_thread import call_sync
 
-    pg = _resolve(process_group)
+    pg = resolve_group(process_group)
     if id(pg) not in _COMMS:
-        _COMMS[id(pg)] = (pg, _call_sync("Comm.Dup (async checkpoints)", pg.comm.Dup))
+        _COMMS[id(pg)] = (pg, call_sync("Comm.Dup (async checkpoints)", pg.comm.Dup))
     return _COMMS[id(pg)][1]
 
 

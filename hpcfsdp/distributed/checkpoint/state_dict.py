@@ -9,7 +9,8 @@ does nothing (PyTorch warns). For FULL (and rank-0 broadcast) loads, ``set_model
 every meta entry a new tensor of the model's layout (this rank's piece of a DTensor, cast to the
 model's dtype) and, if any entry of the model is meta, loads with ``assign=True`` (PyTorch's rule);
 FSDP then adopts the assigned parameters into its sharded storage
-(``_state_dict_utils.adopt_assigned_params``), materialising it. A model without meta entries is filled
+(``adopt_assigned_params`` in ``fsdp/_fully_shard/_fsdp_assigned.py``, called by the load hooks of
+FSDPState.register_state_dict_hooks), materialising it. A model without meta entries is filled
 in place, so its parameter objects (and an optimizer's references to them) survive.
 
 Errors on rank 0's input are raised on every rank: see [Note: Agreed errors] in
@@ -25,6 +26,7 @@ from ... import _backend
 from ..._tensor import Tensor
 from ...nn.modules._state_dict import _IncompatibleKeys
 from ..fsdp import _state_dict_utils as sdu
+from ..fsdp._fully_shard._fsdp_state_dict import clean_fqn, local_chunk, reshard_all
 from ..fsdp.api import (
     FullOptimStateDictConfig,
     FullStateDictConfig,
@@ -133,7 +135,7 @@ def get_model_state_dict(model, *, submodules=None, options=None) -> dict:
     if o.ignore_frozen_params:
         for n, p in root.named_parameters():
             if not p.requires_grad:
-                sd.pop(sdu.clean_fqn(n), None)
+                sd.pop(clean_fqn(n), None)
     return sd
 
 
@@ -153,7 +155,7 @@ def _like_local(full: Tensor, like: Tensor, key: str) -> Tensor:
     dt = like.dtype
     xp = np if _is_meta(like) else _backend.array_module(like._data)
     if isinstance(like, DTensor):
-        piece = sdu.local_chunk(full, like)._data
+        piece = local_chunk(full, like)._data
         return DTensor.from_local(Tensor._wrap(xp.asarray(piece).astype(dt, copy=False)), like.device_mesh,
                                   like.placements, shape=like.shape)
     return Tensor._wrap(xp.asarray(full._data).astype(dt, copy=False))
@@ -216,7 +218,7 @@ def set_model_state_dict(model, model_state_dict, *, options=None) -> _Incompati
             raise RuntimeError("The option indicates that model state_dict is required to save or load, but "
                                f"model state_dict is empty. rank = {_rank()}.")
         return _IncompatibleKeys([], [])
-    sdu.reshard_all(root)
+    reshard_all(root)
     if o.full_state_dict:
         return _load_full(root, model_state_dict, o)
     sd = {k: (_as_tensor(v, k) if isinstance(v, np.ndarray) else v) for k, v in model_state_dict.items()}
@@ -292,7 +294,7 @@ def _unflatten_osd(root, optim, flat) -> dict:
 def _param_names(root):
     names = {}
     for n, p in root.named_parameters():
-        names.setdefault(id(p), sdu.clean_fqn(n))
+        names.setdefault(id(p), clean_fqn(n))
     return names
 
 
@@ -353,7 +355,7 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict, *, options=Non
     if not optim_state_dict and not o.broadcast_from_rank0 and not (o.cpu_offload and o.full_state_dict):
         raise RuntimeError("The option indicates that model state_dict is required to save, or load but optim "
                            f"state_dict is empty. {optim_state_dict}")
-    sdu.reshard_all(root)
+    reshard_all(root)
     for optim in optims:
         _init_optim_state(optim)
     osd = optim_state_dict

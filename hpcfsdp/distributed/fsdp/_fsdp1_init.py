@@ -7,21 +7,16 @@ import warnings
 from ... import _backend
 from ..._tensor import Tensor
 from ...nn import Module, ModuleDict, ModuleList
-from . import _state_dict_utils as sdu
+from ._fsdp1_state import _FSDPState
 from ._fully_shard import FSDPModule, MixedPrecisionPolicy, fully_shard
 from ._fully_shard._fsdp_common import get_module_fsdp_state
+from ._fully_shard._fsdp_state_dict import clean_fqn
 from ._fully_shard._fully_shard import shard_container
 from .api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from .wrap import select_units
 
 
 _HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
-
-
-def _fsdp1_class():
-    from .fully_sharded_data_parallel import FullyShardedDataParallel  # it imports this module
-
-    return FullyShardedDataParallel
 
 
 def _check_args(module, mixed_precision, cpu_offload, backward_prefetch, param_init_fn, process_group,
@@ -66,7 +61,7 @@ def _ignored_params(root, ignored_modules, ignored_states) -> set:
         raise ValueError(f"ignored_states expects all nn.Parameter or all nn.Module list elements but got types "
                          f"{kinds}")
     for m in modules:
-        if isinstance(m, (FSDPModule, _fsdp1_class())):
+        if isinstance(m, (FSDPModule, _FSDPState)):
             raise ValueError("`ignored_modules` should not include FSDP modules")
     if any(m is root for m in modules + [s for s in (ignored_states or ()) if isinstance(s, Module)]):
         warnings.warn("Trying to ignore the top-level module passed into the FSDP constructor itself will result "
@@ -216,7 +211,7 @@ def _select_units(module: Module, auto_wrap_policy, ignored: set, ignored_module
     if auto_wrap_policy is None:
         return []
     for name, m in module.named_modules():  # PyTorch's check and words (ValueError)
-        if isinstance(m, (FSDPModule, _fsdp1_class())):
+        if isinstance(m, (FSDPModule, _FSDPState)):
             raise ValueError(f"FSDP auto wrapping requires modules to not already have FSDP applied but found "
                              f"{name} in\n{module}")
     units = select_units(module, auto_wrap_policy, {id(p) for p in ignored})
@@ -271,9 +266,9 @@ def _cast_buffers(module: Module, mp: MixedPrecision | None, ignored_modules: se
     module.__dict__["_hp_fsdp1_ignored_modules"] = frozenset(ignored_modules)
     original = {}
     for prefix, m in module.named_modules():  # nested instances' records, under this tree's names
-        if isinstance(m, _fsdp1_class()) and m is not module:
+        if isinstance(m, _FSDPState) and m is not module:
             for name, dtype in m.__dict__.get("_buffer_dtypes", {}).items():
-                original[sdu.clean_fqn(f"{prefix}.{name}")] = dtype
+                original[clean_fqn(f"{prefix}.{name}")] = dtype
     if mp is None or mp.buffer_dtype is None:
         return original
     bdt = _backend.to_dtype(mp.buffer_dtype)
@@ -285,7 +280,7 @@ def _cast_buffers(module: Module, mp: MixedPrecision | None, ignored_modules: se
             continue
         for name, b in m._buffers.items():
             if b is not None and _backend.is_floating_dtype(b.dtype) and b.dtype != bdt:
-                original[sdu.clean_fqn(f"{prefix}.{name}" if prefix else name)] = b.dtype
+                original[clean_fqn(f"{prefix}.{name}" if prefix else name)] = b.dtype
                 m._buffers[name] = b.to(dtype=bdt)
     return original
 

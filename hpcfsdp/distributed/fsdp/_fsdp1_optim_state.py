@@ -1,10 +1,12 @@
 """FullyShardedDataParallel's optimizer-state API (PyTorch's FSDP1 static methods): which parameters a state
 dict's integer keys index, which ranks agree and which rank keeps a FULL result, and the deprecated forms
-(``full_optim_state_dict``, ``shard_full_optim_state_dict``, ...). The conversions are in _state_dict_utils."""
+(``full_optim_state_dict``, ``shard_full_optim_state_dict``, ...). The conversions are in _state_dict_utils.py."""
 
 import warnings
 
 from . import _state_dict_utils as sdu
+from ._fsdp1_state import fsdp1_instances, fsdp1_root, state_dict_settings
+from ._fully_shard._fsdp_state_dict import reshard_all
 from .api import (
     FullOptimStateDictConfig,
     FullStateDictConfig,
@@ -24,27 +26,16 @@ __all__ = [
 ]
 
 
-def _fsdp1():
-    from . import fully_sharded_data_parallel as m  # that module imports this one
-
-    return m
-
-
-def _root(model):
-    return _fsdp1()._root(model)
-
-
 def _settings(model) -> StateDictSettings:
-    m = _fsdp1()
-    if m._wrappers(model, required=False):
-        return m.FullyShardedDataParallel.get_state_dict_type(model)
+    if fsdp1_instances(model, required=False):
+        return state_dict_settings(model)
     return StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
 
 
 def _use_orig_params(model) -> bool:
     """The instances' shared ``use_orig_params`` (PyTorch: the state names are the union over the ranks with it,
     rank 0's without); True for a model without FSDP1 instances (fully_shard units hold original parameters)."""
-    values = {w.use_orig_params for w in _fsdp1()._wrappers(model, required=False)}
+    values = {w.use_orig_params for w in fsdp1_instances(model, required=False)}
     if len(values) > 1:
         raise AssertionError("Not all FSDP modules have the same _use_orig_params value")
     return values.pop() if values else True
@@ -62,7 +53,7 @@ def _deprecated(name: str, instead: str) -> None:
 
 
 def _gathered(model, optim, osd, sd_type, osd_config, params=None, group=None) -> dict:
-    return sdu.optim_state_dict(_root(model), optim, sd_type, osd_config, osd, params=params, group=group,
+    return sdu.optim_state_dict(fsdp1_root(model), optim, sd_type, osd_config, osd, params=params, group=group,
                                 use_orig_params=_use_orig_params(model))
 
 
@@ -75,7 +66,7 @@ def optim_state_dict_to_load(model, optim, osd, load_directly=False, group=None)
     s = _settings(model)
     full = s.state_dict_type == StateDictType.FULL_STATE_DICT
     rank0_only = bool(full and getattr(s.optim_state_dict_config, "rank0_only", False))
-    result = sdu.optim_state_dict_to_load(_root(model), optim, osd, params=sdu.optim_param_list(model, optim),
+    result = sdu.optim_state_dict_to_load(fsdp1_root(model), optim, osd, params=sdu.optim_param_list(model, optim),
                                           group=group, rank0_only=rank0_only)
     if load_directly:
         optim.load_state_dict(result)
@@ -103,8 +94,8 @@ def load_full_optim_state_dict(full_osd, model, optim_input=None, optim=None, br
     _deprecated("scatter_full_optim_state_dict" if broadcast else "shard_full_optim_state_dict",
                 "optim_state_dict_to_load")
     _warn_optim_input(optim_input)
-    root = _root(model)
-    sdu.reshard_all(root)  # model.parameters() below: the sharded parameters an optimizer holds
+    root = fsdp1_root(model)
+    reshard_all(root)  # model.parameters() below: the sharded parameters an optimizer holds
     params = sdu.optim_param_list(model, optim, optim_input)
     named = full_osd
     if not broadcast or sdu._group_rank(group) == 0:
@@ -116,7 +107,7 @@ def load_full_optim_state_dict(full_osd, model, optim_input=None, optim=None, br
 
 def flatten_sharded_optim_state_dict(sharded_osd, model, optim) -> dict:
     _deprecated("flatten_sharded_optim_state_dict", "optim_state_dict_to_load")
-    return sdu.optim_state_dict_to_load(_root(model), optim, sharded_osd, rank0_only=False)
+    return sdu.optim_state_dict_to_load(fsdp1_root(model), optim, sharded_osd, rank0_only=False)
 
 
 def _keyed_by(osd, kind) -> bool:
@@ -135,4 +126,4 @@ def rekey_optim_state_dict(osd, key_type, model, optim_input=None, optim=None) -
     by_name = _keyed_by(osd, str)
     if by_name == (key_type is OptimStateKeyType.PARAM_NAME):
         return osd
-    return sdu.rekey(osd, _root(model), params, to_names=not by_name)
+    return sdu.rekey(osd, fsdp1_root(model), params, to_names=not by_name)

@@ -1,7 +1,7 @@
-"""Model and optimizer state dicts of sharded modules: SHARDED (DTensors), FULL (gathered), LOCAL (flat pieces).
-
-Optimizer state dicts are keyed by parameter name, not position, so they survive re-wrapping and a
-different world size.
+"""State dicts by FSDP1's StateDictType (SHARDED: DTensors, FULL: gathered, LOCAL: flat pieces) and optimizer state
+dicts keyed by parameter name, which survive re-wrapping and a different world size; rank 0's state dicts
+broadcast to every rank (see [Note: Agreed errors]). FullyShardedDataParallel's methods and DCP's get/set_state_dict
+call these; what they need of fully_shard's internals is in _fully_shard/_fsdp_state_dict.py.
 """
 
 from collections import OrderedDict
@@ -11,10 +11,8 @@ import numpy as np
 from ... import _backend
 from ..._tensor import Tensor
 from ..tensor import DTensor
-from ..tensor._dtensor import _local_ranges, _take
-from ._fully_shard import FSDPModule
-from ._fully_shard._fsdp_assigned import adopt_assigned_params
-from ._fully_shard._fsdp_common import TrainingState
+from ._fully_shard._fsdp_state_dict import (clean_fqn, host_copy, load_local_state_dict, local_chunk, local_state_dict,
+                                            offloaded, reshard_all)
 from .api import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 
 __all__ = [
@@ -22,70 +20,18 @@ __all__ = [
     "load_model_state_dict",
     "optim_state_dict",
     "optim_state_dict_to_load",
-    "local_chunk",
-    "fsdp_groups",
-    "reshard_all",
-    "adopt_assigned_params",
-    "register_state_dict_hooks",
+    "optim_param_list",
+    "rekey",
     "broadcast_outline",
     "broadcast_tensor",
     "broadcast_optim_state_dict",
 ]
 
 
-def fsdp_groups(root):
-    seen, out = set(), []
-    for m in root.modules():
-        if isinstance(m, FSDPModule):
-            for g in m._get_fsdp_state()._all_param_groups():
-                if id(g) not in seen:
-                    seen.add(id(g))
-                    out.append(g)
-    return out
-
-
-def reshard_all(root):
-    for g in fsdp_groups(root):
-        g.reshard()
-
-
-def register_state_dict_hooks(state) -> None:
-    """Load hooks of a fully_shard state's modules: loading writes into the sharded parameters, and what
-    assign=True puts on the modules is adopted (see [Note: Assigned parameters])."""
-    def to_sharded(*args, **kwargs):
-        for group in state._all_param_groups():
-            group.reshard()
-
-    def adopt(module, incompatible_keys):
-        for group in state._all_param_groups():
-            adopt_assigned_params(group)
-
-    def to_sharded_when_idle(*args, **kwargs):  # state_dict() between passes gives the sharded DTensors
-        for group in state._all_param_groups():
-            if group.training_state == TrainingState.IDLE:
-                group.reshard()
-
-    for m in state._modules:
-        m.register_state_dict_pre_hook(to_sharded_when_idle)
-        m._register_load_state_dict_pre_hook(to_sharded)
-        m.register_load_state_dict_post_hook(adopt)
-
-
 def _world_rank():
     from ..distributed_c10d import get_rank
 
     return get_rank()
-
-
-def _host(t: Tensor) -> Tensor:
-    return Tensor._wrap(_backend.to_numpy(t._data))
-
-
-def _offloaded(v: Tensor) -> Tensor:
-    """``v`` in host memory (a DTensor keeps its layout; its local piece moves)."""
-    if isinstance(v, DTensor):
-        return DTensor.from_local(_host(v.to_local()), v.device_mesh, v.placements, shape=v.shape)
-    return _host(v)
 
 
 def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
@@ -96,9 +42,9 @@ def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
         if offload:
             for k, v in sd.items():
                 if isinstance(v, DTensor):
-                    sd[k] = DTensor.from_local(_host(v.to_local()), v.device_mesh, v.placements, shape=v.shape)
+                    sd[k] = DTensor.from_local(host_copy(v.to_local()), v.device_mesh, v.placements, shape=v.shape)
                 elif isinstance(v, Tensor):
-                    sd[k] = _host(v)
+                    sd[k] = host_copy(v)
         return sd
     if sd_type == StateDictType.FULL_STATE_DICT:
         config = config or FullStateDictConfig()
@@ -107,86 +53,19 @@ def model_state_dict(root, sd_type: StateDictType, config=None) -> OrderedDict:
         for k, v in sd.items():
             full = v.full_tensor() if isinstance(v, DTensor) else v  # collective: same order on every rank
             if keep:
-                out[k] = _host(full) if offload and isinstance(full, Tensor) else full
+                out[k] = host_copy(full) if offload and isinstance(full, Tensor) else full
         return out
     if sd_type == StateDictType.LOCAL_STATE_DICT:
-        return _local_state_dict(root, sd, offload)
+        return local_state_dict(root, sd, offload)
     raise TypeError(f"unknown state_dict_type {sd_type!r}")
-
-
-def clean_fqn(name):
-    """A parameter's name as state dicts spell it: activation-checkpoint and FSDP1 wrappers are transparent,
-    as in PyTorch."""
-    return name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
-
-
-def _param_names(root):
-    """FSDPParam of every parameter name (tied parameters appear under each name)."""
-    by_id = {}
-    for g in fsdp_groups(root):
-        for fp in g.fsdp_params:
-            by_id[id(fp.sharded_param)] = (g, fp)
-    return {clean_fqn(name): by_id[id(p)] for name, p in root.named_parameters(remove_duplicate=False) if id(p) in by_id}
-
-
-def _local_state_dict(root, sd, offload):
-    names = _param_names(root)
-    out = OrderedDict()
-    layout = {}
-    for k, v in sd.items():
-        if k in names:
-            g, fp = names[k]
-            piece = fp.layout.raw(g.flat)
-            t = Tensor._wrap(piece.copy())
-            out[k] = _host(t) if offload else t
-            layout[k] = {"global_shape": list(fp.global_shape), "shard_dim": fp.shard_dim,
-                         "start": fp.layout.start, "stop": fp.layout.stop, "padded_rows": fp.layout.padded,
-                         "world": fp.layout.world}
-        else:
-            out[k] = v
-    out._local_layout = layout
-    return out
-
-
-def _load_local(root, sd, strict):
-    names = _param_names(root)
-    missing = [k for k in names if k not in sd]
-    for k, (g, fp) in names.items():
-        if k not in sd:
-            continue
-        v = sd[k]
-        seg = fp.layout.raw(g.flat)
-        if tuple(v.shape) != tuple(seg.shape):
-            raise RuntimeError(f"LOCAL state dict entry {k} has shape {tuple(v.shape)}, this rank's piece is "
-                               f"{tuple(seg.shape)}: it was saved with another world size or layout")
-        seg[...] = _backend.array_module(seg).asarray(v._data)
-    rest = {k: v for k, v in sd.items() if k not in names}
-    res = root.load_state_dict(rest, strict=False)
-    missing += [k for k in res.missing_keys if clean_fqn(k) not in names]  # nested wrappers' raw names too
-    unexpected = list(res.unexpected_keys)
-    if strict and (missing or unexpected):
-        raise RuntimeError(f"Error(s) in loading LOCAL state_dict: missing keys {missing}, "
-                           f"unexpected keys {unexpected}")
-    return res._replace(missing_keys=missing, unexpected_keys=unexpected)
 
 
 def load_model_state_dict(root, sd, sd_type: StateDictType, strict: bool = True):
     """Write ``sd`` into the sharded parameters in place (DTensors, full tensors or LOCAL pieces)."""
     reshard_all(root)
     if sd_type == StateDictType.LOCAL_STATE_DICT:
-        return _load_local(root, sd, strict)
+        return load_local_state_dict(root, sd, strict)
     return root.load_state_dict(sd, strict=strict)
-
-
-def local_chunk(full: Tensor, like: DTensor) -> Tensor:
-    """The piece of the full tensor ``full`` that this rank holds for a DTensor laid out like ``like``."""
-    if tuple(full.shape) != tuple(like.shape):
-        raise ValueError(f"full tensor of shape {tuple(full.shape)} does not match the sharded tensor's "
-                         f"global shape {tuple(like.shape)}")
-    mesh = like.device_mesh
-    piece = _take(full._data, _local_ranges(like.shape, mesh, like.placements, mesh.get_coordinate()))
-    xp = _backend.array_module(like._data)
-    return Tensor._wrap(xp.ascontiguousarray(xp.asarray(piece)))
 
 
 # -- optimizer state --------------------------------------------------------------------------------------
@@ -299,7 +178,7 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=
             if isinstance(v, DTensor) and full:
                 v = v.full_tensor()  # collective: every rank, same order
             if offload and isinstance(v, Tensor):
-                v = _offloaded(v)
+                v = offloaded(v)
             entry[k] = v
         if keep:
             state[name] = entry
@@ -518,7 +397,6 @@ def broadcast_optim_state_dict(root, osd, group=None) -> dict:
     return _unflatten_nested(flat)
 
 
-# The optimizer state dict is flattened for broadcast with "\x00" joined paths: parameter names contain dots.
 def _flatten_nested(osd):
     if not isinstance(osd, dict) or "state" not in osd:
         raise ValueError("optimizer state dict must be a dict with 'state' (and 'param_groups'), got "

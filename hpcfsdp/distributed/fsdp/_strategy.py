@@ -33,9 +33,9 @@ def strategy_mesh(strategy: ShardingStrategy, device_type: str = "cpu", device_m
                              f"{device_mesh.ndim}-D mesh of shape {tuple(device_mesh.shape)}")
         if hybrid:
             from ..device_mesh import _check_node_local
-            from ..distributed_c10d import _default_group
+            from .._c10d_groups import default_group
 
-            _check_node_local(device_mesh, 1, _default_group())  # shard groups must stay inside a node
+            _check_node_local(device_mesh, 1, default_group())  # shard groups must stay inside a node
         if not hybrid and device_mesh.ndim != 1:
             raise ValueError(f"{strategy.name} needs a 1-D device_mesh, got a {device_mesh.ndim}-D mesh of shape "
                              f"{tuple(device_mesh.shape)}; use HYBRID_SHARD for a 2-D mesh")

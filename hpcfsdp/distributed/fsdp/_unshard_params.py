@@ -9,7 +9,7 @@ from ...nn import Parameter
 from ..tensor import DTensor
 from ._fully_shard import FSDPModule
 from ._fully_shard._fsdp_common import TrainingState, get_module_fsdp_state
-from ._state_dict_utils import local_chunk
+from ._fully_shard._fsdp_state_dict import local_chunk
 
 __all__ = ["summon_full_params"]
 

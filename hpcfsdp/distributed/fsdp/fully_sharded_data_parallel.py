@@ -35,7 +35,9 @@ from ._fsdp1_init import (
     _sync_module_states,
     _warn_on_overridden_mixed_precision,
 )
+from ._fsdp1_state import _FSDPState, fsdp1_instances, fsdp1_root, state_dict_settings
 from ._fully_shard._fsdp_common import get_module_fsdp_state
+from ._fully_shard._fsdp_state_dict import clean_fqn, fsdp_groups
 from ._strategy import strategy_kwargs, strategy_mesh
 from ._unshard_params import summon_full_params as _summon_full_params
 from .api import (
@@ -104,10 +106,10 @@ def _clean_incompatible_keys(module, incompatible_keys):
     """load_state_dict's missing and unexpected keys under the names state dicts use (PyTorch's post hook: in
     place, so a strict load's error names them so too)."""
     for keys in incompatible_keys:
-        keys[:] = [sdu.clean_fqn(k) for k in keys]
+        keys[:] = [clean_fqn(k) for k in keys]
 
 
-class FullyShardedDataParallel(Module):
+class FullyShardedDataParallel(Module, _FSDPState):
     """Wraps ``module`` and shards it with :func:`fully_shard`: each auto-wrapped submodule becomes a unit,
     then the root. Parameter and state-dict names are the wrapped module's own (no prefix); attributes
     and items the wrapper lacks are looked up on the wrapped module. See [Note: FSDP1 on fully_shard].
@@ -188,7 +190,7 @@ class FullyShardedDataParallel(Module):
                 m.__dict__["_hp_fsdp1_strategy"] = sharding_strategy
         self._buffer_dtypes = _cast_buffers(module, mixed_precision, _ignored_modules(ignored_modules, ignored_states))
         self._fsdp_wrapped_module = module
-        for inner in _wrappers(module, required=False):  # hand-nested instances: not roots (check_is_root)
+        for inner in fsdp1_instances(module, required=False):  # hand-nested instances: not roots (check_is_root)
             inner.__dict__["_hp_wrapped_by_fsdp"] = True
         self._register_state_dict_hook(_drop_wrapper_prefix)
         self._register_load_state_dict_pre_hook(_add_wrapper_prefix, with_module=True)
@@ -242,7 +244,7 @@ class FullyShardedDataParallel(Module):
         sharded parameters, whether or not a unit is unsharded now (PyTorch's FSDP1 hands out the same objects
         at any time, so an optimizer built between a forward and its backward trains them)."""
         sharded = {id(fp.unsharded_param): fp.sharded_param
-                   for g in sdu.fsdp_groups(self.module) for fp in g.fsdp_params if fp.unsharded_param is not None}
+                   for g in fsdp_groups(self.module) for fp in g.fsdp_params if fp.unsharded_param is not None}
         for name, p in self._own_then_wrapped("named_parameters", prefix, recurse, remove_duplicate):
             yield name, sharded.get(id(p), p)
 
@@ -305,10 +307,6 @@ class FullyShardedDataParallel(Module):
         _cast_buffers(self.module, self.mixed_precision)  # loaded buffers take the compute buffer dtype again
         return result
 
-    @property
-    def _fsdp_root(self) -> FSDPModule:
-        return self.module
-
     # -- FSDP1 controls -----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self):
@@ -346,7 +344,7 @@ class FullyShardedDataParallel(Module):
         once, not hybrid strategies: PyTorch's checks."""
         if not self.check_is_root():
             raise AssertionError("register_comm_hook can only be called on a root instance.")
-        wrappers = [self] + [w for w in _wrappers(self.module, required=False) if w is not self]
+        wrappers = [self] + [w for w in fsdp1_instances(self.module, required=False) if w is not self]
         for w in wrappers:
             if w.sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
                 raise AssertionError(f"Communication hook is not supported for hybrid strategies: {w.sharding_strategy}")
@@ -359,7 +357,7 @@ class FullyShardedDataParallel(Module):
         no_shard = {id(g) for m in self.module.modules() if isinstance(m, FSDPModule)
                     and m.__dict__.get("_hp_fsdp1_strategy") == ShardingStrategy.NO_SHARD
                     for g in m._get_fsdp_state()._all_param_groups()}
-        for group in sdu.fsdp_groups(self.module):  # the hook reduces and divides: the unit only sums
+        for group in fsdp_groups(self.module):  # the hook reduces and divides: the unit only sums
             group.reduce_scatter_comm = _HookReduceScatter(state, hook, all_reduce=id(group) in no_shard)
             group.replicas_reduced_by_comm = id(group) in no_shard
             group.gradient_divide_factor = 1.0
@@ -393,7 +391,7 @@ class FullyShardedDataParallel(Module):
         if with_grads and isinstance(module, FullyShardedDataParallel) and not module.use_orig_params:
             raise NotImplementedError(f"with_grads={with_grads}, use_orig_params={module.use_orig_params}, "
                                       f"offload_to_cpu={offload_to_cpu} is not supported yet")
-        return _summon_full_params(_root(module), recurse=recurse, writeback=writeback, rank0_only=rank0_only,
+        return _summon_full_params(fsdp1_root(module), recurse=recurse, writeback=writeback, rank0_only=rank0_only,
                                    offload_to_cpu=offload_to_cpu, with_grads=with_grads)
 
     # -- state-dict type API ----------------------------------------------------------------------------
@@ -412,7 +410,7 @@ class FullyShardedDataParallel(Module):
         if not isinstance(optim_state_dict_config, osd_cls):
             raise RuntimeError(f"Expected optim_state_dict_config of type {osd_cls.__name__} for "
                                f"{state_dict_type.name}, got {type(optim_state_dict_config).__name__}")
-        wrappers = _wrappers(module)
+        wrappers = fsdp1_instances(module)
         prev = wrappers[0]._state_dict_settings
         new = StateDictSettings(state_dict_type, state_dict_config, optim_state_dict_config)
         for w in wrappers:
@@ -426,12 +424,7 @@ class FullyShardedDataParallel(Module):
         Raises:
             ValueError: the instances under ``module`` have different settings.
         """
-        wrappers = _wrappers(module)
-        first = wrappers[0]._state_dict_settings
-        for w in wrappers[1:]:
-            if w._state_dict_settings != first:
-                raise ValueError("FSDP instances under this module have different state-dict settings")
-        return first
+        return state_dict_settings(module)
 
     @staticmethod
     @contextlib.contextmanager
@@ -512,7 +505,7 @@ class FullyShardedDataParallel(Module):
     def fsdp_modules(module, root_only: bool = False) -> list:
         """Every FullyShardedDataParallel instance in ``module``'s tree (itself included), in ``modules()``
         order; with ``root_only``, those without an FSDP ancestor."""
-        found = _wrappers(module, required=False)
+        found = fsdp1_instances(module, required=False)
         if not root_only:
             return found
         inner = {id(m) for w in found for m in w.module.modules() if m is not w}
@@ -553,7 +546,7 @@ class _HookReduceScatter(ReduceScatter):
 def _check_homogeneous(root: "FullyShardedDataParallel") -> None:
     """The settings every instance under a root must share (PyTorch's ValueError at lazy init; here they change
     nothing, but a script mixing them is refused as there)."""
-    wrappers = [root] + [w for w in _wrappers(root.module, required=False) if w is not root]
+    wrappers = [root] + [w for w in fsdp1_instances(root.module, required=False) if w is not root]
     for attr, name in (("use_orig_params", "_use_orig_params"), ("limit_all_gathers", "limit_all_gathers")):
         values = {getattr(w, attr) for w in wrappers}
         if len(values) != 1:
@@ -591,13 +584,4 @@ def _as_list(items, what: str):
         raise TypeError(f"`{what}` should be an iterable of `torch.nn.Module`s but got {type(items)}") from e
 
 
-def _root(model):
-    return model.module if isinstance(model, FullyShardedDataParallel) else model
-
-
-def _wrappers(module, required: bool = True):
-    found = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
-    if not found and required:
-        raise ValueError(f"{type(module).__name__} contains no FullyShardedDataParallel instance")
-    return found
 

@@ -43,6 +43,8 @@ def lambda_auto_wrap_policy(module, recurse: bool, nonwrapped_numel: int, lambda
 
 
 def _or_policy(module, recurse: bool, nonwrapped_numel: int, policies) -> bool:
+    """True when any of ``policies`` wraps ``module`` (PyTorch's private name: FSDP1 scripts import it; bind
+    ``policies`` with functools.partial)."""
     return any(policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel) for policy in policies)
 
 

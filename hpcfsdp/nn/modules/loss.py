@@ -1,8 +1,15 @@
-"""Loss modules: CrossEntropyLoss and MSELoss."""
+"""Loss modules (torch.nn.modules.loss): regression (MSELoss, L1Loss, SmoothL1Loss, HuberLoss), classification
+(CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss) and distribution matching (KLDivLoss).
+
+Most map the deprecated size_average/reduce arguments onto ``reduction`` as PyTorch does (with its warning);
+CrossEntropyLoss and MSELoss refuse them. An unknown reduction is refused at construction.
+"""
 import hpcfsdp.nn.functional as F
+from hpcfsdp.nn._functional._common import check_reduction, legacy_reduction
 from hpcfsdp.nn.modules.module import Module
 
-__all__ = ["CrossEntropyLoss", "MSELoss"]
+__all__ = ["MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
+           "BCEWithLogitsLoss", "KLDivLoss"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -11,6 +18,68 @@ def _check_reduction(reduction):
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction; expected one of {_REDUCTIONS}")
 
+
+class _Loss(Module):
+    _extra = ()
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = legacy_reduction(size_average, reduce, reduction)
+        check_reduction(self.reduction, self._extra)
+
+
+class _WeightedLoss(_Loss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+
+
+# -- regression -------------------------------------------------------------------------------------------------------
+
+class MSELoss(Module):
+    """Mean (or sum, or none) of the squared differences."""
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__()
+        if size_average is not None or reduce is not None:
+            raise ValueError("size_average and reduce are deprecated in PyTorch and not supported; use reduction=")
+        _check_reduction(reduction)
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+
+class L1Loss(_Loss):
+    """Mean (or sum, or none) of |input - target|."""
+
+    def forward(self, input, target):  # noqa: A002
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """Smooth L1: quadratic below ``beta``, linear above (``F.smooth_l1_loss``)."""
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input, target):  # noqa: A002
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """Huber loss: quadratic below ``delta``, delta-scaled linear above (``F.huber_loss``)."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input, target):  # noqa: A002
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+# -- classification ---------------------------------------------------------------------------------------------------
 
 class CrossEntropyLoss(Module):
     """Cross entropy between logits (N, C) and class indices (N,) (``F.cross_entropy`` with the stored options)."""
@@ -31,15 +100,64 @@ class CrossEntropyLoss(Module):
                                reduction=self.reduction, label_smoothing=self.label_smoothing)
 
 
-class MSELoss(Module):
-    """Mean (or sum, or none) of the squared differences."""
+class NLLLoss(_WeightedLoss):
+    """Negative log likelihood of log-probabilities at class targets (``F.nll_loss`` with the stored options).
 
-    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
-        super().__init__()
-        if size_average is not None or reduce is not None:
-            raise ValueError("size_average and reduce are deprecated in PyTorch and not supported; use reduction=")
-        _check_reduction(reduction)
-        self.reduction = reduction
+    Args:
+        weight: optional (C,) class weights (a buffer).
+        size_average: deprecated.
+        ignore_index: targets equal to it are skipped.
+        reduce: deprecated.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
 
-    def forward(self, input, target):
-        return F.mse_loss(input, target, reduction=self.reduction)
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean") -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index = ignore_index
+
+    def forward(self, input, target):  # noqa: A002
+        return F.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class BCELoss(_WeightedLoss):
+    """Binary cross entropy of probabilities (``F.binary_cross_entropy``); ``weight`` is a buffer."""
+
+    def forward(self, input, target):  # noqa: A002
+        return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy of logits, computed stably (``F.binary_cross_entropy_with_logits``).
+
+    Args:
+        weight: optional element weight broadcast against the input (a buffer).
+        size_average: deprecated.
+        reduce: deprecated.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        pos_weight: optional weight of positive examples, per class along the last dim (a buffer).
+    """
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean", pos_weight=None) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input, target):  # noqa: A002
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, pos_weight=self.pos_weight,
+                                                  reduction=self.reduction)
+
+
+# -- distributions ----------------------------------------------------------------------------------------------------
+
+class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence with log-probability input (``F.kl_div``); reduction may be ``"batchmean"``."""
+
+    _extra = ("batchmean",)
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", log_target: bool = False) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input, target):  # noqa: A002
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)

@@ -204,7 +204,7 @@ class DistributedDataParallel(Module):
                 raise NotImplementedError(f"DistributedDataParallel({name}=...) is not supported by hpcfsdp; "
                                           f"expected None (for mixed precision use hpcfsdp.autocast or FSDP's "
                                           f"MixedPrecisionPolicy)")
-        from hpcfsdp.distributed import distributed_c10d as c10d
+        from hpcfsdp.distributed._c10d_groups import resolve_group
         from hpcfsdp.distributed.tensor._dtensor import DTensor
 
         if process_group is not None and device_mesh is not None:
@@ -214,7 +214,7 @@ class DistributedDataParallel(Module):
                 raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
             group = device_mesh.get_group()
         else:
-            group = c10d._resolve(process_group)
+            group = resolve_group(process_group)
         if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
             raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: expected a positive number of MiB or None")
         ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))

@@ -253,15 +253,6 @@ class FSDPParamGroup:
         self._post_forward_buffer = None
         self.sharded_state = ShardedState.SHARDED
 
-    def write_back_unsharded(self):
-        """Copy the (possibly modified) unsharded parameters back into this rank's shards."""
-        if self.sharded_state != ShardedState.UNSHARDED:
-            return
-        for p in self.fsdp_params:
-            segment = p.layout.segment(self.flat)[:p.local_rows()]
-            front = p.unsharded_front()[p.layout.start:p.layout.stop]
-            segment[...] = _backend.to_numpy(front) if self.offload else front
-
     def reshard_post_forward(self):
         """Reshard after forward: fully (post-forward group is the shard group), onto the smaller
         post-forward group (int reshard_after_forward), or not at all (None)."""

@@ -32,7 +32,7 @@ from ....autograd.grad_mode import is_grad_enabled
 from ....utils import checkpoint as _ckpt
 from ._fsdp_assigned import adopt_assigned_params
 from ._fsdp_collectives import finish_reduce, raise_finite_errors
-from ._fsdp_common import get_module_fsdp_state
+from ._fsdp_common import TrainingState, get_module_fsdp_state
 
 __all__ = ["FSDPState", "FSDPStateContext"]
 
@@ -113,6 +113,28 @@ class FSDPState:
         for m in self._modules:
             m.register_forward_pre_hook(self._pre_forward_hook, prepend=True, with_kwargs=True)
             m.register_forward_hook(functools.partial(self._post_forward_hook, m), prepend=False)
+
+    def register_state_dict_hooks(self):
+        """State-dict hooks on every module of the call: loading writes into the sharded parameters, what
+        assign=True puts on the modules is adopted (see [Note: Assigned parameters]), and state_dict() between
+        passes gives the sharded DTensors."""
+        def to_sharded(*args, **kwargs):
+            for group in self._all_param_groups():
+                group.reshard()
+
+        def adopt(module, incompatible_keys):
+            for group in self._all_param_groups():
+                adopt_assigned_params(group)
+
+        def to_sharded_when_idle(*args, **kwargs):
+            for group in self._all_param_groups():
+                if group.training_state == TrainingState.IDLE:
+                    group.reshard()
+
+        for m in self._modules:
+            m.register_state_dict_pre_hook(to_sharded_when_idle)
+            m._register_load_state_dict_pre_hook(to_sharded)
+            m.register_load_state_dict_post_hook(adopt)
 
     def _pre_forward_hook(self, module, args, kwargs):
         if _ckpt.in_recompute():

@@ -147,9 +147,7 @@ def fully_shard(
             fp.set_on_modules(fp.sharded_param)
         state._param_group = group
     state.register_hooks()
-    from .._state_dict_utils import register_state_dict_hooks  # that module imports this package
-
-    register_state_dict_hooks(state)
+    state.register_state_dict_hooks()
     for m in list(converted) + [m for m in managed if m not in converted]:
         registry(m)[_FULLY_SHARD_STATE_KEY] = state
     return module if input_is_list else converted[0]

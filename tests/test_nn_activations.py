@@ -1,14 +1,19 @@
-"""The second batch of activations (PReLU, SELU, CELU, GLU, Hardswish, Hardsigmoid, Softsign, Tanhshrink, Threshold,
-Softmin, LogSigmoid, Softmax2d): values against NumPy float64, finite-difference gradients, PyTorch's choices at the
-kinks, reprs and errors."""
+"""Activations (nn.functional and nn.modules.activation) against NumPy float64: values, finite-difference gradients,
+PyTorch's choices at the kinks and at extreme inputs, the layers' reprs and errors."""
+import math
+
 import numpy as np
 import pytest
 
 import hpcfsdp as hp
 import hpcfsdp.nn.functional as F
 from hpcfsdp import nn
+from tests._gradcheck import gradcheck, rand
 
-from _gradcheck import gradcheck
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(5)
 
 
 def _t(a, requires_grad=False):
@@ -125,3 +130,69 @@ def test_activation_reprs_and_errors():
     with pytest.raises(RuntimeError, match="floating point"):
         F.selu(hp.tensor([1, 2]))
     np.testing.assert_allclose(F.softmin(_t([[1.0, 2.0], [3.0, 0.0]])).numpy().sum(1), [1, 1])  # implicit dim 1
+
+
+# -- activations -----------------------------------------------------------------------------------------
+def _away_from(x, points, margin=1e-3):
+    for p in points:
+        x[np.abs(x - p) < margin] = p + 0.1
+    return x
+
+
+ACTIVATIONS = [
+    ("leaky_relu", lambda a: F.leaky_relu(a, 0.2), lambda x: np.where(x > 0, x, 0.2 * x), (0,)),
+    ("elu", lambda a: F.elu(a, 0.7), lambda x: np.where(x > 0, x, 0.7 * np.expm1(x)), (0,)),
+    ("softplus", F.softplus, lambda x: np.log1p(np.exp(x)), ()),
+    ("softplus_beta", lambda a: F.softplus(a, 2.0, 3.0), lambda x: np.where(2 * x > 3, x, np.log1p(np.exp(2 * x)) / 2),
+     (1.5,)),
+    ("mish", F.mish, lambda x: x * np.tanh(np.log1p(np.exp(x))), ()),
+    ("hardtanh", lambda a: F.hardtanh(a, -1.5, 2.0), lambda x: np.clip(x, -1.5, 2.0), (-1.5, 2.0)),
+    ("relu6", F.relu6, lambda x: np.clip(x, 0, 6), (0, 6)),
+]
+
+
+@pytest.mark.parametrize("name,fn,ref,kinks", ACTIVATIONS, ids=[a[0] for a in ACTIVATIONS])
+def test_activation_values_and_grad(rng, name, fn, ref, kinks):
+    x = _away_from(rand(rng, 4, 5, layout="t") * 4, kinks)
+    np.testing.assert_allclose(fn(hp.tensor(x)).numpy(), ref(x), rtol=1e-12, atol=1e-15)
+    gradcheck(fn, [x])
+
+
+def test_activation_edges():
+    x = hp.tensor([-1e4, -50.0, 0.0, 50.0, 1e4], requires_grad=True)
+    for fn in (F.softplus, F.mish, F.elu):
+        y = fn(x)
+        y.sum().backward()
+        assert np.isfinite(y.detach().numpy()).all() and np.isfinite(x.grad.numpy()).all()
+        x.grad = None
+    np.testing.assert_allclose(F.softplus(x).detach().numpy(), [0, math.log1p(math.exp(-50)), math.log(2), 50, 1e4])
+    z = hp.tensor([0.0, 6.0, -1.0, 1.0], requires_grad=True)
+    F.relu6(z).sum().backward()
+    np.testing.assert_array_equal(z.grad.numpy(), [0, 0, 0, 1])  # no gradient at the bounds, as PyTorch
+    with pytest.raises(ValueError, match="min_val cannot be greater than max_val"):
+        F.hardtanh(z, 2, 1)
+    y = F.leaky_relu(hp.tensor([1.0, -1.0], dtype=hp.float32))
+    assert y.dtype == hp.float32 and y.numpy().tolist() == pytest.approx([1.0, -0.01])
+    assert F.elu(hp.tensor([-1.0], dtype=hp.bfloat16)).dtype == hp.bfloat16
+
+
+def test_activation_layers(rng):
+    x = hp.tensor(rng.standard_normal((3, 4)))
+    pairs = [(nn.Softmax(dim=1), F.softmax(x, 1)), (nn.LogSoftmax(dim=0), F.log_softmax(x, 0)),
+             (nn.Sigmoid(), F.sigmoid(x)), (nn.LeakyReLU(0.3), F.leaky_relu(x, 0.3)), (nn.ELU(0.5), F.elu(x, 0.5)),
+             (nn.Softplus(2, 10), F.softplus(x, 2, 10)), (nn.Mish(), F.mish(x)), (nn.Hardtanh(-0.5, 0.5),
+                                                                                   F.hardtanh(x, -0.5, 0.5)),
+             (nn.ReLU6(), F.relu6(x))]
+    for m, want in pairs:
+        np.testing.assert_array_equal(m(x).numpy(), want.numpy())
+    reprs = {nn.Softmax(1): "Softmax(dim=1)", nn.Softmax(): "Softmax(dim=None)", nn.LogSoftmax(dim=1): "LogSoftmax(dim=1)",
+             nn.Sigmoid(): "Sigmoid()", nn.LeakyReLU(): "LeakyReLU(negative_slope=0.01)",
+             nn.LeakyReLU(0.2, True): "LeakyReLU(negative_slope=0.2, inplace=True)", nn.ELU(): "ELU(alpha=1.0)",
+             nn.ELU(0.5, True): "ELU(alpha=0.5, inplace=True)", nn.Softplus(): "Softplus(beta=1.0, threshold=20.0)",
+             nn.Mish(): "Mish()", nn.Hardtanh(): "Hardtanh(min_val=-1.0, max_val=1.0)",
+             nn.Hardtanh(-2, 2): "Hardtanh(min_val=-2, max_val=2)", nn.ReLU6(): "ReLU6()",
+             nn.ReLU6(True): "ReLU6(inplace=True)"}
+    for m, r in reprs.items():
+        assert repr(m) == r
+    with pytest.raises(ValueError, match=r"max_val \(1\) must be greater than min_val \(2\)"):
+        nn.Hardtanh(2, 1)
