@@ -6,6 +6,7 @@ import socket
 import sys
 
 import hpcfsdp._settings as _settings  # a leaf
+from hpcfsdp._launcher_env import launcher_rank  # a leaf (_settings only)
 
 __all__ = ["LOGGER_NAME", "LEVELS", "get_logger", "set_level", "rank_and_size", "rank_prefix", "write_line"]
 
@@ -24,7 +25,6 @@ __all__ = ["LOGGER_NAME", "LEVELS", "get_logger", "set_level", "rank_and_size", 
 
 LOGGER_NAME = "hpcfsdp"
 LEVELS = ("debug", "info", "warning", "error", "critical")
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
 _configured = False
 
@@ -35,14 +35,9 @@ def rank_and_size() -> tuple[int, int]:
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
-    def first(names, default):
-        for var in names:
-            value = os.environ.get(var, "").strip()
-            if value.isdigit():
-                return int(value)
-        return default
-
-    return first(_RANK_VARS, 0), first(_SIZE_VARS, 1)
+    rank = launcher_rank()
+    size = next((int(v) for v in (os.environ.get(var, "").strip() for var in _SIZE_VARS) if v.isdigit()), 1)
+    return (0 if rank is None else rank), size
 
 
 def rank_prefix() -> str:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import hpcfsdp._settings as _settings  # a leaf
+from hpcfsdp._launcher_env import launcher_rank  # a leaf (_settings only)
 
 __all__ = ["RECORDER", "Recorder", "start", "stop", "trace_file"]
 
@@ -25,14 +26,6 @@ __all__ = ["RECORDER", "Recorder", "start", "stop", "trace_file"]
 # written at exit (or stop()); `hpcfsdp trace merge` and `hpcfsdp trace plot` read it.
 
 RECORDER: "Recorder | None" = None
-
-
-def _rank_from_env() -> int | None:
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"):
-        v = os.environ.get(var)
-        if v is not None and v.strip().isdigit():
-            return int(v)
-    return None
 
 
 def trace_file(directory: str, rank: int) -> str:
@@ -144,7 +137,7 @@ class Recorder:
             except Exception:  # noqa: BLE001 (fall back to the launcher's variables)
                 pass
         if self.rank is None:
-            self.rank = _rank_from_env() or 0
+            self.rank = launcher_rank() or 0  # See [Note: Launcher rank]
         return self.rank
 
     def write(self) -> str | None:
