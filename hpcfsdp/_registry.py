@@ -14,10 +14,11 @@ This module imports nothing of hpcfsdp: it is a table, below everything that reg
 from __future__ import annotations
 
 import sys
+import functools
 from typing import Any, Callable
 
 __all__ = ["FAMILIES", "INPLACE_DUNDERS", "OPS", "Op", "function_op", "lookup", "method_names", "mixin", "op",
-           "set_tensor_class", "tensor_class", "top_level"]
+           "set_function_dispatch", "set_tensor_class", "tensor_class", "top_level"]
 
 # The families, as the files of hpcfsdp/autograd/ops/ and hpcfsdp/_tensor_methods/ are named. "compare"
 # (comparisons, predicates, logic) and "convert" (dtype/device conversions, new_* constructors) have
@@ -132,9 +133,11 @@ def op(family, *, name=None, functions=(), function=False, aliases=(), function_
     """
     def register(impl):
         n = name or impl.__name__
-        fn = _method_as_function(n, impl) if function is True else (function or None)
-        _register(Op(n, family, impl, fn, tuple(functions), _inplace_name(n) if inplace is None else inplace,
-                     tuple(aliases), tuple(function_aliases)))
+        entry = Op(n, family, impl, None, tuple(functions), _inplace_name(n) if inplace is None else inplace,
+                   tuple(aliases), tuple(function_aliases))
+        entry.function = _method_as_function(n, impl) if function is True else (
+            _dispatching(entry, function) if function else None)
+        _register(entry)
         return impl
     return register
 
@@ -142,9 +145,40 @@ def op(family, *, name=None, functions=(), function=False, aliases=(), function_
 def function_op(family, *, name=None, functions=(), aliases=()):
     """Declare an ``hpcfsdp.*`` function that is not a Tensor method (``einsum``, ``meshgrid``, ``cat``)."""
     def register(fn):
-        _register(Op(name or fn.__name__, family, None, fn, tuple(functions), False, (), tuple(aliases)))
-        return fn
+        entry = Op(name or fn.__name__, family, None, None, tuple(functions), False, (), tuple(aliases))
+        entry.function = _dispatching(entry, fn)
+        _register(entry)
+        return entry.function
     return register
+
+
+# [Note: Function dispatch]
+# A method's hpcfsdp.* function calls the method, so a Tensor subclass that overrides it (DTensor) is reached
+# that way. A function written out (``hp.cat``, ``hp.where``, ``hp.pow(2, t)``) is wrapped instead: while a
+# layer above has set a hook (hpcfsdp.distributed.tensor, when it is loaded), the hook sees the call first and
+# returns its result, or NotImplemented for arguments it does not handle. Without a hook the wrapper costs one
+# global read per call.
+_FUNCTION_DISPATCH = None
+
+
+def set_function_dispatch(hook):
+    """Install ``hook(entry, args, kwargs)`` (or None) in front of every written-out hpcfsdp.* op function."""
+    global _FUNCTION_DISPATCH
+    _FUNCTION_DISPATCH = hook
+
+
+def _dispatching(entry, fn):
+    @functools.wraps(fn)
+    def f(*args, **kwargs):
+        hook = _FUNCTION_DISPATCH
+        if hook is not None:
+            out = hook(entry, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return fn(*args, **kwargs)
+
+    f.__hp_body__ = fn  # the undispatched function (rules compute with it on local tensors)
+    return f
 
 
 def lookup(name):

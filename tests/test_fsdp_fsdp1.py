@@ -169,11 +169,11 @@ def test_keep_low_precision_grads():
         assert g.dtype == hp.bfloat16, name
         np.testing.assert_array_equal(g.to_local().numpy(), full_grads[name].to_local().numpy().astype(hp.bfloat16))
     assert all(p.dtype == hp.float32 for p in fsdp.parameters())  # the sharded parameters stay full precision
-    before = {n: p.to_local().numpy().copy() for n, p in fsdp.named_parameters()}
+    before = {n: p.to_local().detach().numpy().copy() for n, p in fsdp.named_parameters()}
     hp.optim.SGD(fsdp.parameters(), lr=0.5).step()  # an optimizer steps the fp32 shards with the bf16 grads
     for n, p in fsdp.named_parameters():
         want = before[n] - 0.5 * low_grads[n].to_local().numpy().astype(np.float32)
-        np.testing.assert_allclose(p.to_local().numpy(), want, rtol=1e-6, atol=1e-7, err_msg=n)
+        np.testing.assert_allclose(p.to_local().detach().numpy(), want, rtol=1e-6, atol=1e-7, err_msg=n)
 
 
 class _Scaled(nn.Module):

@@ -373,7 +373,9 @@ def test_a_sharded_parameter_beside_a_plain_tensor_is_refused_not_computed_on_th
         assert isinstance(held, DTensor)  # .data of a DTensor is a DTensor, as PyTorch's
         with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
             x @ held.t()  # a view of the shard
-    assert (model.fc2.weight * 2).shape == model.fc2.weight.to_local().shape  # the shard alone: still allowed
+    doubled = model.fc2.weight * 2  # an op on the DTensor alone: a DTensor of its layout (PyTorch's dispatch)
+    assert isinstance(doubled, DTensor) and doubled.shape == model.fc2.weight.shape
+    assert doubled.placements == model.fc2.weight.placements
     out = model(hp.ones(4, 6))  # through the root: gathered, no error
     assert out.shape == () and np.isfinite(out.item())
     model.unshard()  # gathered by hand: the whole weight, usable with plain tensors until reshard()

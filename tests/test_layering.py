@@ -29,6 +29,8 @@ LEVELS = {
     "hpcfsdp.multiprocessing": 2,  # torch.multiprocessing.spawn under MPI: the MPI world size (_mpi) on use
     "hpcfsdp.distributed.tensor": 3,  # the package re-exports distribute_module (nn modules); DTensor itself is 2:
     "hpcfsdp.distributed.tensor._dtensor": 2,
+    "hpcfsdp.distributed.tensor._dispatch": 2,  # DTensor op dispatch: the registry's ops on DTensors
+    "hpcfsdp.distributed.tensor._rules": 2,  # the sharding rules dispatch consults
     "hpcfsdp.distributed.tensor.placement_types": 2,
     "hpcfsdp.nn": 3,
     "hpcfsdp.utils": 3,  # activation checkpointing: autograd and Tensors, used by nn-level code

@@ -396,7 +396,9 @@ _clone_function.__name__ = _clone_function.__qualname__ = "clone"
 
 
 @op("shape", function=_clone_function, functions=(ops.Clone,))
-def clone(self):
+def clone(self, *, memory_format=None):
+    """A copy in new memory, in the graph (``memory_format`` is accepted as PyTorch's; layouts are always
+    row-major here)."""
     return ops.Clone.apply(self)
 
 

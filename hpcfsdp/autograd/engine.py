@@ -64,13 +64,15 @@ def _accumulate(node, grads):
         raise RuntimeError(f"gradient of shape {tuple(g.shape)} does not match its leaf of shape "
                            f"{tuple(var._data.shape)}")
     cur = var._grad
+    # a DTensor leaf's gradient is a DTensor of its layout (`__hp_wrap_like__`), as in PyTorch
+    wrap = getattr(var, "__hp_wrap_like__", None) or var._wrap
     if cur is None:
         # refs: the local `g` and _steal_ok's parameter
-        var._grad = var._wrap(g if _steal_ok(g, 2) else g.copy())
+        var._grad = wrap(g if _steal_ok(g, 2) else g.copy())
     elif _writeable(cur._data) and cur._data.shape == g.shape and cur._data.dtype == g.dtype:
         cur._data += g
     else:
-        var._grad = var._wrap(cur._data + g)
+        var._grad = wrap(cur._data + g)
     if var._post_acc_hooks:
         for fn in list(var._post_acc_hooks.values()):
             fn(var)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -11,6 +12,9 @@ import numpy as np
 
 from hpcfsdp._backend import array_module, is_floating_dtype, is_meta_array, meta_array
 from hpcfsdp._tensor import Size, Tensor
+from hpcfsdp.autograd.function import Function
+from hpcfsdp.autograd.grad_mode import is_grad_enabled
+import hpcfsdp.distributed.tensor._dispatch as _dispatch
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
 from hpcfsdp.distributed.tensor.placement_types import (Partial, Placement, Replicate, Shard, _InterleavedShard,
@@ -265,17 +269,26 @@ class DTensor(Tensor):
         spec = DTensorSpec(device_mesh, pl, shape, stride, local.dtype)
         if run_check:
             _run_check(local, spec)
+        if local_tensor.requires_grad and is_grad_enabled():  # differentiable: the gradient's local piece
+            return _dispatch.wrap(_dispatch._LocalView.apply(local_tensor), device_mesh, pl, shape)
         return DTensor._from_array(local, spec, local_tensor.requires_grad)
 
     # -- local / global views ----------------------------------------------------------------------
     def to_local(self, *, grad_placements=None) -> Tensor:
-        """The local piece as a plain Tensor sharing storage (no autograd link to the DTensor)."""
-        return Tensor._wrap(self._data)
+        """The local piece as a plain Tensor sharing storage, differentiable: its gradient is laid out as
+        ``grad_placements`` (default: this tensor's placements) and redistributed to this tensor's layout."""
+        if not (self.requires_grad and is_grad_enabled()):
+            return Tensor._wrap(self._data)
+        if grad_placements is None:
+            return _dispatch._LocalView.apply(self)
+        return _ToLocal.apply(self, _norm_placements(grad_placements, self._spec.mesh, self.ndim))
 
     def full_tensor(self, *, grad_placements=None) -> Tensor:
         """The global tensor on every rank (all-reduces over each Partial mesh dimension, all-gathers over each
-        Shard one; collective)."""
-        return Tensor._wrap(self._full_array())
+        Shard one; collective). Differentiable: the gradient's local piece is taken back."""
+        if not (self.requires_grad and is_grad_enabled()):
+            return Tensor._wrap(self._full_array())
+        return _dispatch.redistribute_local(self, (Replicate(),) * self._spec.mesh.ndim)
 
     def _full_array(self, keep_partial=frozenset()):
         """The global array, still partial over the Partial mesh dims in ``keep_partial`` (collective)."""
@@ -319,6 +332,8 @@ class DTensor(Tensor):
                                    "internal use only!")
         if pl == self._spec.placements and forward_dtype is None:
             return self
+        if self.requires_grad and is_grad_enabled() and forward_dtype is None:  # differentiable
+            return _dispatch.wrap(_dispatch.redistribute_local(self, pl), mesh, pl, self._spec.shape)
         full = self._full_array(frozenset(i for i, p in enumerate(pl) if isinstance(p, Partial)))
         if forward_dtype is not None:
             from hpcfsdp._backend import to_dtype
@@ -336,18 +351,6 @@ class DTensor(Tensor):
         if getattr(self, "_hp_fsdp_shard", False):
             out._hp_fsdp_shard = True
         return out
-
-    def clone(self, *, memory_format=None) -> "DTensor":
-        """A copy of this rank's piece with the same layout (a state dict copied with ``detach().clone()``
-        loads back). Differentiable clones of DTensors belong to the DTensor op layer, not here yet: refused
-        rather than computed on the shard as a plain tensor."""
-        from ...autograd.grad_mode import is_grad_enabled
-
-        if self.requires_grad and is_grad_enabled():
-            raise NotImplementedError(
-                "hpcfsdp: clone() of a DTensor that requires grad is not differentiable yet; use "
-                "dtensor.detach().clone(), or clone the local piece (to_local().clone()) in your own graph")
-        return DTensor._from_array(self._data.copy(), self._spec)
 
     @property
     def data(self) -> "DTensor":
@@ -642,3 +645,24 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
                 local = local / local.dtype.type(device_mesh.size(i))
     spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)
     return DTensor._from_array(local, spec, tensor.requires_grad)
+
+
+class _ToLocal(Function):
+    """``to_local(grad_placements=...)``: the local piece; its gradient, laid out as ``grad_placements``, is
+    redistributed to the DTensor's own layout (a Partial gradient all-reduced)."""
+
+    @staticmethod
+    def forward(ctx, x, grad_placements):
+        ctx.spec = x._spec
+        ctx.grad_placements = grad_placements
+        return Tensor._wrap(x._data)
+
+    @staticmethod
+    def backward(ctx, g):
+        src = dataclasses.replace(ctx.spec, placements=tuple(ctx.grad_placements))
+        dst = _dispatch._grad_spec(ctx.spec)
+        return Tensor._wrap(_dispatch._move(g._data, src, dst)), None
+
+
+_dispatch.install(DTensor, DTensorSpec)
+import hpcfsdp.distributed.tensor._rules  # noqa: E402,F401  (registers the sharding rules)

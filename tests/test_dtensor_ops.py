@@ -1,0 +1,122 @@
+"""Ops on DTensors propagate placements (PyTorch's DTensor dispatch): each result against the same op on the full
+tensor, its placements as PyTorch's, autograd through the layout changes, and ops without a rule refused."""
+import numpy as np
+import pytest
+
+import hpcfsdp as hp
+import hpcfsdp.distributed as dist
+from hpcfsdp.distributed.device_mesh import init_device_mesh
+from hpcfsdp.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+
+def _mesh():
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def _full(seed=0, shape=(8, 6)):
+    return hp.tensor(np.random.default_rng(seed).standard_normal(shape))
+
+
+ELEMENTWISE = {
+    "a*2": lambda a, b: a * 2, "a+1": lambda a, b: a + 1, "a/4": lambda a, b: a / 4, "-a": lambda a, b: -a,
+    "2*a": lambda a, b: 2 * a, "relu": lambda a, b: a.relu(), "exp": lambda a, b: a.exp(), "abs": lambda a, b: a.abs(),
+    "a**2": lambda a, b: a ** 2, "a+b": lambda a, b: a + b, "a*b": lambda a, b: a * b, "a-b": lambda a, b: a - b,
+    "a>b": lambda a, b: a > b, "double": lambda a, b: a.double(), "to": lambda a, b: a.to(hp.float32),
+    "clone": lambda a, b: a.clone(), "detach.clone": lambda a, b: a.detach().clone(),
+    "zeros_like+": lambda a, b: hp.zeros_like(a) + a, "ones_like": lambda a, b: hp.ones_like(a),
+    "where": lambda a, b: hp.where(a > 0, a, b), "t": lambda a, b: a.t(), "clamp": lambda a, b: a.clamp(-0.5, 0.5),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", sorted(ELEMENTWISE))
+@pytest.mark.parametrize("pa,pb", [(Shard(0), Shard(0)), (Shard(0), Replicate()), (Shard(1), Replicate()),
+                                   (Replicate(), Shard(1))])
+def test_elementwise_matches_the_full_tensor(case, pa, pb):
+    mesh = _mesh()
+    fa, fb = _full(0), _full(1)
+    a, b = distribute_tensor(fa, mesh, [pa]), distribute_tensor(fb, mesh, [pb])
+    out = ELEMENTWISE[case](a, b)
+    ref = ELEMENTWISE[case](fa, fb)
+    assert isinstance(out, DTensor) and tuple(out.shape) == tuple(ref.shape), case
+    assert out.dtype == ref.dtype
+    np.testing.assert_allclose(out.full_tensor().numpy(), ref.numpy(), rtol=1e-12, err_msg=case)
+    if pa == pb or isinstance(pb, Replicate):
+        want = pa if case != "t" or not isinstance(pa, Shard) else Shard(1 - pa.dim)
+        assert out.placements == (want,), (case, out.placements)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_partial_stays_partial_only_where_the_op_is_linear():
+    mesh = _mesh()
+    n = mesh.size()
+    v = _full(2, (4,))
+    p = DTensor.from_local(v, mesh, [Partial()])  # the global value is n * v
+    assert (p * 3).placements == (Partial(),) and (-p).placements == (Partial(),)
+    np.testing.assert_allclose((p * 3).full_tensor().numpy(), 3 * n * v.numpy())
+    np.testing.assert_allclose((p + p).full_tensor().numpy(), 2 * n * v.numpy())
+    plus1 = p + 1  # not linear: reduced first, then 1 added once
+    assert plus1.placements == (Replicate(),)
+    np.testing.assert_allclose(plus1.full_tensor().numpy(), n * v.numpy() + 1)
+    sq = p * p
+    np.testing.assert_allclose(sq.full_tensor().numpy(), (n * v.numpy()) ** 2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_in_place_ops_keep_the_layout():
+    mesh = _mesh()
+    fa, fb = _full(0), _full(1)
+    a = distribute_tensor(fa, mesh, [Shard(0)])
+    with hp.no_grad():
+        assert a.mul_(2) is a and a.add_(distribute_tensor(fb, mesh, [Replicate()])) is a
+        a.zero_().add_(1.5)
+    assert a.placements == (Shard(0),)
+    np.testing.assert_allclose(a.full_tensor().numpy(), np.full((8, 6), 1.5))
+    r = distribute_tensor(fa, mesh, [Replicate()])
+    with hp.no_grad():
+        r.add_(distribute_tensor(fb, mesh, [Shard(0)]))  # the sharded operand is gathered
+    np.testing.assert_allclose(r.full_tensor().numpy(), fa.numpy() + fb.numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_plain_tensor_beside_a_sharded_dtensor_is_refused():
+    mesh = _mesh()
+    a = distribute_tensor(_full(0), mesh, [Shard(0)])
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        a + _full(1)
+    assert isinstance(a + hp.tensor(2.0), DTensor)  # a one-element tensor is a replicated scalar
+    r = distribute_tensor(_full(0), mesh, [Replicate()])
+    np.testing.assert_allclose((r + _full(1)).full_tensor().numpy(), _full(0).numpy() + _full(1).numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_op_without_a_rule_raises_naming_it():
+    mesh = _mesh()
+    a = distribute_tensor(_full(0), mesh, [Shard(0)])
+    with pytest.raises(NotImplementedError, match=r"Operator cumprod does not have a sharding strategy.*Shard"):
+        a.cumprod(0)
+    r = distribute_tensor(_full(0), mesh, [Replicate()])  # replicated operands: computed, still a DTensor
+    out = r.cumprod(0)
+    assert isinstance(out, DTensor) and out.placements == (Replicate(),)
+    np.testing.assert_allclose(out.to_local().numpy(), _full(0).cumprod(0).numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_autograd_through_ops_and_layout_changes():
+    mesh = _mesh()
+    full = _full(0)
+    w = distribute_tensor(full, mesh, [Shard(0)])
+    w.requires_grad_(True)
+    ((w * w).full_tensor().sum() * 0.5).backward()
+    assert isinstance(w.grad, DTensor) and w.grad.placements == (Shard(0),)
+    np.testing.assert_allclose(w.grad.full_tensor().numpy(), full.numpy())
+    x = hp.tensor(np.ones((2, 3)), requires_grad=True)
+    d = DTensor.from_local(x, mesh, [Shard(0)])
+    (d.redistribute(mesh, [Replicate()]).to_local() * 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 3 * np.ones((2, 3)))  # the gathered copy's gradient, sliced back
+    y = hp.tensor(np.ones((2, 3)), requires_grad=True)
+    r = DTensor.from_local(y, mesh, [Replicate()])
+    r.to_local(grad_placements=[Partial()]).sum().backward()  # each rank's gradient is a partial sum
+    np.testing.assert_allclose(y.grad.numpy(), mesh.size() * np.ones((2, 3)))
