@@ -84,13 +84,19 @@ _METHOD_NAMES: dict[str, Op] = {}  # every Tensor method name (names and aliases
 _FUNCTION_NAMES: dict[str, Op] = {}  # every hpcfsdp.* name (names and function aliases) -> its entry
 
 
-def _method_as_function(name, impl):
+def _method_as_function(name, impl, entry=None):
     """``hpcfsdp.<name>(input, ...)`` as ``input.<name>(...)``, with PyTorch's TypeError for a non-Tensor; the
     entry's body ``impl`` where input's class has no such method (a Tensor class made before the op was
-    declared)."""
+    declared). A plain ``input`` with a DTensor among the other arguments goes to the dispatch hook (See
+    [Note: Function dispatch])."""
     def f(input, *args, **kwargs):  # noqa: A002
         if not isinstance(input, _TENSOR):
             raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(input).__name__}")
+        hook = _FUNCTION_DISPATCH
+        if hook is not None and type(input) is _TENSOR and (args or kwargs):
+            out = hook(entry, (input, *args), kwargs)
+            if out is not NotImplemented:
+                return out
         try:
             method = getattr(input, name)
         except AttributeError:
@@ -135,7 +141,7 @@ def op(family, *, name=None, functions=(), function=False, aliases=(), function_
         n = name or impl.__name__
         entry = Op(n, family, impl, None, tuple(functions), _inplace_name(n) if inplace is None else inplace,
                    tuple(aliases), tuple(function_aliases))
-        entry.function = _method_as_function(n, impl) if function is True else (
+        entry.function = _method_as_function(n, impl, entry) if function is True else (
             _dispatching(entry, function) if function else None)
         _register(entry)
         return impl

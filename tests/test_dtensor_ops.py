@@ -120,3 +120,16 @@ def test_autograd_through_ops_and_layout_changes():
     r = DTensor.from_local(y, mesh, [Replicate()])
     r.to_local(grad_placements=[Partial()]).sum().backward()  # each rank's gradient is a partial sum
     np.testing.assert_allclose(y.grad.numpy(), mesh.size() * np.ones((2, 3)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_function_with_a_plain_first_operand_and_a_sharded_one_is_refused():
+    mesh = _mesh()
+    a = distribute_tensor(_full(0), mesh, [Shard(0)])
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        hp.add(_full(1), a)  # hp.add(plain, dtensor): the plain tensor's method would compute on the shard
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        _full(1) * a  # the operator: Python asks the DTensor's reflected method first
+    out = hp.mul(hp.tensor(2.0), a)  # a one-element plain tensor is a replicated scalar
+    assert isinstance(out, DTensor)
+    np.testing.assert_allclose(out.full_tensor().numpy(), 2 * _full(0).numpy())

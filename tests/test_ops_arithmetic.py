@@ -143,3 +143,20 @@ def test_lerp_addmm_baddbmm_addcmul_addcdiv(rng):
         hp.addmm(hp.ones(2), hp.ones(2), hp.ones(2, 2))
     with pytest.raises(RuntimeError, match="Integer division"):
         hp.addcdiv(hp.ones(2), hp.tensor([1, 2]), hp.tensor([1, 2]))
+
+
+def test_add_sub_mul_div_functions_and_rounding_modes():
+    """torch.add/sub/subtract/mul/multiply/div/divide/true_divide and div's rounding_mode (PyTorch's documented
+    results: "trunc" rounds toward zero, "floor" down; integral operands stay integral)."""
+    a, i = hp.tensor([7.0, -7.0]), hp.tensor([7, -7])
+    assert hp.add(a, a, alpha=2).tolist() == [21.0, -21.0] and hp.sub(a, 1).tolist() == [6.0, -8.0]
+    assert hp.subtract(a, a).tolist() == [0.0, 0.0] and a.subtract(a).tolist() == [0.0, 0.0]
+    assert hp.mul(a, 3).tolist() == hp.multiply(a, 3).tolist() == [21.0, -21.0]
+    assert hp.div(a, 2).tolist() == hp.divide(a, 2).tolist() == hp.true_divide(a, 2).tolist() == [3.5, -3.5]
+    assert hp.div(a, 2, rounding_mode="trunc").tolist() == [3.0, -3.0]
+    assert a.div(2, rounding_mode="floor").tolist() == [3.0, -4.0]
+    t, f = hp.div(i, 2, rounding_mode="trunc"), hp.div(i, 2, rounding_mode="floor")
+    assert (t.tolist(), t.dtype, f.tolist(), f.dtype) == ([3, -3], hp.int64, [3, -4], hp.int64)
+    assert hp.div(i, 2).dtype == hp.float32
+    with pytest.raises(RuntimeError, match="rounding_mode to be one of None, 'trunc', or 'floor'"):
+        hp.div(a, 2, rounding_mode="round")

@@ -6,7 +6,7 @@ import operator
 import numpy as np
 
 from .. import _backend
-from .._array import SCALAR_TYPES, dtype_category, wrap_dim
+from .._array import SCALAR_TYPES, dtype_category, promote_types, wrap_dim
 from .._backend import array_module
 from .._registry import mixin, op
 from ..autograd import ops
@@ -27,7 +27,7 @@ def _zero_div_check(a, b):
 
 
 # -- the operators -----------------------------------------------------------------------------------------
-@op("arithmetic", aliases=("__add__",), functions=(ops.Add,))
+@op("arithmetic", aliases=("__add__",), function=True, functions=(ops.Add,))
 def add(self, other, *, alpha=1):
     return _binary(ops.Add, self, _as_operand(other * alpha if alpha != 1 else other, self), "add")
 
@@ -37,7 +37,8 @@ def __radd__(self, other):
     return _binary(ops.Add, _as_operand(other, self), self, "add")
 
 
-@op("arithmetic", aliases=("__sub__",), functions=(ops.Sub,))
+@op("arithmetic", aliases=("__sub__", "subtract"), function=True, function_aliases=("subtract",),
+    functions=(ops.Sub,))
 def sub(self, other, *, alpha=1):
     return _binary(ops.Sub, self, _as_operand(other * alpha if alpha != 1 else other, self), "sub")
 
@@ -47,7 +48,8 @@ def __rsub__(self, other):
     return _binary(ops.Sub, _as_operand(other, self), self, "sub")
 
 
-@op("arithmetic", name="mul", aliases=("multiply", "__mul__"), functions=(ops.Mul,))
+@op("arithmetic", name="mul", aliases=("multiply", "__mul__"), function=True, function_aliases=("multiply",),
+    functions=(ops.Mul,))
 def __mul__(self, other):
     return _binary(ops.Mul, self, _as_operand(other, self), "mul")
 
@@ -57,8 +59,11 @@ def __rmul__(self, other):
     return _binary(ops.Mul, _as_operand(other, self), self, "mul")
 
 
-@op("arithmetic", name="div", aliases=("divide", "true_divide", "__truediv__"), functions=(ops.Div,))
-def __truediv__(self, other):
+@op("arithmetic", name="div", aliases=("divide", "true_divide", "__truediv__"), function=True,
+    function_aliases=("divide", "true_divide"), functions=(ops.Div,))
+def __truediv__(self, other, *, rounding_mode=None):
+    if rounding_mode is not None:
+        return _rounded_div(self, other, rounding_mode)
     other = _as_operand(other, self)
     a = _to_float(self)
     if isinstance(other, TensorBase):
@@ -66,6 +71,20 @@ def __truediv__(self, other):
     elif isinstance(other, (int, np.integer)) and not isinstance(other, bool):
         other = float(other)
     return _binary(ops.Div, a, other, "div")
+
+
+def _rounded_div(self, other, rounding_mode):
+    """div(..., rounding_mode="floor" | "trunc"): the quotient rounded, integral for integral operands."""
+    if rounding_mode == "floor":
+        return self.floor_divide(other)
+    if rounding_mode != "trunc":
+        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                           f"'{rounding_mode}'")
+    q = self.__truediv__(other).trunc()
+    o = other._data.dtype if isinstance(other, TensorBase) else None
+    integral = dtype_category(self._data.dtype) < 2 and (
+        (o is not None and dtype_category(o) < 2) or (o is None and isinstance(other, (int, np.integer))))
+    return q.to(self.dtype if o is None else promote_types(self._data.dtype, o)) if integral else q
 
 
 @op("arithmetic", functions=(ops.Div,))
