@@ -337,3 +337,28 @@ def test_keep_last_and_async_checkpoint_are_refused_together():
     _bad(cfg, 2, "keep_last=2 with async_checkpoint=True")
     _cfg(["--checkpoint-dir", "ck", "--keep-last", "2"]).validate(2)
     _cfg(["--checkpoint-dir", "ck", "--async-checkpoint"]).validate(2)
+
+
+@pytest.mark.parametrize("argv,usage,hint", [
+    (["train", "--learning_rate", "0.1"], "usage: hpcfsdp train", "--learning_rate (did you mean --lr?)"),
+    (["train", "--stepz", "3"], "usage: hpcfsdp train", "--stepz (did you mean --steps?)"),
+    (["train", "--max-steps=5"], "usage: hpcfsdp train", "--max-steps (did you mean --steps?)"),
+    (["info", "--bogus"], "usage: hpcfsdp info", None),
+])
+def test_unknown_flags_get_the_commands_usage_and_a_hint(argv, usage, hint, capsys):
+    from hpcfsdp.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(usage), err[:200]
+    assert "unrecognized arguments" in err
+    assert (hint in err) if hint else "did you mean" not in err
+
+
+def test_config_keys_from_other_trainers_get_a_hint():
+    from hpcfsdp.cli.config import closest_field
+
+    assert closest_field("learning_rate") == "lr" and closest_field("gradient_accumulation_steps") == "grad_accum"
+    assert closest_field("n_layers") == "n_layer" and closest_field("warmup-steps") == "warmup_steps"
+    assert closest_field("zzz_unrelated") is None

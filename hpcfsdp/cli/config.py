@@ -342,6 +342,35 @@ def _choice(name, value, allowed):
         raise ConfigError(f"{name}={value!r}: expected one of {', '.join(allowed)}{hint}")
 
 
+# Other trainers' names for the fields (Hugging Face TrainingArguments, torchtitan, nanoGPT), for "did you mean".
+SYNONYMS = {
+    "learning_rate": "lr", "max_lr": "lr", "min_learning_rate": "min_lr", "max_steps": "steps",
+    "num_steps": "steps", "training_steps": "steps", "train_steps": "steps", "max_iters": "steps",
+    "per_device_train_batch_size": "batch_size", "micro_batch_size": "batch_size", "local_batch_size": "batch_size",
+    "gradient_accumulation_steps": "grad_accum", "gradient_accumulation": "grad_accum",
+    "max_grad_norm": "grad_clip", "clip_grad_norm": "grad_clip", "max_norm": "grad_clip",
+    "lr_warmup_steps": "warmup_steps", "warmup_iters": "warmup_steps", "lr_scheduler_type": "schedule",
+    "lr_scheduler": "schedule", "output_dir": "out_dir", "logging_steps": "log_interval", "log_freq": "log_interval",
+    "save_steps": "checkpoint_interval", "checkpoint_steps": "checkpoint_interval", "seq_len": "block_size",
+    "max_seq_len": "block_size", "context_length": "block_size", "n_layers": "n_layer", "num_layers": "n_layer",
+    "n_heads": "n_head", "num_heads": "n_head", "dim": "n_embd", "hidden_size": "n_embd", "d_model": "n_embd",
+    "adam_beta1": "betas", "adam_beta2": "betas", "adam_epsilon": "eps", "fsdp": "strategy",
+}
+
+
+def closest_field(name: str, fields=None) -> str | None:
+    """The field a mistyped or foreign setting name most likely means: a known synonym (``learning_rate`` ->
+    ``lr``), the name with dashes as underscores, else the closest spelling; None if nothing is close."""
+    fields = list(_FIELDS) if fields is None else list(fields)
+    key = str(name).lstrip("-").replace("-", "_")
+    if key in fields:
+        return key
+    if SYNONYMS.get(key) in fields:
+        return SYNONYMS[key]
+    close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _check_keys(d, source):
     tables = [k for k, v in d.items() if isinstance(v, dict)]
     if tables:
@@ -353,8 +382,8 @@ def _check_keys(d, source):
     if unknown:
         parts = []
         for k in unknown:
-            close = difflib.get_close_matches(str(k), list(_FIELDS), n=1, cutoff=0.6)
-            parts.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            close = closest_field(k)
+            parts.append(f"{k!r}" + (f" (did you mean {close!r}?)" if close else ""))
         raise ConfigError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(parts)}")
 
 

@@ -48,10 +48,37 @@ def _error_once(parser, message):
     sys.exit(2)
 
 
+def _subparser(parser, command):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)
+    return None
+
+
+def _unrecognized(parser, args, extras):
+    """argparse's "unrecognized arguments" from the subcommand's own parser (its usage, not the top level's),
+    with the option each unknown one most likely means."""
+    sub = _subparser(parser, getattr(args, "command", None)) or parser
+    sub.error = _error_once.__get__(sub)
+    options = {o for a in sub._actions for o in a.option_strings if o.startswith("--")}
+    hints = []
+    for e in extras:
+        if e.startswith("--"):
+            from .config import closest_field
+
+            field = closest_field(e.split("=", 1)[0], [o[2:].replace("-", "_") for o in options])
+            if field is not None:
+                flag = next(o for o in options if o[2:].replace("-", "_") == field)
+                hints.append(f"{e.split('=', 1)[0]} (did you mean {flag}?)")
+    sub.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; {', '.join(hints)}" if hints else ""))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     parser.error = _error_once.__get__(parser)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(parser, args, extras)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
