@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HP = [sys.executable, "-m", "hpcfsdp.cli.main"]
 TINY = ["--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size", "32", "--vocab-size", "256",
         "--batch-size", "2", "--warmup", "1", "--steps", "2"]
@@ -39,8 +41,10 @@ def test_bench_checkpoint_io(tmp_path):
     assert res["save_GBps"] > 0 and res["load_GBps"] > 0
 
 
+@pytest.mark.system
 def test_bench_compare_quick_fsdp_overhead_regression(tmp_path):
-    """The CI regression check: FULL_SHARD at 2 ranks costs at most 1.5x the unsharded step. A noisy
+    """The CI regression check: FULL_SHARD at 2 ranks costs at most 1.5x the unsharded step. A timing, so it runs
+    in the system tier (CI, a quiet machine), not the default one a user runs beside other work. A noisy
     neighbour can spoil one measurement, so a second one is taken before failing (the better one counts)."""
     summaries = []
     for attempt in range(2):
