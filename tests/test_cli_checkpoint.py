@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -130,3 +131,19 @@ def test_consolidate_splits_a_training_checkpoint_into_model_and_optimizer_files
     np.testing.assert_array_equal(default_optim["optim.state.w.exp_avg"], ref["optim.state.w.exp_avg"])
     assert run(["checkpoint", "consolidate", path, out, "--optim-out", opt]) == 0
     assert f"wrote {out}, {opt}" in capsys.readouterr().out and load_file(opt).keys() == default_optim.keys()
+
+
+def test_consolidated_files_follow_the_umask(ckpt, tmp_path):
+    """safetensors writes 0o600 whatever the umask; a consolidated model is a file the user's group may read."""
+    path, _ = ckpt
+    old = os.umask(0o022)
+    try:
+        out = str(tmp_path / "full.safetensors")
+        assert run(["checkpoint", "consolidate", path, out]) == 0
+        assert stat.S_IMODE(os.stat(out).st_mode) == 0o644
+        os.umask(0o077)
+        out2 = str(tmp_path / "private.safetensors")
+        assert run(["checkpoint", "consolidate", path, out2]) == 0
+        assert stat.S_IMODE(os.stat(out2).st_mode) == 0o600
+    finally:
+        os.umask(old)

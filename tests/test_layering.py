@@ -10,6 +10,7 @@ LEVELS = {
     "hpcfsdp._settings": 0,  # the HPCFSDP_* environment variables (a leaf: imports nothing of hpcfsdp)
     "hpcfsdp._launcher_env": 0,  # the launcher's rank and variables from the environment: _settings only
     "hpcfsdp._version": 0,
+    "hpcfsdp._files": 0,  # file helpers (the umask of written files): the standard library only
     "hpcfsdp._logging": 0,  # the hpcfsdp logger: logging and _settings only
     "hpcfsdp._trace": 0,  # the timeline recorder: _settings only; the comm layer and FSDP call it
     "hpcfsdp._array": 0,  # array and dtype helpers of the tensor core: NumPy and _backend only

@@ -61,8 +61,14 @@ def test_llama_config_gqa():
 @pytest.mark.parametrize("cls,name,ref", CASES)
 def test_export_then_import_is_bit_exact(cls, name, ref, tmp_path):
     m = cls.from_pretrained(os.path.join(FIX, name))
-    m.save_pretrained(str(tmp_path / "out"))
+    old = os.umask(0o022)
+    try:
+        m.save_pretrained(str(tmp_path / "out"))
+    finally:
+        os.umask(old)
     assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+    modes = {f: os.stat(tmp_path / "out" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "out")}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}  # the umask's, as config.json's
     src, out = _file_tensors(os.path.join(FIX, name)), _file_tensors(str(tmp_path / "out"))
     assert src.keys() == out.keys()  # Hugging Face names; GPT-2's tied head is not stored
     for k in src:

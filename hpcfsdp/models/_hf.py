@@ -4,6 +4,8 @@ import os
 
 import numpy as np
 
+from hpcfsdp._files import honour_umask
+
 __all__ = ["HFCheckpoint", "read_config", "load_weights", "save_weights", "from_pretrained"]
 
 _CKPT_PREFIX = "_checkpoint_wrapped_module."
@@ -177,6 +179,7 @@ def save_weights(model, path, name_map, transposed=lambda key: False, config=Non
     if rank == 0:
         os.makedirs(path, exist_ok=True)
         save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt", **(metadata or {})})
+        honour_umask(os.path.join(path, "model.safetensors"))
         if config is not None:
             with open(os.path.join(path, "config.json"), "w") as f:
                 json.dump(config, f, indent=2, sort_keys=True)

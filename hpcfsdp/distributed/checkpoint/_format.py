@@ -70,6 +70,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from hpcfsdp._files import honour_umask
+
 from ._metadata import (
     DTYPES, FORMAT_VERSION, METADATA_FILE, CheckpointMetadata, EntryInfo, FileInfo,
     IncompleteCheckpointError, PieceInfo, dump_metadata, parse_metadata, shard_file_name,
@@ -425,6 +427,7 @@ def consolidate(path, out_file, optim_file=None) -> list:
         _load_local(md, {name: (md.entries[name].shape, md.entries[name].dtype, (0,) * len(md.entries[name].shape),
                                 full[name]) for name in group}, True)
         save_file({name[len(prefix):]: a for name, a in full.items()}, target, metadata=meta)
+        honour_umask(target)
         del full
     return [target for target, _, _ in groups]
 
