@@ -27,7 +27,7 @@ import os
 
 import hpcfsdp._settings as _settings  # a leaf
 
-__all__ = ["RANK_VARIABLES", "LAUNCHERS", "TORCHRUN_VARIABLES", "RANK_ENV_PID", "launcher_rank", "find_launcher",
+__all__ = ["LauncherEnvError", "RANK_VARIABLES", "LAUNCHERS", "TORCHRUN_VARIABLES", "RANK_ENV_PID", "launcher_rank", "find_launcher",
            "forget_inherited"]
 
 # (launcher, rank, world size, local rank, local world size): the variables that give the torchrun ones
@@ -40,6 +40,11 @@ LAUNCHERS = (
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")  # 1-4 of [Note: Launcher rank]
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 RANK_ENV_PID = "HPCFSDP_RANK_ENV_PID"  # the pid the torchrun variables were exported for (hpcfsdp sets it)
+
+
+class LauncherEnvError(RuntimeError):
+    """The environment's torchrun variables (RANK, WORLD_SIZE, ...) disagree with the launcher's or MPI's: a
+    stale value in the shell, or a launcher of another MPI. The CLI reports it in one line."""
 
 
 def _rank_value(raw) -> int | None:

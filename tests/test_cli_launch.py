@@ -117,6 +117,16 @@ def test_user_rank_that_disagrees_with_mpi_is_an_error():
     assert "RANK=7 in the environment disagrees with PMI_RANK of MPICH/Hydra: this process has RANK=0" in out.stderr
 
 
+def test_a_stale_rank_under_an_hpcfsdp_command_is_one_line_for_the_job(tmp_path):
+    out = subprocess.run(HPC + ["launch", "-n", "2", "--", sys.executable, "-m", "hpcfsdp.cli.main", "train",
+                                "--steps", "1", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size",
+                                "16", "--vocab-size", "256", "--batch-size", "2"],
+                         capture_output=True, text=True, timeout=120, env=_clean_env(RANK="7"), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("disagrees with") == 1, out.stderr
+    assert "hpcfsdp train: error: RANK=7 in the environment disagrees with PMI_RANK" in out.stderr
+
+
 def test_variables_an_hpcfsdp_process_exported_are_replaced_in_a_new_job():
     env = _clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", HPCFSDP_RANK_ENV_PID="1")
     out = subprocess.run(HPC + ["launch", "-n", "2", "--", "python", "-c", _SHOW_RANK_ENV],

@@ -4,6 +4,7 @@ import argparse
 import importlib
 import sys
 
+from hpcfsdp._launcher_env import LauncherEnvError
 from hpcfsdp._version import __version__
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -82,7 +83,14 @@ def main(argv=None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except LauncherEnvError as e:  # a stale RANK in the shell: one line for the job, not a traceback per rank
+        from .runtime import launch_rank
+
+        if launch_rank() == 0:
+            sys.stderr.write(f"hpcfsdp {args.command}: error: {e}\n")
+        return 2
 
 
 if __name__ == "__main__":

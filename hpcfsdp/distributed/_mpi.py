@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from hpcfsdp import _settings
-from hpcfsdp._launcher_env import RANK_ENV_PID, TORCHRUN_VARIABLES, find_launcher
+from hpcfsdp._launcher_env import RANK_ENV_PID, TORCHRUN_VARIABLES, LauncherEnvError, find_launcher
 
 __all__ = [
     "init_mpi",
@@ -152,7 +152,7 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
         if key in found:
             var, raw = found[key]
             if truth is not None and raw != str(truth):
-                raise RuntimeError(f"{var}={raw} (set by {launcher}) disagrees with MPI: {key} is {truth}; does "
+                raise LauncherEnvError(f"{var}={raw} (set by {launcher}) disagrees with MPI: {key} is {truth}; does "
                                    "the launcher (mpiexec, srun --mpi=...) belong to the MPI that mpi4py was built "
                                    "against? (`hpcfsdp info`)")
             if truth is None and raw.isdigit():
@@ -161,7 +161,7 @@ def export_rank_env(rank=None, world_size=None, local_rank=None, local_world_siz
             truth = int(values["RANK"]) % k if key == "LOCAL_RANK" else k  # simulated nodes of k ranks
         user = os.environ.get(key)
         if user is not None and truth is not None and user.strip() != str(truth):
-            raise RuntimeError(f"{key}={user} in the environment disagrees with {source}: this process has "
+            raise LauncherEnvError(f"{key}={user} in the environment disagrees with {source}: this process has "
                                f"{key}={truth}; unset {key} or launch with matching values")
         if truth is not None:
             values[key] = os.environ[key] = str(truth)
