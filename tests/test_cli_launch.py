@@ -179,14 +179,22 @@ def test_relay_stderr_passes_everything_on_and_reports_killed_ranks(split):
 
 
 @pytest.mark.parametrize("split", [1, 3, 7, 1000])
-def test_relay_drops_only_a_successful_exit_codes_line(split):
+def test_relay_drops_a_successful_exit_codes_line_and_translates_a_failed_one(split):
     ok = b"[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0\n"
     bad = b"[mpiexec@node1] Exit codes: [node1] 0,768\n"
     other = b"[mpiexec@node1] something else Hydra says\n"
     user = b"loss 1.0 [mpiexec@x] is not at a line start\n[mpi"
     data = b"step 1\npartial" + b" line\n" + ok + other + bad + user
     chunks = [data[i:i + split] for i in range(0, len(data), split)]
-    assert _relayed(chunks) == b"step 1\npartial line\n" + other + bad + user
+    said = b"hpcfsdp launch: rank exits by host: node1: 0, 3\n"  # 768 is exit status 3
+    assert _relayed(chunks) == b"step 1\npartial line\n" + other + said + user
+
+
+def test_exit_codes_are_translated_from_wait_statuses():
+    from hpcfsdp.cli.launch import translate_exit_codes
+
+    assert translate_exit_codes(b" [vm] 512,512") == b"hpcfsdp launch: rank exits by host: vm: 2, 2\n"
+    assert translate_exit_codes(b" [a] 0,9 [b] 256") == b"hpcfsdp launch: rank exits by host: a: 0, signal 9; b: 1\n"
 
 
 def test_successful_job_prints_no_exit_codes_line():

@@ -253,6 +253,19 @@ _EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes:(?P<codes>( \[[^\]]*\]
 _PREFIX = b"[mpiexec@"
 
 
+def translate_exit_codes(codes: bytes) -> bytes:
+    """Hydra's raw wait statuses per host (`` [node1] 0,512``) as one line of exit statuses and signals, ranks
+    in the order Hydra lists them: ``hpcfsdp launch: rank exits by host: node1: 0, 2``."""
+    hosts = []
+    for host, values in re.findall(rb"\[([^\]]*)\] ([0-9,]+)", codes):
+        said = []
+        for v in values.split(b","):
+            status = int(v)
+            said.append(str(status >> 8) if status & 0x7F == 0 else f"signal {status & 0x7F}")
+        hosts.append(f"{host.decode(errors='replace')}: {', '.join(said)}")
+    return f"hpcfsdp launch: rank exits by host: {'; '.join(hosts)}\n".encode()
+
+
 def _fd_of(stream, default: int) -> int:
     """The file descriptor behind ``stream`` (sys.stdout, sys.stderr), flushed; ``default`` where it is not a
     file (e.g. captured)."""
@@ -295,7 +308,8 @@ def relay_stderr(read, fd: int, on_killed) -> None:
 
 def relay_stdout(read, fd: int) -> None:
     """Copy mpiexec's stdout (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as
-    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report).
+    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report) and
+    translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes.
 
     Bytes pass through unchanged and at once, except a line that begins like Hydra's own lines, which is
     held until its end so it can be checked."""
@@ -316,8 +330,10 @@ def relay_stdout(read, fd: int) -> None:
                     break
                 line, data = data[:end + 1], data[end + 1:]
                 m = _EXIT_CODES.fullmatch(line)
-                if not (m and set(re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))) == {b"0"}):
+                if m is None:
                     out.append(line)
+                elif set(re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))) != {b"0"}:
+                    out.append(translate_exit_codes(m["codes"]))
                 continue
             end = data.find(b"\n")
             if end < 0:
