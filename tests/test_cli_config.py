@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import tomllib
 
 import pytest
@@ -362,3 +363,16 @@ def test_config_keys_from_other_trainers_get_a_hint():
     assert closest_field("learning_rate") == "lr" and closest_field("gradient_accumulation_steps") == "grad_accum"
     assert closest_field("n_layers") == "n_layer" and closest_field("warmup-steps") == "warmup_steps"
     assert closest_field("zzz_unrelated") is None
+
+
+def test_resume_options_are_exclusive_and_need_a_directory():
+    from hpcfsdp.cli.config import resume_target
+
+    _bad(TrainConfig(resume_if_exists=True), 1, "resume_if_exists=True", "checkpoint_dir")
+    _bad(TrainConfig(resume=True, resume_if_exists=True, checkpoint_dir="ck"), 1, "give one of them")
+    _bad(TrainConfig(resume_from="step-4"), 1, "a step needs checkpoint_dir")
+    assert resume_target(TrainConfig(resume_from="step-4", checkpoint_dir="ck")) == os.path.join("ck", "step-00000004")
+    assert resume_target(TrainConfig(resume_from="12", checkpoint_dir="ck")) == os.path.join("ck", "step-00000012")
+    assert resume_target(TrainConfig(resume_from="/runs/a/latest")) == "/runs/a/latest"
+    assert resume_target(TrainConfig(resume=True, checkpoint_dir="ck")) == os.path.join("ck", "latest")
+    assert resume_target(TrainConfig(checkpoint_dir="ck")) is None

@@ -147,7 +147,7 @@ def test_render_variants(nodes):
         time="1-00:00:00", job_name="big-run", cpus_per_task=7, exclusive=True, qos="normal",
         constraint="a100&nvlink", mpi="pmix", launcher="srun", entry="script", cuda_aware="1")
     got = _check_script(text, nodes=nodes, ntasks_per_node=4, gpus_per_node=8)
-    expected = TrainConfig(**{**vars(cfg), "device": "cuda", "resume": True})  # a requeued job continues from latest
+    expected = TrainConfig(**{**vars(cfg), "device": "cuda", "resume_if_exists": True})  # a requeued job continues
     assert got == expected
     d = _directives(text)
     assert d["partition"] == "gpu" and d["account"] == "proj1" and d["cpus-per-task"] == "7"
@@ -240,7 +240,7 @@ def test_cli_render_hsdp_with_config_file(tmp_path, capsys):
     assert rc == 0, err
     cfg = _check_script(out, nodes=16, ntasks_per_node=4, gpus_per_node=4)
     assert cfg == TrainConfig(n_layer=6, strategy="HYBRID_SHARD", steps=70, mesh=(16, 4), device="cuda",
-                              checkpoint_dir="checkpoints", resume=True)
+                              checkpoint_dir="checkpoints", resume_if_exists=True)
     assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in out and f"# Interpreter: {sys.executable}" in out
     assert "HYBRID_SHARD (HSDP)" in out
 
@@ -325,7 +325,7 @@ def test_rendered_script_forwards_the_warning_signal_and_requeues(tmp_path, requ
     assert job.returncode == 75, (out, err)  # a step killed by the signal while starting lost nothing: stopped too
     assert ("ended of USR1 while starting" in out) == starting, out
     assert rec.read_text() == "USR1\n"  # the job step got the signal, once
-    assert "--resume" in (tmp_path / "rec.args").read_text().split("\n")  # the job continues from latest
+    assert "--resume-if-exists" in (tmp_path / "rec.args").read_text().split("\n")  # continues from latest
     scontrol = tmp_path / "rec.scontrol"
     assert (scontrol.read_text() == "requeue 42\n") if requeue else not scontrol.exists()
 

@@ -385,3 +385,29 @@ def test_stale_temporaries_spare_a_live_writers_and_recent_ones(tmp_path):
     then = started - _keep.QUIET / 2
     os.utime(recent, (then, then))
     assert _keep.remove_stale_temporaries(str(tmp_path), started) == [] and recent.exists()
+
+
+def test_resume_without_a_checkpoint_is_an_error_naming_the_path(tmp_path):
+    """--resume on a directory that never held a checkpoint (a mistyped --checkpoint-dir) is one error line
+    naming it; --resume-if-exists starts from step 0 there (what a requeued Slurm job's first run needs)."""
+    base = TINY + ["--steps", "2", "--out-dir", str(tmp_path / "o")]
+    res = job(tmp_path, 2, base + ["--checkpoint-dir", str(tmp_path / "chekpoints"), "--resume"])
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "resume: no checkpoint at" in line]
+    assert len(errors) == 1 and str(tmp_path / "chekpoints" / "latest") in errors[0], res.stderr
+    assert "does not exist (a mistyped --checkpoint-dir?)" in errors[0] and "--resume-if-exists" in errors[0]
+    fresh = ok(job(tmp_path, 2, base + ["--checkpoint-dir", str(tmp_path / "ck"), "--resume-if-exists"]))
+    assert "no checkpoint at" in fresh.stdout and "starting from step 0" in fresh.stdout
+
+
+def test_resume_from_a_kept_step(tmp_path):
+    """--resume-from step-N continues from that kept checkpoint, not the latest."""
+    d, ckpt = tmp_path / "o", tmp_path / "ck"
+    args = TINY + ["--out-dir", str(d), "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "2", "--keep-last",
+                   "3", "--steps", "6"]
+    ok(job(tmp_path, 2, args))
+    again = ok(job(tmp_path, 2, args + ["--resume-from", "step-4"]))
+    assert f"resumed from {ckpt / 'step-00000004'} at step 4" in again.stdout
+    missing = job(tmp_path, 2, args + ["--resume-from", "3"])
+    assert missing.returncode != 0 and "no checkpoint at" in missing.stderr
+    assert "it holds step-00000002, step-00000004, step-00000006" in missing.stderr, missing.stderr

@@ -111,7 +111,9 @@ class TrainConfig:
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
-    resume: bool = False  # continue from the latest checkpoint in checkpoint_dir
+    resume: bool = False  # continue from the latest checkpoint in checkpoint_dir (an error if there is none)
+    resume_if_exists: bool = False  # continue from it if there is one, else start at step 0 (Slurm's requeued jobs)
+    resume_from: Optional[str] = None  # continue from this checkpoint: step-N (in checkpoint_dir), N, or a path
     async_checkpoint: bool = False  # periodic checkpoints written in the background (dcp.async_save)
     keep_last: int = 0  # >0: save to CHECKPOINT_DIR/step-NNNNNNNN, keep the last K, `latest` links to the newest
     requeue: bool = False  # after a stop signal under Slurm: `scontrol requeue $SLURM_JOB_ID` once checkpointed
@@ -219,6 +221,17 @@ class TrainConfig:
                               f"needs each save committed before `latest` moves; use one or the other")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
+        if self.resume_if_exists and not self.checkpoint_dir:
+            raise ConfigError("resume_if_exists=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
+        if sum(map(bool, (self.resume, self.resume_if_exists, self.resume_from))) > 1:
+            raise ConfigError("resume, resume_if_exists and resume_from: give one of them (resume_from names the "
+                              "checkpoint, resume takes the latest, resume_if_exists also starts afresh)")
+        if self.resume_from is not None:
+            if not str(self.resume_from).strip():
+                raise ConfigError(f"resume_from={self.resume_from!r}: expected step-N, N or a checkpoint path")
+            if _step_spec(self.resume_from) is not None and not self.checkpoint_dir:
+                raise ConfigError(f"resume_from={self.resume_from!r}: a step needs checkpoint_dir (--checkpoint-dir "
+                                  "DIR) to find it in")
         if not self.out_dir:
             raise ConfigError(f"out_dir={self.out_dir!r}: expected a directory path")
 
@@ -323,7 +336,27 @@ class TrainConfig:
 # -------------------------------------------------------------------- field kinds and checks
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path", "trace"}
+_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path", "trace", "resume_from"}
+
+
+def _step_spec(value) -> int | None:
+    """The step of a ``resume_from`` that names one (``step-120``, ``step-00000120`` or ``120``), else None."""
+    text = str(value).strip()
+    text = text[len("step-"):] if text.startswith("step-") else text
+    return int(text) if text.isdigit() else None
+
+
+def resume_target(cfg) -> str | None:
+    """The checkpoint a run resumes from: resume_from resolved (a step in checkpoint_dir, or the path given),
+    else checkpoint_dir/latest for resume or resume_if_exists, else None."""
+    if cfg.resume_from is not None:
+        step = _step_spec(cfg.resume_from)
+        if step is not None:
+            return os.path.join(cfg.checkpoint_dir, f"step-{step:08d}")
+        return str(cfg.resume_from)
+    if cfg.resume or cfg.resume_if_exists:
+        return os.path.join(cfg.checkpoint_dir, "latest")
+    return None
 
 
 def _field_kind(name: str) -> str:
@@ -562,7 +595,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=S,
-                   help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir"))
+                   help=_help("resume", "resume from the latest checkpoint in --checkpoint-dir (an error if none)"))
+    g.add_argument("--resume-if-exists", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("resume_if_exists", "resume from the latest checkpoint if there is one, else start "
+                              "at step 0 (what a requeued Slurm job needs)"))
+    g.add_argument("--resume-from", metavar="CKPT", default=S,
+                   help=_help("resume_from", "resume from this checkpoint: step-N (kept by --keep-last in "
+                              "--checkpoint-dir), N, or a checkpoint directory"))
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("sequence_parallel", "with --tp: norms and the residual stream on a shard of the sequence"))
     g.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=S,

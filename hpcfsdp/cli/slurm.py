@@ -73,7 +73,7 @@ _COMMON_DOC = """\
 #   (--signal=B:USR1@{signal_seconds}); the trap below forwards it (and TERM, as USR1) to the job step,
 #   whose ranks agree to stop at the next step boundary, write CHECKPOINT_DIR/latest and
 #   exit {stopped}. {requeue_doc}
-#   The job resumes from CHECKPOINT_DIR/latest by itself (--resume; none yet: step 0).
+#   The job resumes from CHECKPOINT_DIR/latest by itself (--resume-if-exists; none yet: step 0).
 # Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
 #   `train` or render again.
 #"""
@@ -148,8 +148,9 @@ def render_script(
         raise ConfigError(f"signal_seconds={signal_seconds!r}: expected a positive number of seconds")
     if template != "bench-comm" and "checkpoint_dir" not in set(config_explicit) and cfg.checkpoint_dir is None:
         cfg.checkpoint_dir = "checkpoints"
-    if template != "bench-comm" and cfg.checkpoint_dir and "resume" not in set(config_explicit):
-        cfg.resume = True  # a requeued or resubmitted job continues from latest
+    resume_set = {"resume", "resume_if_exists", "resume_from"} & set(config_explicit)
+    if template != "bench-comm" and cfg.checkpoint_dir and not resume_set:
+        cfg.resume_if_exists = True  # a requeued or resubmitted job continues from latest; its first run has none
     ntasks_per_node = _check_job(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
                                  {"mpi": mpi, "launcher": launcher, "entry": entry, "cuda_aware": cuda_aware},
                                  {"job_name": job_name, "output": output, "partition": partition, "account": account,

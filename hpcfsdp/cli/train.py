@@ -190,9 +190,18 @@ def _resume(cfg, ctx, session, ckpt):
         raise Agreed(f"resume: {ckpt} exists on ranks {[r for r, s in enumerate(seen) if s]} only; "
                       f"checkpoints must be on a file system every rank sees")
     if not seen[0]:
-        if ctx.rank == 0:
-            print(f"no checkpoint at {ckpt} yet: starting from step 0", flush=True)
-        return
+        if cfg.resume_if_exists:
+            if ctx.rank == 0:
+                print(f"no checkpoint at {ckpt} yet: starting from step 0", flush=True)
+            return
+        held = sorted(n for n in (os.listdir(cfg.checkpoint_dir) if cfg.checkpoint_dir and
+                                  os.path.isdir(cfg.checkpoint_dir) else []) if n.startswith("step-") and
+                      ".ckpt-" not in n)  # the kept steps (their .ckpt- directories are what they link to)
+        what = f"; it holds {', '.join(held)}" if held else (
+            "" if cfg.checkpoint_dir and os.path.isdir(cfg.checkpoint_dir) else
+            f"; {cfg.checkpoint_dir} does not exist (a mistyped --checkpoint-dir?)" if cfg.checkpoint_dir else "")
+        raise Agreed(f"resume: no checkpoint at {ckpt}{what}; --resume-if-exists starts from step 0 when there is "
+                     "none")
     guarded(ctx.comm, "resume", lambda: _check_resumable(cfg, ckpt))
     guarded(ctx.comm, f"resume from {ckpt}", lambda: session.load(ckpt))
     if ctx.rank == 0:
@@ -239,8 +248,11 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
     if ckpt:
         _clean_stale(cfg, ctx)
-    if cfg.resume:
-        _resume(cfg, ctx, session, ckpt)
+    from .config import resume_target
+
+    source = resume_target(cfg)
+    if source is not None:
+        _resume(cfg, ctx, session, source)
     start = session.step
     if start >= cfg.steps:
         if ctx.rank == 0:
