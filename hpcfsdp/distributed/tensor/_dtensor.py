@@ -18,7 +18,7 @@ import hpcfsdp.distributed.tensor._dispatch as _dispatch
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
 from hpcfsdp.distributed.tensor.placement_types import (Partial, Placement, Replicate, Shard, _InterleavedShard,
-                                                        _StridedShard)
+                                                        _NormPartial, _StridedShard)
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds", "_local_ranges",
            "_local_boxes", "_take"]
@@ -198,10 +198,45 @@ def _reduce_partials(local, mesh: DeviceMesh, placements, keep=frozenset()):
     if not dims:
         return local, tuple(placements)
     xp = array_module(local)
-    out = xp.ascontiguousarray(local).copy()
+    out = xp.array(local, order="C", copy=True)  # (ascontiguousarray would make a 0-d value 1-d)
+    norm = [placements[i] for i in dims if isinstance(placements[i], _NormPartial)]
+    if norm:  # p-norm partials: (sum v_i^p)^(1/p) over all their mesh dims (See _NormPartial)
+        out = xp.array(norm[0]._pre_reduce(out), order="C", copy=True)
     for i in dims:
         mesh.get_group(i).all_reduce_(out, _PARTIAL_OPS[placements[i].reduce_op])
+    if norm:
+        out = norm[0]._post_reduce(out)
     return out, tuple(Replicate() if i in dims else p for i, p in enumerate(placements))
+
+
+def _partial_grad_scale(local, mesh: DeviceMesh, placements, dims):
+    """d(global)/d(local) of the reduction of ``local`` over the Partial mesh dims ``dims`` whose reduce op is
+    not linear ("max", "min", "product", p-norms; None when all are sums or averages): the gradient of the
+    reduced value reaches each rank's partial value times this factor (for max/min: 1 on the ranks holding the
+    extreme, divided among ties; for p-norms (v_i / N)^(p-1)). Collective: one all-reduce of ``local``'s size,
+    one more for the ties of max/min."""
+    nonlin = [i for i in dims if isinstance(placements[i], _NormPartial) or placements[i].reduce_op in
+              ("max", "min", "product")]
+    if not nonlin:
+        return None
+    xp = array_module(local)
+    full, _ = _reduce_partials(local, mesh, placements, frozenset(i for i in range(len(placements)) if i not in dims))
+    p = placements[nonlin[0]]
+    if p.reduce_op in ("max", "min"):
+        hit = (local == full).astype(local.dtype)
+        count = xp.array(hit, order="C", copy=True)
+        for i in dims:
+            mesh.get_group(i).all_reduce_(count, ReduceOp.SUM)
+        return hit / xp.maximum(count, 1)
+    if p.reduce_op == "product":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return full / local
+    power = p._power()
+    if power is None:  # p = 1: a sum; p = 0: a count (no gradient)
+        return xp.ones_like(local) if float(p.norm_type) == 1.0 else xp.zeros_like(local)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = xp.where(full == 0, 0, local / full)
+    return r ** r.dtype.type(power - 1)
 
 
 def _local_boxes(ranges) -> list[tuple[tuple, tuple, tuple]]:
@@ -475,6 +510,14 @@ class DTensor(Tensor):
             if group.size() > 1:
                 group.all_reduce_(buf, ReduceOp.MAX)
         return float(buf[0])
+
+    @staticmethod
+    def __hp_vector_norm__(x, ord=2, dim=None, keepdim=False, *, dtype=None) -> "DTensor":  # noqa: A002
+        """``hpcfsdp.linalg.vector_norm`` of a DTensor (not a registry op): the norm rule (See [Note: Reduction
+        placements] in _rules/reduce.py)."""
+        from hpcfsdp.distributed.tensor._rules.reduce import vector_norm
+
+        return vector_norm(x, ord, dim, keepdim, dtype=dtype)
 
     @classmethod
     def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
