@@ -152,12 +152,12 @@ def _norm_input(x, dtype, fn):
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
     """torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over ``dim`` (None or (): all), inf/-inf/0 included."""
     _tensor_arg(x, "linalg.vector_norm", "x")
-    hook = getattr(type(x), "__hp_vector_norm__", None)
-    if hook is not None:  # a DTensor: its sharding rule
-        return hook(x, ord, dim, keepdim, dtype=dtype)
     if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.number)):
         raise TypeError(f"linalg.vector_norm(): argument 'ord' must be a number, not {type(ord).__name__}")
     x = _norm_input(x, dtype, "vector_norm")
+    hook = getattr(type(x), "__hp_vector_norm__", None)
+    if hook is not None:  # a DTensor: its norm's sharding rule
+        return hook(x, float(ord), dim, keepdim)
     axes = _axes(dim, x.ndim)
     ord = float(ord)  # noqa: A001
     if ord < 0 or math.isinf(ord):

@@ -169,9 +169,7 @@ class _Redistribute(Function):
             reduced = [i for i, (s, d) in enumerate(zip(src.placements, dst.placements))
                        if isinstance(s, Partial) and s != d]
             if reduced:
-                from hpcfsdp.distributed.tensor._dtensor import _partial_grad_scale
-
-                ctx.scale = _partial_grad_scale(x._data, src.mesh, src.placements, reduced)
+                ctx.scale = _DTENSOR[0]._partial_grad_scale(x._data, src.mesh, src.placements, reduced)
         return Tensor._wrap(_move(x._data, src, dst))
 
     @staticmethod

@@ -511,13 +511,13 @@ class DTensor(Tensor):
                 group.all_reduce_(buf, ReduceOp.MAX)
         return float(buf[0])
 
-    @staticmethod
-    def __hp_vector_norm__(x, ord=2, dim=None, keepdim=False, *, dtype=None) -> "DTensor":  # noqa: A002
-        """``hpcfsdp.linalg.vector_norm`` of a DTensor (not a registry op): the norm rule (See [Note: Reduction
-        placements] in _rules/reduce.py)."""
-        from hpcfsdp.distributed.tensor._rules.reduce import vector_norm
+    def __hp_vector_norm__(self, ord: float, dim, keepdim: bool) -> "DTensor":  # noqa: A002
+        """``hpcfsdp.linalg.vector_norm`` of a DTensor (not a registry op; its arguments checked): Tensor.norm's
+        sharding rule (See [Note: Reduction placements] in _rules/reduce.py)."""
+        return self.norm(ord, None if isinstance(dim, (list, tuple)) and len(dim) == 0 else dim, keepdim)
 
-        return vector_norm(x, ord, dim, keepdim, dtype=dtype)
+    # d(global)/d(local) of a Partial resolution, for _dispatch's differentiable redistribution
+    _partial_grad_scale = staticmethod(_partial_grad_scale)
 
     @classmethod
     def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":

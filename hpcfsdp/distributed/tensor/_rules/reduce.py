@@ -209,18 +209,6 @@ def norm(call: OpCall):
     return wrap(out, call.mesh, out_pl, _out_shape(d.shape, dims, keepdim))
 
 
-def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
-    """hpcfsdp.linalg.vector_norm of a DTensor: Tensor.norm's rule with the numeric order (checked as
-    vector_norm checks it)."""
-    if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.number)):
-        raise TypeError(f"linalg.vector_norm(): argument 'ord' must be a number, not {type(ord).__name__}")
-    if not x.is_floating_point() and not x.is_complex():
-        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {x.dtype}")
-    if isinstance(dim, (list, tuple)) and len(dim) == 0:
-        dim = None
-    return x.norm(float(ord), dim, keepdim, dtype=dtype)
-
-
 # -- ops along dims gathered when sharded --------------------------------------------------------------------
 def _along(call: OpCall, a: dict, ndim: int):
     """(dims the op works along, whether they are removed from the result)."""
