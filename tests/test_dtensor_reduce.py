@@ -239,3 +239,53 @@ def test_fsdp_grad_norms_equal_the_unsharded_models(p):
     total = hp.linalg.vector_norm(hp.stack([q.grad.norm(p) for q in model.parameters()]), p)
     want = hp.linalg.vector_norm(hp.stack([r.grad.norm(p) for r in ref.parameters()]), p)
     assert total.full_tensor().item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_empty_shards_hold_the_identity():
+    """3 rows over 4 ranks: the last holds none (over 2 ranks: 2 and 1)."""
+    mesh = _mesh()
+    fa = _full(50, (3, 4))
+    a = distribute_tensor(fa, mesh, [Shard(0)])
+    cases = {"amax": lambda x: x.amax(0), "max": lambda x: x.max(), "min": lambda x: x.min(),
+             "mean": lambda x: x.mean(0), "prod": lambda x: x.prod(0), "sum": lambda x: x.sum(),
+             "inf": lambda x: x.norm(math.inf, 0), "-inf": lambda x: x.norm(-math.inf), "p-1": lambda x: x.norm(-1),
+             "argmax": lambda x: x.argmax(), "max0": lambda x: x.max(0), "var": lambda x: x.var(0),
+             "cumsum": lambda x: x.cumsum(0)}
+    for case, f in cases.items():
+        out, ref = f(a), f(fa)
+        _check(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
+               None, case)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_two_dim_mesh():
+    if dist.get_world_size() % 2:
+        pytest.skip("a 2 x n mesh")
+    _mesh()
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2))
+    fa = _full(60, (5, 6))
+    for pls in ([Shard(0), Shard(1)], [Shard(0), Shard(0)], [Replicate(), Shard(1)], [Shard(1), Replicate()]):
+        a = distribute_tensor(fa, mesh, pls)
+        for case, f in {"sum": lambda x: x.sum(), "sum0": lambda x: x.sum(0), "mean1": lambda x: x.mean(1),
+                        "norm": lambda x: x.norm(), "norm1_0": lambda x: x.norm(1, 0), "amax": lambda x: x.amax(),
+                        "max1": lambda x: x.max(1), "softmax0": lambda x: x.softmax(0)}.items():
+            out, ref = f(a), f(fa)
+            _check(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
+                   None, f"{case} {pls}")
+        x = distribute_tensor(fa, mesh, pls).requires_grad_(True)
+        (x.norm() + x.mean(0).sum() + x.amax()).full_tensor().backward()
+        rx = fa.clone().requires_grad_(True)
+        (rx.norm() + rx.mean(0).sum() + rx.amax()).backward()
+        np.testing.assert_allclose(x.grad.full_tensor().numpy(), rx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    g = distribute_tensor(fa, mesh, [Shard(0), Shard(1)]).norm()
+    assert g.placements == (_NormPartial(2), _NormPartial(2))
+
+
+def test_distribute_tensor_to_a_norm_partial():
+    mesh = _mesh()
+    v = hp.tensor(np.array([3.0, 4.0]))
+    for p in (2, 1, math.inf, 3):
+        d = distribute_tensor(v, mesh, [_NormPartial(p)])
+        np.testing.assert_allclose(d.full_tensor().numpy(), v.numpy(), rtol=1e-12)
+    with pytest.raises(ValueError, match="_NormPartial"):
+        DTensor.from_local(v, init_device_mesh("cpu", (1, dist.get_world_size())), [Partial(), _NormPartial(2)])

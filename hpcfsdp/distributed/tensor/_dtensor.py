@@ -108,6 +108,8 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
         else:
             raise TypeError(f"placement {p!r}: expected Shard(dim), Replicate() or Partial(reduce_op)")
     ops = {p.reduce_op for p in out if isinstance(p, Partial)}
+    if any(isinstance(p, _NormPartial) for p in out) and len({p for p in out if isinstance(p, Partial)}) > 1:
+        raise ValueError(f"placements {placements}: a _NormPartial cannot mix with other Partial placements")
     if len(ops) > 1 and ops != {"sum", "avg"}:
         raise ValueError(f"placements {placements}: mixed Partial reduce ops {sorted(ops)} are not supported; "
                          "use one reduce op (sum and avg may mix)")
@@ -684,7 +686,11 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
     if not is_meta_array(local):
         local = local.copy()
         for i, p in enumerate(pl):  # See [Note: Partial placement]
-            if isinstance(p, Partial) and p.reduce_op == "sum":
+            if isinstance(p, _NormPartial) and p.reduce_op == "sum":  # n parts of norm v / n^(1/p) (PyTorch's)
+                if float(p.norm_type) == 0.0:
+                    raise NotImplementedError(f"distribute_tensor: Replicate to {p!r} is not supported")
+                local = local / local.dtype.type(device_mesh.size(i) ** (1.0 / float(p.norm_type)))
+            elif isinstance(p, Partial) and p.reduce_op == "sum":
                 local = local / local.dtype.type(device_mesh.size(i))
     spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)
     return DTensor._from_array(local, spec, tensor.requires_grad)
