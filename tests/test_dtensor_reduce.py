@@ -239,6 +239,8 @@ def test_fsdp_grad_norms_equal_the_unsharded_models(p):
     total = hp.linalg.vector_norm(hp.stack([q.grad.norm(p) for q in model.parameters()]), p)
     want = hp.linalg.vector_norm(hp.stack([r.grad.norm(p) for r in ref.parameters()]), p)
     assert total.full_tensor().item() == pytest.approx(want.item(), rel=1e-5)
+    helper = nn.utils.get_total_norm([q.grad for q in model.parameters()], p)
+    assert helper.full_tensor().item() == pytest.approx(want.item(), rel=1e-5)
 
 
 def test_empty_shards_hold_the_identity():
