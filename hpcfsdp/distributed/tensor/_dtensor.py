@@ -37,8 +37,9 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 #
 # [Note: Partial placement]
 # Partial(op) on mesh dim i: every rank of that dim holds a whole-shaped partial value (laid out like
-# Replicate) and the global tensor is their reduction with ``op``. Only from_local and distribute_tensor
-# make one (the latter splits the value: v / n for "sum", v itself for "avg"/"max"/"min"); full_tensor
+# Replicate) and the global tensor is their reduction with ``op``. from_local and distribute_tensor make
+# one (the latter splits the value: v / n for "sum", v itself for "avg"/"max"/"min"), and so do reductions
+# over a sharded dim (See [Note: Reduction placements] in _rules/reduce.py; _NormPartial for norms); full_tensor
 # and redistribute to Replicate or Shard all-reduce over the Partial mesh dims first (on a copy: the
 # local partial values stay), then proceed as for Replicate. Redistributing to a Partial the tensor does
 # not already have raises, as in PyTorch. Different reduce ops on one tensor do not commute and are
