@@ -155,6 +155,9 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
     if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.number)):
         raise TypeError(f"linalg.vector_norm(): argument 'ord' must be a number, not {type(ord).__name__}")
     x = _norm_input(x, dtype, "vector_norm")
+    hook = getattr(type(x), "__hp_vector_norm__", None)
+    if hook is not None:  # a DTensor: its norm's sharding rule
+        return hook(x, float(ord), dim, keepdim)
     axes = _axes(dim, x.ndim)
     ord = float(ord)  # noqa: A001
     if ord < 0 or math.isinf(ord):

@@ -164,11 +164,20 @@ class _Redistribute(Function):
     @staticmethod
     def forward(ctx, x, src, dst):
         ctx.src, ctx.dst = src, dst
+        ctx.scale = None
+        if ctx.needs_input_grad[0]:  # a max/min/norm Partial reduced: its gradient is not the identity
+            reduced = [i for i, (s, d) in enumerate(zip(src.placements, dst.placements))
+                       if isinstance(s, Partial) and s != d]
+            if reduced:
+                ctx.scale = _DTENSOR[0]._partial_grad_scale(x._data, src.mesh, src.placements, reduced)
         return Tensor._wrap(_move(x._data, src, dst))
 
     @staticmethod
     def backward(ctx, g):
-        return Tensor._wrap(_move(g._data, _grad_spec(ctx.dst), _grad_spec(ctx.src))), None, None
+        out = _move(g._data, _grad_spec(ctx.dst), _grad_spec(ctx.src))
+        if ctx.scale is not None:
+            out = out * ctx.scale.astype(out.dtype, copy=False)
+        return Tensor._wrap(out), None, None
 
 
 def _with(spec, placements):

@@ -18,7 +18,7 @@ import hpcfsdp.distributed.tensor._dispatch as _dispatch
 from hpcfsdp.distributed.device_mesh import DeviceMesh
 from hpcfsdp.distributed.process_group import ReduceOp
 from hpcfsdp.distributed.tensor.placement_types import (Partial, Placement, Replicate, Shard, _InterleavedShard,
-                                                        _StridedShard)
+                                                        _NormPartial, _StridedShard)
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nested_chunk_bounds", "_local_ranges",
            "_local_boxes", "_take"]
@@ -37,8 +37,9 @@ __all__ = ["DTensor", "DTensorSpec", "distribute_tensor", "_chunk_bounds", "_nes
 #
 # [Note: Partial placement]
 # Partial(op) on mesh dim i: every rank of that dim holds a whole-shaped partial value (laid out like
-# Replicate) and the global tensor is their reduction with ``op``. Only from_local and distribute_tensor
-# make one (the latter splits the value: v / n for "sum", v itself for "avg"/"max"/"min"); full_tensor
+# Replicate) and the global tensor is their reduction with ``op``. from_local and distribute_tensor make
+# one (the latter splits the value: v / n for "sum", v itself for "avg"/"max"/"min"), and so do reductions
+# over a sharded dim (See [Note: Reduction placements] in _rules/reduce.py; _NormPartial for norms); full_tensor
 # and redistribute to Replicate or Shard all-reduce over the Partial mesh dims first (on a copy: the
 # local partial values stay), then proceed as for Replicate. Redistributing to a Partial the tensor does
 # not already have raises, as in PyTorch. Different reduce ops on one tensor do not commute and are
@@ -108,6 +109,8 @@ def _norm_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement
         else:
             raise TypeError(f"placement {p!r}: expected Shard(dim), Replicate() or Partial(reduce_op)")
     ops = {p.reduce_op for p in out if isinstance(p, Partial)}
+    if any(isinstance(p, _NormPartial) for p in out) and len({p for p in out if isinstance(p, Partial)}) > 1:
+        raise ValueError(f"placements {placements}: a _NormPartial cannot mix with other Partial placements")
     if len(ops) > 1 and ops != {"sum", "avg"}:
         raise ValueError(f"placements {placements}: mixed Partial reduce ops {sorted(ops)} are not supported; "
                          "use one reduce op (sum and avg may mix)")
@@ -198,10 +201,45 @@ def _reduce_partials(local, mesh: DeviceMesh, placements, keep=frozenset()):
     if not dims:
         return local, tuple(placements)
     xp = array_module(local)
-    out = xp.ascontiguousarray(local).copy()
+    out = xp.array(local, order="C", copy=True)  # (ascontiguousarray would make a 0-d value 1-d)
+    norm = [placements[i] for i in dims if isinstance(placements[i], _NormPartial)]
+    if norm:  # p-norm partials: (sum v_i^p)^(1/p) over all their mesh dims (See _NormPartial)
+        out = xp.array(norm[0]._pre_reduce(out), order="C", copy=True)
     for i in dims:
         mesh.get_group(i).all_reduce_(out, _PARTIAL_OPS[placements[i].reduce_op])
+    if norm:
+        out = norm[0]._post_reduce(out)
     return out, tuple(Replicate() if i in dims else p for i, p in enumerate(placements))
+
+
+def _partial_grad_scale(local, mesh: DeviceMesh, placements, dims):
+    """d(global)/d(local) of the reduction of ``local`` over the Partial mesh dims ``dims`` whose reduce op is
+    not linear ("max", "min", "product", p-norms; None when all are sums or averages): the gradient of the
+    reduced value reaches each rank's partial value times this factor (for max/min: 1 on the ranks holding the
+    extreme, divided among ties; for p-norms (v_i / N)^(p-1)). Collective: one all-reduce of ``local``'s size,
+    one more for the ties of max/min."""
+    nonlin = [i for i in dims if isinstance(placements[i], _NormPartial) or placements[i].reduce_op in
+              ("max", "min", "product")]
+    if not nonlin:
+        return None
+    xp = array_module(local)
+    full, _ = _reduce_partials(local, mesh, placements, frozenset(i for i in range(len(placements)) if i not in dims))
+    p = placements[nonlin[0]]
+    if p.reduce_op in ("max", "min"):
+        hit = (local == full).astype(local.dtype)
+        count = xp.array(hit, order="C", copy=True)
+        for i in dims:
+            mesh.get_group(i).all_reduce_(count, ReduceOp.SUM)
+        return hit / xp.maximum(count, 1)
+    if p.reduce_op == "product":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return full / local
+    power = p._power()
+    if power is None:  # p = 1: a sum; p = 0: a count (no gradient)
+        return xp.ones_like(local) if float(p.norm_type) == 1.0 else xp.zeros_like(local)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = xp.where(full == 0, 0, local / full)
+    return r ** r.dtype.type(power - 1)
 
 
 def _local_boxes(ranges) -> list[tuple[tuple, tuple, tuple]]:
@@ -476,6 +514,14 @@ class DTensor(Tensor):
                 group.all_reduce_(buf, ReduceOp.MAX)
         return float(buf[0])
 
+    def __hp_vector_norm__(self, ord: float, dim, keepdim: bool) -> "DTensor":  # noqa: A002
+        """``hpcfsdp.linalg.vector_norm`` of a DTensor (not a registry op; its arguments checked): Tensor.norm's
+        sharding rule (See [Note: Reduction placements] in _rules/reduce.py)."""
+        return self.norm(ord, None if isinstance(dim, (list, tuple)) and len(dim) == 0 else dim, keepdim)
+
+    # d(global)/d(local) of a Partial resolution, for _dispatch's differentiable redistribution
+    _partial_grad_scale = staticmethod(_partial_grad_scale)
+
     @classmethod
     def __hp_norm_result__(cls, grads, total: Tensor) -> "DTensor":
         """The total norm of DTensor gradients: a DTensor replicated over their mesh (PyTorch's result type)."""
@@ -641,7 +687,11 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None, placements=
     if not is_meta_array(local):
         local = local.copy()
         for i, p in enumerate(pl):  # See [Note: Partial placement]
-            if isinstance(p, Partial) and p.reduce_op == "sum":
+            if isinstance(p, _NormPartial) and p.reduce_op == "sum":  # n parts of norm v / n^(1/p) (PyTorch's)
+                if float(p.norm_type) == 0.0:
+                    raise NotImplementedError(f"distribute_tensor: Replicate to {p!r} is not supported")
+                local = local / local.dtype.type(device_mesh.size(i) ** (1.0 / float(p.norm_type)))
+            elif isinstance(p, Partial) and p.reduce_op == "sum":
                 local = local / local.dtype.type(device_mesh.size(i))
     spec = DTensorSpec(device_mesh, pl, tuple(full.shape), _contiguous_stride(full.shape), full.dtype)
     return DTensor._from_array(local, spec, tensor.requires_grad)

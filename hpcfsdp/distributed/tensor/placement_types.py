@@ -1,4 +1,5 @@
-"""DTensor placements: Shard(dim), _StridedShard, _InterleavedShard, Replicate() and Partial(reduce_op)."""
+"""DTensor placements: Shard(dim), _StridedShard, _InterleavedShard, Replicate(), Partial(reduce_op) and
+_NormPartial(norm_type)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,55 @@ class Partial(Placement):
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"
+
+
+
+class _NormPartial(Partial):
+    """Partial p-norms: each rank holds the p-norm v_i of its part and the global value is (sum_i v_i^p)^(1/p)
+    (max v_i for p = inf, min for -inf; sum for p = 0 and 1). What a vector norm over a sharded dim gives, as
+    PyTorch's ``_NormPartial``: ``reduce_op`` is "sum" ("max", "min" for inf, -inf), but the reduction raises to
+    the p-th power before it and takes the p-th root after it (``_pre_reduce``, ``_post_reduce``), so a
+    "sum" Partial of another type is not the same placement (``==`` compares the type and the norm type)."""
+
+    __slots__ = ("norm_type",)
+
+    def __init__(self, norm_type=2):
+        if norm_type in (float("inf"), "inf"):
+            op = "max"
+        elif norm_type in (float("-inf"), "-inf"):
+            op = "min"
+        elif isinstance(norm_type, (int, float)) and not isinstance(norm_type, bool):
+            op = "sum"
+        else:
+            raise NotImplementedError(f"Unsupported norm type: {norm_type}")
+        super().__init__(op)
+        object.__setattr__(self, "norm_type", norm_type)
+
+    def __reduce__(self):
+        return (_NormPartial, (self.norm_type,))
+
+    def _power(self):
+        """The power the partial values are raised to before summing (None: summed or max/min as they are)."""
+        if self.reduce_op != "sum" or float(self.norm_type) in (0.0, 1.0):
+            return None
+        return float(self.norm_type)
+
+    def _pre_reduce(self, a):
+        p = self._power()
+        return a if p is None else a ** a.dtype.type(p)
+
+    def _post_reduce(self, a):
+        p = self._power()
+        return a if p is None else a ** a.dtype.type(1.0 / p)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is _NormPartial and other.norm_type == self.norm_type
+
+    def __hash__(self) -> int:
+        return 1 + hash(self.norm_type)
+
+    def __repr__(self) -> str:
+        return f"_NormPartial(reduce_op={self.reduce_op}, norm_type={self.norm_type})"
+
+    def __str__(self) -> str:
+        return f"NormP({self.reduce_op}, {self.norm_type})"

@@ -60,6 +60,8 @@ def _partial_kept(call, i, partial) -> bool:
     """Whether the op is linear in its operands' Partial values on mesh dim ``i`` (the DTensors in ``partial``)."""
     name = call.entry.name
     ds = call.dtensors
+    if any(type(d._spec.placements[i]) is not Partial for d in partial):  # p-norm partials: casts only
+        return name in CASTS or name in _ZEROS
     if name in _SIGN or name in CASTS or name in _ZEROS:
         return True
     if name in _SUM:
