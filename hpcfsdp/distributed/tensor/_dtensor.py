@@ -198,7 +198,7 @@ def _reduce_partials(local, mesh: DeviceMesh, placements, keep=frozenset()):
     if not dims:
         return local, tuple(placements)
     xp = array_module(local)
-    out = xp.ascontiguousarray(local).copy()
+    out = xp.array(local, copy=True, order="C")  # (ascontiguousarray would make a 0-d value 1-d)
     for i in dims:
         mesh.get_group(i).all_reduce_(out, _PARTIAL_OPS[placements[i].reduce_op])
     return out, tuple(Replicate() if i in dims else p for i, p in enumerate(placements))
