@@ -181,6 +181,8 @@ def test_advanced_indexing_and_selection():
     _check(a.gt(0).nonzero(), fa.gt(0).nonzero(), "nonzero")
     r = distribute_tensor(hp.tensor([3, 1, 3, 2, 1, 0, 0, 3]), mesh, [Shard(0)])
     _check(r.unique(), hp.tensor([3, 1, 3, 2, 1, 0, 0, 3]).unique(), "unique")
+    _check(a[distribute_tensor(mask, mesh, [Shard(0)])], fa[mask], "a[mask]")
+    _check(a[[1, 6]], fa[[1, 6]], "a[list]")
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
         a[idx]  # a plain index tensor beside a sharded DTensor, as PyTorch
 
@@ -207,6 +209,9 @@ def test_setitem_matches_the_full_tensor(pl):
     assert np.all(r.full_tensor().numpy()[0] == 1)
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
         distribute_tensor(_full(0), mesh, [Shard(0)])[0] = hp.ones(6)
+    leaf = distribute_tensor(_full(0), mesh, [Shard(0)]).requires_grad_(True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        leaf[2:6] = 0.0
 
 
 GRADS = {"a[2:6]": lambda t: t[2:6], "a[:, 1:3]": lambda t: t[:, 1:3], "a[3]": lambda t: t[3],
@@ -260,6 +265,7 @@ def test_matmul_family_matches_the_full_tensor():
         ("bmm mixed", lambda f: f(x3, S0).bmm(f(y3, S2)), x3.bmm(y3), S0),
         ("matmul broadcast", lambda f: hp.matmul(f(x3, S0), f(y3[:1], R)), hp.matmul(x3, y3[:1]), S0),
         ("matmul broadcast sharded", lambda f: hp.matmul(f(x3[:1], S1), f(y3, S0)), hp.matmul(x3[:1], y3), None),
+        ("matmul broadcast dim sharded", lambda f: hp.matmul(f(x3[:1], S0), f(y3, S0)), hp.matmul(x3[:1], y3), S0),
         ("mat@vec", lambda f: f(m, S0) @ f(v6, R), m @ v6, S0),
         ("mat@vec contracted", lambda f: f(m, S1) @ f(v6, S0), m @ v6, Partial()),
         ("vec@mat", lambda f: f(v6, S0) @ f(w, S0), v6 @ w, Partial()),

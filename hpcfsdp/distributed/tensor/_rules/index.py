@@ -15,8 +15,9 @@ sharded as the input on equal-sized dims) are local; take, masked_select, nonzer
 from __future__ import annotations
 
 from hpcfsdp._tensor import Tensor
-from hpcfsdp.autograd.grad_mode import no_grad
-from hpcfsdp.distributed.tensor._dispatch import OpCall, local_args, register_rule, wrap
+from hpcfsdp._tensor_methods._common import check_inplace
+from hpcfsdp.autograd.grad_mode import is_grad_enabled, no_grad
+from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, _move, _with, local_args, register_rule, wrap
 from hpcfsdp.distributed.tensor._rules.view import bound, fallback, gathered
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate, Shard
 
@@ -111,6 +112,10 @@ def setitem(call: OpCall):
     idx, value = a["idx"], a["value"]
     if d is not call.dtensors[0]:
         raise RuntimeError("__setitem__: a DTensor value written into a plain tensor; use value.full_tensor()")
+    check_inplace(d)
+    if isinstance(value, Tensor) and is_grad_enabled() and value.requires_grad:
+        raise RuntimeError("hpcfsdp does not record setitem of a tensor that requires grad; use torch-style "
+                           "out-of-place ops (e.g. hp.where / hp.cat) or run under hp.no_grad()")
     if any(isinstance(p, Partial) for p in d._spec.placements):
         raise RuntimeError(f"__setitem__ on a Partial DTensor ({list(d._spec.placements)}): redistribute it first")
     if all(isinstance(p, Replicate) for p in d._spec.placements):
@@ -124,21 +129,16 @@ def setitem(call: OpCall):
             and all(_whole(basic[0][p.dim], d.shape[p.dim]) for p in shards)):
         d._data[_local_index(idx, {p.dim for p in shards}, d.ndim)] = value
         return None
-    from hpcfsdp.distributed.tensor._dtensor import _local_ranges, _take
-
     with no_grad():
         full = d.full_tensor()._data.copy()
         ix = tuple(_gather_index(t) for t in idx) if isinstance(idx, tuple) else _gather_index(idx)
         full[ix] = _gather_index(value) if isinstance(value, Tensor) else value
-        spec = d._spec
-        d._data[...] = _take(full, _local_ranges(spec.shape, spec.mesh, spec.placements, spec.mesh.get_coordinate()))
+        d._data[...] = _move(full, _with(d._spec, [Replicate()] * d._spec.mesh.ndim), d._spec)  # this rank's piece
     return None
 
 
 def _gather_index(t):
-    from hpcfsdp.distributed.tensor._dtensor import DTensor
-
-    if isinstance(t, DTensor):
+    if _is_dt(t):
         return t.full_tensor()._data
     if isinstance(t, Tensor):
         return t._data
@@ -157,9 +157,7 @@ def select_along(call: OpCall):
     src = a["self"]
     index = a["index"]
     name = call.entry.name
-    from hpcfsdp.distributed.tensor._dtensor import DTensor
-
-    if src is not call.dtensors[0] or not isinstance(index, DTensor):
+    if src is not call.dtensors[0] or not _is_dt(index):
         return fallback(call, reduce_partial=True)
     dim = a["dim"] + src.ndim if a["dim"] < 0 else a["dim"]
     sp, ip = src._spec.placements, index._spec.placements

@@ -19,7 +19,7 @@ from __future__ import annotations
 from hpcfsdp._backend import array_module
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.autograd.function import Function
-from hpcfsdp.distributed.tensor._dispatch import OpCall, local_args, register_rule, wrap
+from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, local_args, register_rule, wrap
 from hpcfsdp.distributed.tensor._rules.view import bound, fallback
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate, Shard
 
@@ -38,9 +38,9 @@ def _matmul_labels(sa, sb):
         xa = sa[ia] if ia >= 0 else None
         xb = sb[ib] if ib >= 0 else None
         batch.append((_BATCH[j], xa, xb))
-    pa = [lab if xa is not None and (xa != 1 or xb in (None, 1)) else lab.lower() + "a"
+    pa = [lab if xa is not None and (xa != 1 or xb in (None, 1)) else lab + "#a"
           for lab, xa, xb in batch if xa is not None]
-    pb = [lab if xb is not None and (xb != 1 or xa in (None, 1)) else lab.lower() + "b"
+    pb = [lab if xb is not None and (xb != 1 or xa in (None, 1)) else lab + "#b"
           for lab, xa, xb in batch if xb is not None]
     out = [lab for lab, _, _ in batch]
     if len(sa) >= 2:
@@ -123,8 +123,6 @@ class _SumGrad(Function):
 
 
 def matmul(call: OpCall):
-    from hpcfsdp.distributed.tensor._dtensor import DTensor
-
     lay = _layout(call)
     if lay is None or any(isinstance(p, Shard) and type(p) is not Shard for d in call.dtensors
                           for p in d._spec.placements):
@@ -133,18 +131,19 @@ def matmul(call: OpCall):
     if any(len(set(labs)) != len(labs) for labs in labels):  # a diagonal ("ii->i")
         return fallback(call)
     mesh = call.mesh
-    targets = {id(o): [None] * mesh.ndim for o in ops if isinstance(o, DTensor)}
+    targets = {id(o): [None] * mesh.ndim for o in ops if _is_dt(o)}
     out_pl = []
     for i in range(mesh.ndim):
         chosen = None
         for o, labs in zip(ops, labels):
-            if isinstance(o, DTensor):
+            if _is_dt(o):
                 p = o._spec.placements[i]
-                if isinstance(p, Shard) and labs[p.dim] in (out_labels if no_contract else labs):
+                if (isinstance(p, Shard) and "#" not in labs[p.dim]
+                        and labs[p.dim] in (out_labels if no_contract else labs)):
                     chosen = labs[p.dim]
                     break
         for o, labs in zip(ops, labels):
-            if isinstance(o, DTensor):
+            if _is_dt(o):
                 targets[id(o)][i] = Shard(labs.index(chosen)) if chosen in labs else Replicate()
         if chosen is None:
             out_pl.append(Replicate())
@@ -166,7 +165,7 @@ def matmul(call: OpCall):
         it = iter(call.dtensors)
 
         def conv(local, orig):
-            if isinstance(orig, DTensor):
+            if _is_dt(orig):
                 d = next(it)
                 if id(d) in summed:
                     return _SumGrad.apply(local, mesh, summed[id(d)])

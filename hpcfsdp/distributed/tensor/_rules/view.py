@@ -9,7 +9,7 @@ import math
 
 from hpcfsdp._array import wrap_dim
 from hpcfsdp._tensor import Size, Tensor
-from hpcfsdp.distributed.tensor._dispatch import OpCall, local_args, redistribute_local, register_rule, wrap, wrap_all
+from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, local_args, redistribute_local, register_rule, wrap, wrap_all
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 
@@ -108,15 +108,9 @@ def fallback(call: OpCall, reduce_partial=True, shard_back=None):
         return call.args[0]
     pl = targets[0]
     res = wrap_all(out, call.mesh, pl)
-    if shard_back is not None and isinstance(res, _DT()):
+    if shard_back is not None and _is_dt(res):
         res = res.redistribute(call.mesh, shard_back)
     return res
-
-
-def _DT():
-    from hpcfsdp.distributed.tensor._dtensor import DTensor
-
-    return DTensor
 
 
 def _sizes(args):
