@@ -291,6 +291,24 @@ def test_matmul_family_matches_the_full_tensor():
         d(m, S0) @ w
 
 
+def test_a_partial_operand_stays_partial():
+    mesh = _mesh()
+    n = mesh.size()
+    v, fb = _full(1, (4, 6)), _full(2, (6, 3))
+    p = DTensor.from_local(v, mesh, [Partial()])  # the global value is n * v
+    out = p @ distribute_tensor(fb, mesh, [Replicate()])
+    assert out.placements == (Partial(),)
+    np.testing.assert_allclose(out.full_tensor().numpy(), n * v.numpy() @ fb.numpy(), rtol=1e-12)
+    add = hp.addmm(distribute_tensor(_full(3, (3,)), mesh, [Replicate()]), p, distribute_tensor(fb, mesh, [Replicate()]))
+    assert add.placements == (Replicate(),)  # the input is added once
+    np.testing.assert_allclose(add.full_tensor().numpy(), _full(3, (3,)).numpy() + n * v.numpy() @ fb.numpy(),
+                               rtol=1e-12)
+    b = distribute_tensor(fb, mesh, [Replicate()]).detach().requires_grad_(True)
+    (p @ b).full_tensor().sum().backward()
+    np.testing.assert_allclose(b.grad.full_tensor().numpy(), np.repeat((n * v.numpy()).sum(0)[:, None], 3, 1),
+                               rtol=1e-12)
+
+
 def test_gradients_through_matmul():
     mesh = _mesh()
     for pa, pb in [(Shard(0), Replicate()), (Replicate(), Shard(1)), (Shard(1), Shard(0)), (Shard(0), Shard(1))]:

@@ -1,7 +1,8 @@
 """Sharding rules of the matmul family: matmul/@, mm, bmm, dot, outer, addmm, baddbmm, einsum.
 
 [Note: Matmul placements]
-Each operand dim gets a label as in einsum (matmul: batch dims aligned from the right, then m, k / k, n; a
+A Partial("sum") operand beside Replicate ones stays Partial (the product is linear in it; not in
+addmm/baddbmm). Otherwise each operand dim gets a label as in einsum (matmul: batch dims aligned from the right, then m, k / k, n; a
 dim of size 1 that broadcasts against a larger one is its own, unshared label). Per mesh dim, Partial
 operands are reduced first; then the first operand sharded there along a label decides: every operand with
 that label is laid out Shard of it, every other operand Replicate (a redistribution where an operand is laid
@@ -134,6 +135,15 @@ def matmul(call: OpCall):
     targets = {id(o): [None] * mesh.ndim for o in ops if _is_dt(o)}
     out_pl = []
     for i in range(mesh.ndim):
+        pls = [o._spec.placements[i] for o in ops if _is_dt(o)]
+        partial = [p for p in pls if isinstance(p, Partial)]
+        if (not no_contract and len(partial) == 1 and partial[0].reduce_op == "sum"
+                and all(isinstance(p, (Replicate, Partial)) for p in pls)):
+            for o in ops:  # linear in its one Partial operand: the result stays Partial
+                if _is_dt(o):
+                    targets[id(o)][i] = o._spec.placements[i]
+            out_pl.append(Partial("sum"))
+            continue
         chosen = None
         for o, labs in zip(ops, labels):
             if _is_dt(o):
