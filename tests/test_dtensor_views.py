@@ -281,6 +281,10 @@ def test_matmul_family_matches_the_full_tensor():
         ("einsum bij,bjk", lambda f: hp.einsum("bij,bjk->bik", f(x3, S1), f(y3, R)), hp.einsum("bij,bjk->bik", x3, y3),
          S1),
         ("einsum implicit", lambda f: hp.einsum("ij,jk", f(m, S1), f(w, S0)), hp.einsum("ij,jk", m, w), Partial()),
+        ("einsum ...", lambda f: hp.einsum("...ij,jk->...ik", f(x3, S0), f(w, R)), hp.einsum("...ij,jk->...ik", x3, w),
+         S0),
+        ("einsum ... contracted", lambda f: hp.einsum("...j,jk", f(x3, S2), f(w, S0)), hp.einsum("...j,jk", x3, w),
+         Partial()),
         ("einsum trace", lambda f: hp.einsum("ii->i", f(m[:6], S0)), hp.einsum("ii->i", m[:6]), None),
     ]
     for case, fn, ref, want in cases:

@@ -53,15 +53,22 @@ def _matmul_labels(sa, sb):
 
 def _einsum_labels(eq, operands):
     eq = eq.replace(" ", "")
-    if "..." in eq:
-        return None
-    lhs, _, rhs = eq.partition("->")
+    lhs, arrow, rhs = eq.partition("->")
     ins = lhs.split(",")
-    if len(ins) != len(operands) or any(len(s) != o.ndim for s, o in zip(ins, operands)):
+    if len(ins) != len(operands):
         return None
-    if "->" not in eq:
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    n_ell = max([o.ndim - (len(s) - 3) for s, o in zip(ins, operands) if "..." in s], default=0)
+    ell = "".join(free[:n_ell])
+    ins = [s.replace("...", ell[len(ell) - (o.ndim - (len(s) - 3)):]) if "..." in s else s
+           for s, o in zip(ins, operands)]  # ellipsis dims align from the right
+    if any(len(s) != o.ndim for s, o in zip(ins, operands)):
+        return None
+    if arrow:
+        rhs = rhs.replace("...", ell)
+    else:
         letters = "".join(ins)
-        rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+        rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
     labels = [list(s) for s in ins]
     for s, o in zip(labels, operands):  # broadcast size-1 dims get their own label
         for k, c in enumerate(s):
