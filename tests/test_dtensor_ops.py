@@ -133,3 +133,20 @@ def test_a_function_with_a_plain_first_operand_and_a_sharded_one_is_refused():
     out = hp.mul(hp.tensor(2.0), a)  # a one-element plain tensor is a replicated scalar
     assert isinstance(out, DTensor)
     np.testing.assert_allclose(out.full_tensor().numpy(), 2 * _full(0).numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("pa", [Shard(0), Shard(1)])
+def test_a_replicated_operand_broadcast_against_a_sharded_one_gets_the_whole_gradient(pa):
+    """b (Replicate, (6,)) meets only this rank's rows of a (Shard(0)): its local gradient is a partial sum, which
+    the backward all-reduces, so b.grad equals the full computation's."""
+    mesh = _mesh()
+    fa, fb = _full(0), _full(1, (6,))
+    a = distribute_tensor(fa, mesh, [pa])
+    b = distribute_tensor(fb, mesh, [Replicate()])
+    b.requires_grad_(True)
+    a.requires_grad_(True)
+    (a * b + b).full_tensor().sum().backward()
+    assert isinstance(b.grad, DTensor) and b.grad.placements == (Replicate(),)
+    np.testing.assert_allclose(b.grad.to_local().numpy(), fa.numpy().sum(0) + 8, rtol=1e-12)
+    np.testing.assert_allclose(a.grad.full_tensor().numpy(), np.broadcast_to(fb.numpy(), (8, 6)), rtol=1e-12)

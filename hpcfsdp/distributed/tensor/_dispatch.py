@@ -29,6 +29,7 @@ import functools
 import inspect
 
 from hpcfsdp import _registry
+from hpcfsdp._backend import array_module
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.autograd.function import Function
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate
@@ -204,16 +205,44 @@ def redistribute_local(d, placements):
     return _Redistribute.apply(d, d._spec, _with(d._spec, placements))
 
 
-def local_args(call: OpCall, placements=None):
+class _SumGrad(Function):
+    """Identity forward; the backward all-reduces (sums) the gradient over the mesh dims ``dims``: the gradient of
+    an operand used whole (Replicate) where the result is Shard or Partial, of which each rank computed a part."""
+
+    @staticmethod
+    def forward(ctx, x, mesh, dims):
+        ctx.mesh, ctx.dims = mesh, dims
+        return Tensor._wrap(x._data)
+
+    @staticmethod
+    def backward(ctx, g):
+        out = array_module(g._data).array(g._data, copy=True, order="C")
+        for i in ctx.dims:
+            ctx.mesh.get_group(i).all_reduce_(out)
+        return Tensor._wrap(out), None, None
+
+
+def local_args(call: OpCall, placements=None, out_placements=None):
     """``(args, kwargs)`` with every DTensor replaced by a plain local tensor (graph-linked), redistributed to
-    ``placements[i]`` for the i-th DTensor where given (None: as it is), and one-element plain tensors kept."""
+    ``placements[i]`` for the i-th DTensor where given (None: as it is), and one-element plain tensors kept.
+
+    With the result's ``out_placements``, an operand that is used Replicate on a mesh dim where the result is
+    Shard or Partial has its gradient summed over that mesh dim in the backward (``_SumGrad``): each rank's
+    local result saw the whole operand but only its own part of the computation."""
     it = iter(range(len(call.dtensors)))
 
     def conv(a):
         if _is_dt(a):
             i = next(it)
             target = None if placements is None else placements[i]
-            return _LocalView.apply(a) if target is None else redistribute_local(a, target)
+            local = _LocalView.apply(a) if target is None else redistribute_local(a, target)
+            if out_placements is not None and a.requires_grad:
+                used = a._spec.placements if target is None else target
+                dims = tuple(m for m, (u, o) in enumerate(zip(used, out_placements))
+                             if isinstance(u, Replicate) and not isinstance(o, Replicate))
+                if dims:
+                    local = _SumGrad.apply(local, a._spec.mesh, dims)
+            return local
         return a
 
     def walk(a):

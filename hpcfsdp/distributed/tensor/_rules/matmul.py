@@ -17,10 +17,7 @@ dims in the backward (PyTorch's Partial gradient of a replicated operand, reduce
 """
 from __future__ import annotations
 
-from hpcfsdp._backend import array_module
-from hpcfsdp._tensor import Tensor
-from hpcfsdp.autograd.function import Function
-from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, local_args, register_rule, wrap
+from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, _SumGrad, local_args, register_rule, wrap
 from hpcfsdp.distributed.tensor._rules.view import bound, fallback
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate, Shard
 
@@ -112,22 +109,6 @@ def _size(c, l1, m1, l2, m2):
         if c in labs:
             return t.shape[labs.index(c)]
     return 1
-
-
-class _SumGrad(Function):
-    """Identity forward; the backward all-reduces (sum) the gradient over the mesh dims ``dims``."""
-
-    @staticmethod
-    def forward(ctx, x, mesh, dims):
-        ctx.mesh, ctx.dims = mesh, dims
-        return Tensor._wrap(x._data)
-
-    @staticmethod
-    def backward(ctx, g):
-        out = array_module(g._data).array(g._data, copy=True, order="C")
-        for i in ctx.dims:
-            ctx.mesh.get_group(i).all_reduce_(out)
-        return Tensor._wrap(out), None, None
 
 
 def matmul(call: OpCall):

@@ -130,7 +130,7 @@ def pointwise(call: OpCall):
     if inplace and tuple(targets[0]) != tuple(self._spec.placements):
         raise RuntimeError(f"{call.entry.name}: an in-place op cannot change the layout of its DTensor "
                            f"({list(self._spec.placements)})")
-    args, kwargs = local_args(call, targets)
+    args, kwargs = local_args(call, targets, out_pl)
     out = call.compute(*args, **kwargs)
     if inplace and out is args[0]:
         return self
