@@ -122,3 +122,142 @@ def test_tp_gradients_are_dtensors_of_the_parameters_layout(plan):
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p.grad), refp[name].grad._data, rtol=1e-4, atol=1e-6,
                                    err_msg=name)
+
+
+class MLP(nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        hp.manual_seed(seed)
+        self.up = nn.Linear(C, H)
+        self.down = nn.Linear(H, C)
+
+    def forward(self, x):
+        return self.down(nn.functional.silu(self.up(x)))
+
+
+def _grads_match(model, ref):
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_full(p.grad), refp[name].grad._data, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_dtensor_outputs_flow_between_styles():
+    n = dist.get_world_size()
+    mesh = _mesh()
+    ref, model = MLP(2), MLP(2)
+    parallelize_module(model, mesh, {"up": ColwiseParallel(use_local_output=False),
+                                     "down": RowwiseParallel(use_local_output=False)})
+    rng = np.random.default_rng(5)
+    x, g = rng.standard_normal((B, T, C)).astype(np.float32), rng.standard_normal((B, T, C)).astype(np.float32)
+    h = model.up(hp.tensor(x))
+    assert isinstance(h, DTensor) and h.placements == (Shard(2),) and tuple(h.shape) == (B, T, H)
+    assert tuple(h.to_local().shape) == (B, T, H // n)
+    xr = hp.tensor(x, requires_grad=True)
+    yr = ref(xr)
+    (yr * hp.tensor(g)).sum().backward()
+    xs = hp.tensor(x, requires_grad=True)
+    y = model(xs)
+    assert isinstance(y, DTensor) and y.placements == (Replicate(),) and tuple(y.shape) == (B, T, C)
+    np.testing.assert_allclose(y.to_local()._data, yr._data, rtol=1e-5, atol=1e-6)
+    (y.to_local() * hp.tensor(g)).sum().backward()
+    np.testing.assert_allclose(xs.grad._data, xr.grad._data, rtol=1e-4, atol=1e-5)
+    _grads_match(model, ref)
+    # a DTensor input is redistributed to the style's input layout: a Shard(1) input to ColwiseParallel
+    dx = distribute_tensor(hp.tensor(x), mesh, [Shard(1)])
+    np.testing.assert_allclose(model(dx).to_local()._data, yr._data, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_rowwise_layouts_and_local_outputs():
+    n, r = dist.get_world_size(), dist.get_rank()
+    mesh = _mesh()
+    ref, model = MLP(3), MLP(3)
+    parallelize_module(model, mesh, {"up": ColwiseParallel(),
+                                     "down": RowwiseParallel(output_layouts=Shard(1), use_local_output=True)})
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((B, T, C)).astype(np.float32), rng.standard_normal((B, T, C)).astype(np.float32)
+    s = slice(r * T // n, (r + 1) * T // n)
+    yr = ref(hp.tensor(x))
+    (yr * hp.tensor(g)).sum().backward()
+    y = model(hp.tensor(x))
+    assert not isinstance(y, DTensor) and tuple(y.shape) == (B, T // n, C)
+    np.testing.assert_allclose(y._data, yr._data[:, s], rtol=1e-5, atol=1e-6)
+    (y * hp.tensor(np.ascontiguousarray(g[:, s]))).sum().backward()
+    _grads_match(model, ref)
+    # RowwiseParallel(input_layouts=Replicate()): the whole input, sliced on this rank
+    lin, rlin = nn.Linear(H, C), nn.Linear(H, C)
+    rlin.load_state_dict(lin.state_dict())
+    parallelize_module(lin, mesh, RowwiseParallel(input_layouts=Replicate(), use_local_output=False))
+    z = rng.standard_normal((B, H)).astype(np.float32)
+    out = lin(hp.tensor(z))
+    assert isinstance(out, DTensor) and out.placements == (Replicate(),)
+    np.testing.assert_allclose(out.full_tensor()._data, rlin(hp.tensor(z))._data, rtol=1e-5, atol=1e-6)
+
+
+class _Probe(nn.Module):
+    def forward(self, a, b=None):
+        self.seen = a
+        return a * 2.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("local", [False, True])
+def test_prepare_module_input_and_output(local):
+    n, r = dist.get_world_size(), dist.get_rank()
+    mesh = _mesh()
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    s = slice(r * T // n, (r + 1) * T // n)
+    m = _Probe()
+    parallelize_module(m, mesh, PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(),
+                                                   use_local_output=local))
+    xs = hp.tensor(np.ascontiguousarray(x[:, s]), requires_grad=True)
+    out = m(xs)
+    if local:
+        assert not isinstance(m.seen, DTensor) and tuple(m.seen.shape) == (B, T, C)
+        full = out
+    else:
+        assert isinstance(m.seen, DTensor) and m.seen.placements == (Replicate(),)
+        full = out.to_local()
+    np.testing.assert_allclose(full._data, 2 * x, rtol=1e-6)
+    full.sum().backward()
+    np.testing.assert_allclose(xs.grad._data, np.full((B, T // n, C), 2.0), rtol=1e-6)
+    assert PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)).use_local_output is False
+    # PrepareModuleOutput: Replicate -> Shard(1), local by default (PyTorch's use_local_output=True)
+    m2 = _Probe()
+    parallelize_module(m2, mesh, PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                     use_local_output=not local))
+    xr = hp.tensor(x, requires_grad=True)
+    o = m2(xr)
+    if local:  # use_local_output=False
+        assert isinstance(o, DTensor) and o.placements == (Shard(1),) and tuple(o.shape) == (B, T, C)
+        o = o.to_local()
+    assert tuple(o.shape) == (B, T // n, C)
+    np.testing.assert_allclose(o._data, 2 * x[:, s], rtol=1e-6)
+    o.sum().backward()
+    # Replicate -> Shard backward: the Shard(1) gradient all-gathered (PyTorch's), the whole of d(sum)/dx
+    np.testing.assert_allclose(xr.grad._data, np.full((B, T, C), 2.0), rtol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_sequence_parallel_output_is_a_dtensor_by_default():
+    n, r = dist.get_world_size(), dist.get_rank()
+    mesh = _mesh()
+    hp.manual_seed(4)
+    norm = nn.LayerNorm(C)
+    ref = nn.LayerNorm(C)
+    ref.load_state_dict(norm.state_dict())
+    parallelize_module(norm, mesh, SequenceParallel())
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    s = slice(r * T // n, (r + 1) * T // n)
+    y = norm(hp.tensor(np.ascontiguousarray(x[:, s])))
+    assert isinstance(y, DTensor) and y.placements == (Shard(1),) and tuple(y.shape) == (B, T, C)
+    np.testing.assert_allclose(y.full_tensor()._data, ref(hp.tensor(x))._data, rtol=1e-5, atol=1e-6)
+    # a DTensor input of another layout is redistributed to Shard(sequence_dim)
+    y2 = norm(distribute_tensor(hp.tensor(x), mesh, [Replicate()]))
+    np.testing.assert_allclose(y2.to_local()._data, y.to_local()._data, rtol=1e-6)
+    norm2 = nn.LayerNorm(C)
+    parallelize_module(norm2, mesh, SequenceParallel(use_local_output=True))
+    assert not isinstance(norm2(hp.tensor(np.ascontiguousarray(x[:, s]))), DTensor)
