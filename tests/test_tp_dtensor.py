@@ -261,3 +261,72 @@ def test_sequence_parallel_output_is_a_dtensor_by_default():
     norm2 = nn.LayerNorm(C)
     parallelize_module(norm2, mesh, SequenceParallel(use_local_output=True))
     assert not isinstance(norm2(hp.tensor(np.ascontiguousarray(x[:, s]))), DTensor)
+
+
+class Head(nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        hp.manual_seed(seed)
+        self.proj = nn.Linear(C, C)
+        self.head = nn.Linear(C, V, bias=False)
+
+    def forward(self, x):
+        return self.head(self.proj(x))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["mean", "sum", "none", "ignore+weight", "3d"])
+def test_loss_parallel_matches_cross_entropy(case, monkeypatch):
+    from hpcfsdp.distributed.tensor.parallel import loss_parallel
+    from hpcfsdp.distributed.tensor.parallel.loss import loss_parallel as same
+
+    assert same is loss_parallel
+    mesh = _mesh()
+    ref, model = Head(4), Head(4)
+    parallelize_module(model, mesh, {"proj": ColwiseParallel(output_layouts=Replicate()),
+                                     "head": ColwiseParallel(use_local_output=False)})
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    tgt = rng.integers(0, V, (B, T))
+    kw = {"reduction": case if case in ("mean", "sum", "none") else "mean"}
+    if case == "ignore+weight":
+        tgt[0, :3] = -100
+        kw["weight"] = hp.tensor(rng.uniform(0.5, 2.0, V).astype(np.float32))
+
+    def loss_of(logits, t):
+        if case == "3d":  # (B, V, T): the class dim 1, sharded
+            return nn.functional.cross_entropy(logits.transpose(1, 2), hp.tensor(t), **kw)
+        return nn.functional.cross_entropy(logits, hp.tensor(t.reshape(-1)), **kw)
+
+    xr = hp.tensor(x.reshape(-1, C) if case != "3d" else x)
+    rl = loss_of(ref(xr), tgt)
+    go = rng.standard_normal(tuple(rl.shape)).astype(np.float32)
+    (rl * hp.tensor(go)).sum().backward()
+    logits = model(hp.tensor(x.reshape(-1, C) if case != "3d" else x))
+    assert isinstance(logits, DTensor) and isinstance(logits.placements[0], Shard)
+    with loss_parallel(), monkeypatch.context() as mp:
+        mp.setattr(DTensor, "full_tensor", lambda *a, **k: pytest.fail("loss_parallel gathered the logits"))
+        loss = loss_of(logits, tgt)
+        assert isinstance(loss, DTensor) and loss.placements == (Replicate(),) and loss.shape == rl.shape
+        np.testing.assert_allclose(loss.to_local()._data, rl._data, rtol=1e-5, atol=1e-6)
+        (loss.to_local() * hp.tensor(go)).sum().backward()
+    _grads_match(model, ref)
+
+
+@pytest.mark.timeout(60)
+def test_cross_entropy_on_a_dtensor_outside_loss_parallel_gathers():
+    mesh = _mesh()
+    rng = np.random.default_rng(12)
+    z = rng.standard_normal((6, V)).astype(np.float32)
+    t = rng.integers(0, V, 6)
+    ref = hp.tensor(z, requires_grad=True)
+    want = nn.functional.cross_entropy(ref, hp.tensor(t))
+    want.backward()
+    leaf = distribute_tensor(hp.tensor(z), mesh, [Shard(1)])
+    leaf.requires_grad_(True)
+    got = nn.functional.cross_entropy(leaf, hp.tensor(t))
+    assert isinstance(got, DTensor) and got.placements == (Replicate(),)
+    np.testing.assert_allclose(got.to_local().item(), want.item(), rtol=1e-6)
+    got.to_local().backward()
+    assert isinstance(leaf.grad, DTensor) and leaf.grad.placements == (Shard(1),)
+    np.testing.assert_allclose(leaf.grad.full_tensor()._data, ref.grad._data, rtol=1e-5, atol=1e-7)
