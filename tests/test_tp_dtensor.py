@@ -330,3 +330,67 @@ def test_cross_entropy_on_a_dtensor_outside_loss_parallel_gathers():
     got.to_local().backward()
     assert isinstance(leaf.grad, DTensor) and leaf.grad.placements == (Shard(1),)
     np.testing.assert_allclose(leaf.grad.full_tensor()._data, ref.grad._data, rtol=1e-5, atol=1e-7)
+
+
+INITS = {
+    "normal_": lambda t: nn.init.normal_(t, 0.5, 2.0),
+    "uniform_": lambda t: nn.init.uniform_(t, -1.0, 3.0),
+    "trunc_normal_": lambda t: nn.init.trunc_normal_(t, std=0.8, a=-1.0, b=1.0),
+    "trunc_normal_tail": lambda t: nn.init.trunc_normal_(t, mean=0.0, std=1.0, a=5.0, b=6.0),
+    "kaiming_uniform_": lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)),
+    "kaiming_normal_": lambda t: nn.init.kaiming_normal_(t, mode="fan_out"),
+    "xavier_uniform_": lambda t: nn.init.xavier_uniform_(t),
+    "xavier_normal_": lambda t: nn.init.xavier_normal_(t, gain=2.0),
+    "Tensor.normal_": lambda t: t.normal_(1.0, 0.5),
+    "Tensor.uniform_": lambda t: t.uniform_(-2.0, 2.0),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("block", [1 << 22, 7])
+@pytest.mark.parametrize("how", sorted(INITS))
+def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, block, monkeypatch):
+    from hpcfsdp.distributed.tensor._rules import random as rules
+
+    monkeypatch.setattr(rules, "_BLOCK", block)  # 7: the stream drawn in many blocks
+    n, r = dist.get_world_size(), dist.get_rank()
+    mesh = _mesh()
+    shape = (4 * n, 3 * n)
+    hp.manual_seed(123)
+    ref = hp.zeros(shape)
+    with hp.no_grad():
+        INITS[how](ref)
+    after_ref = hp.rand(5)._data
+    for placement in (Shard(0), Shard(1), Replicate()):
+        hp.manual_seed(123)
+        dt = distribute_tensor(hp.zeros(shape), mesh, [placement])
+        with hp.no_grad():
+            out = INITS[how](dt)
+        assert out is dt and isinstance(dt, DTensor) and dt.placements == (placement,)
+        np.testing.assert_array_equal(dt._data, _slice(ref._data, placement, n, r), err_msg=str(placement))
+        np.testing.assert_array_equal(hp.rand(5)._data, after_ref)  # the generator ends where the plain fill does
+
+
+@pytest.mark.timeout(120)
+def test_meta_model_to_empty_then_init_matches_the_unsharded_model():
+    n = dist.get_world_size()
+    mesh = _mesh()
+    plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+    def init(m):
+        hp.manual_seed(7)
+        with hp.no_grad():
+            for name, p in m.named_parameters():
+                (nn.init.trunc_normal_(p, std=0.02) if p.ndim == 2 else nn.init.normal_(p, std=0.1))
+
+    ref = MLP(0)
+    init(ref)
+    with hp.device("meta"):
+        model = MLP(0)
+    parallelize_module(model, mesh, plan)
+    model.to_empty(device="cpu")
+    init(model)
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert isinstance(p, DTensor) and p._data.size * (n if isinstance(p.placements[0], Shard) else 1) == p.numel()
+        np.testing.assert_array_equal(p.full_tensor()._data, refp[name]._data, err_msg=name)
