@@ -8,18 +8,18 @@ import numpy as np
 from hpcfsdp import random as _random
 from hpcfsdp._array import random_array
 from hpcfsdp._backend import array_module, device_of_array, generator_for, is_meta_array
-from hpcfsdp.distributed.tensor._dispatch import OpCall, register_rule
+from hpcfsdp.distributed.tensor._dispatch import OpCall, _is_dt, register_rule
 from hpcfsdp.distributed.tensor.placement_types import Partial
 
 _BLOCK = 1 << 22  # values drawn at a time
+# _dtensor._local_ranges, set by hpcfsdp/distributed/tensor/__init__.py (this module is loaded by _dtensor)
+_LOCAL_RANGES = [None]
 
 
 class _ShardSink:
     """A DTensor's local piece as the target of the whole tensor's random stream."""
 
     def __init__(self, dt, dtype):
-        from hpcfsdp.distributed.tensor._dtensor import _local_ranges
-
         spec = dt._spec
         if any(isinstance(p, Partial) for p in spec.placements):
             raise NotImplementedError(f"random fill of a Partial DTensor ({list(spec.placements)}): redistribute it "
@@ -36,7 +36,7 @@ class _ShardSink:
         self._flat = xp.empty(int(arr.size), dtype=dtype)
         # per dim: a table from global coordinate to local position (-1: not in the piece)
         self._maps = []
-        for size, rs in zip(self.gshape, _local_ranges(self.gshape, spec.mesh, spec.placements, coord)):
+        for size, rs in zip(self.gshape, _LOCAL_RANGES[0](self.gshape, spec.mesh, spec.placements, coord)):
             m = np.full(size, -1, np.int64)
             pos = 0
             for a, b in rs:
@@ -66,9 +66,7 @@ class _ShardSink:
 
 
 def _sink_for(tensor, dtype):
-    from hpcfsdp.distributed.tensor._dtensor import DTensor
-
-    if not isinstance(tensor, DTensor):
+    if not _is_dt(tensor):
         return None
     return _ShardSink(tensor, dtype)
 
