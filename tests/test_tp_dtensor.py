@@ -394,3 +394,45 @@ def test_meta_model_to_empty_then_init_matches_the_unsharded_model():
     for name, p in model.named_parameters():
         assert isinstance(p, DTensor) and p._data.size * (n if isinstance(p.placements[0], Shard) else 1) == p.numel()
         np.testing.assert_array_equal(p.full_tensor()._data, refp[name]._data, err_msg=name)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama_attention_split_by_heads_matches_the_unsharded_model(sequence_parallel):
+    from hpcfsdp.models import Llama, LlamaConfig
+
+    n = dist.get_world_size()
+    mesh = _mesh()
+    cfg = LlamaConfig(vocab_size=V, block_size=T, n_layer=2, n_head=8, n_kv_head=4, n_embd=32,
+                      intermediate_size=48)
+    hp.manual_seed(21)
+    ref = Llama(cfg)
+    model = Llama(cfg)
+    model.load_state_dict(ref.state_dict())
+    parallelize_module(model, mesh, model.tp_plan(sequence_parallel=sequence_parallel))
+    q = model.model.layers[0].self_attn.q_proj.weight
+    k = model.model.layers[0].self_attn.k_proj.weight
+    assert q.placements == (Shard(0),) and q.to_local().shape[0] == 8 * 4 // n
+    assert k.to_local().shape[0] == 4 * 4 // n
+    opt = hp.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = hp.optim.AdamW(ref.parameters(), lr=1e-2)
+    rng = np.random.default_rng(13)
+    for _ in range(3):
+        idx = hp.tensor(rng.integers(0, V, (B, T)))
+        tgt = hp.tensor(rng.integers(0, V, (B, T)))
+        logits, loss = model(idx, tgt)
+        rlogits, rloss = ref(idx, tgt)
+        np.testing.assert_allclose(loss.item(), rloss.item(), rtol=1e-5)
+        np.testing.assert_allclose(logits._data, rlogits._data, rtol=1e-4, atol=1e-5)
+        loss.backward()
+        rloss.backward()
+        _grads_match(model, ref)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    refp = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_full(p), refp[name]._data, rtol=1e-4, atol=1e-5, err_msg=name)
