@@ -436,3 +436,39 @@ def test_llama_attention_split_by_heads_matches_the_unsharded_model(sequence_par
     refp = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p), refp[name]._data, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtensor_activations", [False, True])
+def test_uneven_linear_split_as_torch_chunk(dtensor_activations):
+    n = dist.get_world_size()
+    mesh = _mesh()
+    hidden = 3 * n - 1  # torch.chunk pieces of different sizes (none empty: F.linear of a 0-row weight fails)
+
+    class Uneven(nn.Module):
+        def __init__(self):
+            super().__init__()
+            hp.manual_seed(31)
+            self.up = nn.Linear(C, hidden)
+            self.down = nn.Linear(hidden, C)
+            self.out = nn.Linear(C, hidden)
+
+        def forward(self, x):
+            return self.out(self.down(nn.functional.relu(self.up(x))))
+
+    ref, model = Uneven(), Uneven()
+    parallelize_module(model, mesh, {"up": ColwiseParallel(use_local_output=not dtensor_activations),
+                                     "down": RowwiseParallel(), "out": ColwiseParallel(output_layouts=Replicate())})
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((B, C)).astype(np.float32)
+    g = rng.standard_normal((B, hidden)).astype(np.float32)
+    yr = ref(hp.tensor(x))
+    (yr * hp.tensor(g)).sum().backward()
+    if dtensor_activations:
+        h = model.up(hp.tensor(x))
+        assert isinstance(h, DTensor) and tuple(h.shape) == (B, hidden)
+    y = model(hp.tensor(x))
+    assert not isinstance(y, DTensor) and tuple(y.shape) == (B, hidden)
+    np.testing.assert_allclose(y._data, yr._data, rtol=1e-5, atol=1e-6)
+    (y * hp.tensor(g)).sum().backward()
+    _grads_match(model, ref)

@@ -29,6 +29,13 @@ def _local_in(x, mesh, layout):
     return x
 
 
+def _whole_last(y, mesh, width):
+    """The whole of ``y``, this rank's torch.chunk piece of a last dim of ``width`` (all-gathered; backward: own
+    piece)."""
+    shape = tuple(y.shape[:-1]) + (width,)
+    return DTensor.from_local(y, mesh, [Shard(y.ndim - 1)], shape=shape).full_tensor()
+
+
 def _dtensor_out(y, mesh, layout, use_local_output):
     """Output ``y`` (this rank's local piece in ``layout``) as the style returns it."""
     from hpcfsdp._tensor import Tensor
@@ -58,7 +65,7 @@ def _mesh_1d(mesh, style):
     return mesh
 
 
-def _shard_param(module, name, mesh, placement, owner):
+def _shard_param(module, name, mesh, placement, owner, uneven=False):
     p = module._parameters.get(name)
     if p is None:
         return
@@ -66,7 +73,7 @@ def _shard_param(module, name, mesh, placement, owner):
         raise ValueError(f"{owner}: parameter {name!r} is already a DTensor ({p.placements} on {p.device_mesh!r}); "
                          "apply tensor parallelism before fully_shard and only once")
     n = mesh.size(0)
-    if isinstance(placement, Shard) and p.shape[placement.dim] % n:
+    if isinstance(placement, Shard) and p.shape[placement.dim] % n and not uneven:
         raise ValueError(f"{owner}: parameter {name!r} of shape {tuple(p.shape)} does not divide evenly over "
                          f"{n} tensor-parallel ranks along dim {placement.dim}")
     from hpcfsdp.nn import Parameter
@@ -110,8 +117,9 @@ class ColwiseParallel(_LinearStyle):
         owner = f"{type(self).__name__} on {type(module).__name__}"
         if isinstance(module, nn.Linear):
             placement = self._weight_placement(module, mesh, owner)
-            _shard_param(module, "weight", mesh, placement, owner)
-            _shard_param(module, "bias", mesh, placement, owner)
+            uneven = type(placement) is Shard  # torch.chunk pieces, as PyTorch (not the packed q/k/v split)
+            _shard_param(module, "weight", mesh, placement, owner, uneven)
+            _shard_param(module, "bias", mesh, placement, owner, uneven)
         elif isinstance(module, nn.Embedding):
             _shard_param(module, "weight", mesh, Shard(1), owner)
         else:
@@ -119,6 +127,7 @@ class ColwiseParallel(_LinearStyle):
         group = mesh.get_group(0)
         inp, out = self.input_layouts, self.output_layouts
         embedding = isinstance(module, nn.Embedding)
+        width = module.weight.shape[1] if embedding else module.weight.shape[0]  # the output's global width
 
         def pre(mod, args):
             x = args[0]
@@ -134,10 +143,12 @@ class ColwiseParallel(_LinearStyle):
 
         def post(mod, args, y):
             if isinstance(out, Replicate):
-                return _dtensor_out(fc.gather_from_group(y, group, -1), mesh, out, self.use_local_output)
+                return _dtensor_out(_whole_last(y, mesh, width), mesh, out, self.use_local_output)
             if out.dim % y.ndim != y.ndim - 1:
                 raise NotImplementedError(f"{owner}: output_layouts {out!r}: only Shard(-1) or Replicate()")
-            return _dtensor_out(y, mesh, Shard(y.ndim - 1), self.use_local_output)
+            if self.use_local_output:
+                return y
+            return DTensor.from_local(y, mesh, [Shard(y.ndim - 1)], shape=tuple(y.shape[:-1]) + (width,))
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
@@ -188,15 +199,15 @@ class RowwiseParallel(_LinearStyle):
             return self._apply_embedding(module, mesh, owner)
         if not isinstance(module, nn.Linear):
             raise NotImplementedError(f"{owner}: only nn.Linear and nn.Embedding are supported")
-        _shard_param(module, "weight", mesh, Shard(1), owner)
+        _shard_param(module, "weight", mesh, Shard(1), owner, uneven=True)
         _shard_param(module, "bias", mesh, Replicate(), owner)
         group = mesh.get_group(0)
         inp, out = self.input_layouts, self.output_layouts
 
         def forward(x):
             x = _local_in(x, mesh, inp)
-            if isinstance(inp, Replicate):
-                x = fc.scatter_to_group(x, group, -1)
+            if isinstance(inp, Replicate):  # this rank's columns (torch.chunk pieces); all-gather backward
+                x = DTensor.from_local(x, mesh, [Replicate()]).redistribute(mesh, [Shard(x.ndim - 1)]).to_local()
             elif inp.dim % x.ndim != x.ndim - 1:
                 raise NotImplementedError(f"{owner}: input_layouts {inp!r}: only Shard(-1) or Replicate()")
             y = F.linear(x, module.weight)
