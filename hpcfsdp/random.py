@@ -256,3 +256,55 @@ def fork_rng(devices: Optional[Iterable] = None, enabled: bool = True, _caller: 
             for idx, s in seeds.items():
                 with cp.cuda.Device(idx):
                     cp.random.seed(s)
+
+
+# [Note: Random values of a sharded tensor]
+# An in-place random fill (nn.init.uniform_/normal_/trunc_normal_ and their users, Tensor.normal_/uniform_)
+# draws the values of the whole tensor in C order, as for a plain tensor, and keeps those of the tensor's
+# local piece: the fill goes through a sink, ``_sink(tensor, dtype)``. A plain tensor's sink is its whole flat
+# array, filled by one draw. A sharded tensor (DTensor) gets its sink from the hook that
+# hpcfsdp/distributed/tensor/_rules/random.py installs: it takes the draws in blocks of ``block`` values (so
+# the whole tensor is never held) and keeps, from each, the values whose global flat index falls in the
+# local piece. Every rank draws the same numbers, so a sharded parameter initialised from a seed equals the
+# slice of the plain one initialised from that seed, and the generator ends where the plain fill leaves it.
+# Drawing n values in blocks gives the values of one draw of n: NumPy's generators (and a CuPy RandomState
+# within one block) continue their stream across calls.
+_SHARDED_SINK = [None]
+
+
+class _FlatSink:
+    """The sink of a plain tensor: its whole flat array (See [Note: Random values of a sharded tensor])."""
+
+    def __init__(self, tensor, dtype):
+        arr = tensor._data
+        self.shape = tuple(arr.shape)
+        self.n = int(arr.size)
+        self.block = max(self.n, 1)
+        self._flat = _backend.array_module(arr).empty(self.n, dtype=dtype)
+
+    def put_range(self, start, values):
+        self._flat[start:start + values.shape[0]] = values
+
+    def put_index(self, idx, values):
+        self._flat[idx] = values
+
+    def result(self):
+        return self._flat.reshape(self.shape)
+
+
+def _sink(tensor, dtype):
+    """Where an in-place random fill of ``tensor`` puts the values of the whole tensor's stream."""
+    hook = _SHARDED_SINK[0]
+    if hook is not None and type(tensor) is not Tensor:
+        sink = hook(tensor, dtype)
+        if sink is not None:
+            return sink
+    return _FlatSink(tensor, dtype)
+
+
+def _stream(sink, draw, transform=None):
+    """Fill ``sink`` with ``draw((k,))`` for the whole tensor, block by block (``transform`` applied to each)."""
+    for start in range(0, sink.n, sink.block):
+        vals = draw((min(sink.block, sink.n - start),))
+        sink.put_range(start, vals if transform is None else transform(vals))
+    return sink

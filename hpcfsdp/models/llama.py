@@ -84,6 +84,17 @@ def _rope_tables(T, head_dim, theta, dtype, device):
     return cos, sin  # (T, head_dim)
 
 
+# [Note: Llama tensor parallelism]
+# ``Llama.tp_plan`` splits attention by heads: q_proj, k_proj and v_proj column-wise (each rank holds the rows
+# of its q heads [r*H/n, (r+1)*H/n) and of its k/v heads [r*Hkv/n, ...): contiguous, since the projections are
+# separate), so grouped-query attention on the local heads pairs each local q head with its own k/v head
+# (H/n = (H/Hkv) * Hkv/n); o_proj row-wise (its input dim split the same way), all-reduced. The MLP: gate and up
+# column-wise, down row-wise. Embedding, norms and lm_head stay replicated. With sequence parallelism the
+# residual stream is sharded on the sequence (torchtitan's plan): the embedding's output sliced, the norms on
+# the shard (DTensor outputs), each sublayer's input all-gathered once (PrepareModuleInput), o_proj and
+# down_proj reduce-scattered back, lm_head's input all-gathered.
+
+
 class LlamaAttention(nn.Module):
     """Causal self-attention with separate q/k/v projections, rotary embedding and grouped-query attention."""
 
@@ -99,14 +110,20 @@ class LlamaAttention(nn.Module):
         self.dropout = c.dropout
 
     def forward(self, x, cos, sin):
+        # under tensor parallelism the projections' outputs are this rank's heads: the head counts are read
+        # from their widths (See [Note: Llama tensor parallelism])
         B, T, _ = x.shape
-        q = self.q_proj(x).reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
-        k = self.k_proj(x).reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).reshape(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        hd = self.head_dim
+        q = self.q_proj(x)
+        k = self.k_proj(x)
+        v = self.v_proj(x)
+        q = q.reshape(B, T, q.shape[-1] // hd, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k.reshape(B, T, k.shape[-1] // hd, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v.reshape(B, T, v.shape[-1] // hd, hd).transpose(1, 2)  # (B, Hkv, T, hd)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=True, enable_gqa=True)               # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+                                           is_causal=True, enable_gqa=True)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, y.shape[1] * hd)
         return self.o_proj(y)
 
 
@@ -138,9 +155,10 @@ class LlamaBlock(nn.Module):
         self.config = config
 
     def forward(self, x):
-        T = x.shape[1]
+        h = self.input_layernorm(x)
+        T = h.shape[1]  # the whole sequence (h is a Shard(1) DTensor under sequence parallelism, x a shard)
         cos, sin = _rope_tables(T, self.config.head_dim, self.config.rope_theta, x.dtype, x.device)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        x = x + self.self_attn(h, cos, sin)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -217,6 +235,35 @@ class Llama(nn.Module):
         return AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                      lr=learning_rate, betas=betas)
+
+    def tp_plan(self, sequence_parallel: bool = False) -> dict:
+        """The tensor-parallel plan for ``parallelize_module(model, mesh["tp"], model.tp_plan())`` (torchtitan's
+        layout; See [Note: Llama tensor parallelism]). n_head and n_kv_head must divide over the tp ranks."""
+        from hpcfsdp.distributed.tensor import Replicate, Shard
+        from hpcfsdp.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                         RowwiseParallel, SequenceParallel)
+
+        layer = "model.layers.*."
+        if not sequence_parallel:
+            plan = {layer + f"self_attn.{n}_proj": ColwiseParallel() for n in "qkv"}
+            plan.update({layer + "self_attn.o_proj": RowwiseParallel(), layer + "mlp.gate_proj": ColwiseParallel(),
+                         layer + "mlp.up_proj": ColwiseParallel(), layer + "mlp.down_proj": RowwiseParallel()})
+            return plan
+        seq = Shard(1)
+        plan = {"model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq),
+                layer + "input_layernorm": SequenceParallel(),
+                layer + "self_attn": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                        desired_input_layouts=(Replicate(), None, None)),
+                layer + "post_attention_layernorm": SequenceParallel(),
+                layer + "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+                "model.norm": SequenceParallel(),
+                "lm_head": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                              use_local_output=True)}
+        plan.update({layer + f"self_attn.{n}_proj": ColwiseParallel() for n in "qkv"})
+        plan.update({layer + "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
+                     layer + "mlp.gate_proj": ColwiseParallel(), layer + "mlp.up_proj": ColwiseParallel(),
+                     layer + "mlp.down_proj": RowwiseParallel(output_layouts=seq)})
+        return plan
 
     @classmethod
     def from_pretrained(cls, path, *, device=None, dtype=None, shard_fn=None, **config_overrides):

@@ -145,10 +145,19 @@ def _check_reduction(reduction, name):
         raise ValueError(f"{name}(): reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
+# cross_entropy on a DTensor input: set by hpcfsdp.distributed.tensor.parallel.loss (loss_parallel, and the
+# gathered computation outside it); returns NotImplemented for a plain input.
+_CROSS_ENTROPY_DTENSOR = [None]
+
+
 @autocast_op(cpu=FP32, cuda=FP32)
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
                   reduction="mean", label_smoothing=0.0):
     """Cross entropy of logits (N, C) or (N, C, d1, ...) or (C,) against class indices or class probabilities."""
+    if _CROSS_ENTROPY_DTENSOR[0] is not None and type(input) is not Tensor:
+        out = _CROSS_ENTROPY_DTENSOR[0](input, target, weight, ignore_index, reduction, label_smoothing)
+        if out is not NotImplemented:
+            return out
     _float(input, "cross_entropy")
     _check(target, "cross_entropy", "target")
     _check_reduction(reduction, "cross_entropy")

@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 
 from hpcfsdp import _backend
+from hpcfsdp import random as _random
 from hpcfsdp._tensor import Tensor
 
 __all__ = [
@@ -15,7 +16,8 @@ __all__ = [
 # [Note: Initialising local storage]
 # Every function here writes the tensor's local array (``tensor._data``) in place, outside autograd
 # (PyTorch runs init under no_grad). A sharded parameter (DTensor) therefore fills its own local piece,
-# while fan-in/fan-out come from the global ``tensor.shape``. Meta tensors have no storage: the call
+# while fan-in/fan-out come from the global ``tensor.shape``; its random values are those of the unsharded
+# tensor from the same seed (See [Note: Random values of a sharded tensor] in hpcfsdp/random.py). Meta tensors have no storage: the call
 # is a no-op that returns the tensor, so `with hp.device("meta"): model = GPT(cfg)` is free.
 
 
@@ -99,7 +101,8 @@ def uniform_(tensor, a=0.0, b=1.0, generator=None):
     if not _check(tensor, "uniform_"):
         return tensor
     arr = tensor._data
-    u = _rand01(_generator(arr, generator), arr.shape, _gen_dtype(arr))
+    gen, dt = _generator(arr, generator), _gen_dtype(arr)
+    u = _random._stream(_random._sink(tensor, dt), lambda shape: _rand01(gen, shape, dt)).result()
     return _write(tensor, u * (b - a) + a)
 
 
@@ -108,7 +111,8 @@ def normal_(tensor, mean=0.0, std=1.0, generator=None):
     if not _check(tensor, "normal_"):
         return tensor
     arr = tensor._data
-    z = _randn(_generator(arr, generator), arr.shape, _gen_dtype(arr))
+    gen, dt = _generator(arr, generator), _gen_dtype(arr)
+    z = _random._stream(_random._sink(tensor, dt), lambda shape: _randn(gen, shape, dt)).result()
     return _write(tensor, z * std + mean)
 
 
@@ -129,17 +133,25 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     # Rejection sampling of the standard normal on [lo, hi]: exact; the acceptance probability is
     # Phi(hi) - Phi(lo), so the loop is short unless the window is a far tail.
     p_accept = 0.5 * (math.erf(hi / math.sqrt(2)) - math.erf(lo / math.sqrt(2)))
-    flat = xp.empty(arr.size, dtype=dt)
-    todo = xp.arange(arr.size)
-    for _ in range(64 if p_accept > 1e-3 else 0):
-        if todo.size == 0:
-            break
-        z = _randn(gen, (int(todo.size),), dt)
-        flat[todo] = z
-        todo = todo[(z < lo) | (z > hi)]
-    if todo.size:  # far-tail window: uniform fill is a sound fallback inside the bounds
-        flat[todo] = _rand01(gen, (int(todo.size),), dt) * (hi - lo) + lo
-    vals = flat.reshape(arr.shape) * std + mean
+    sink = _random._sink(tensor, dt)  # the whole tensor's values, this rank's piece of them kept
+    if p_accept > 1e-3:
+        todo = []
+        for start in range(0, sink.n, sink.block):  # the first round: every value
+            z = _randn(gen, (min(sink.block, sink.n - start),), dt)
+            sink.put_range(start, z)
+            todo.append(xp.nonzero((z < lo) | (z > hi))[0] + start)
+        todo = xp.concatenate(todo) if todo else xp.arange(0)
+        for _ in range(63):
+            if todo.size == 0:
+                break
+            z = _randn(gen, (int(todo.size),), dt)
+            sink.put_index(todo, z)
+            todo = todo[(z < lo) | (z > hi)]
+        if todo.size:  # far-tail window: uniform fill is a sound fallback inside the bounds
+            sink.put_index(todo, _rand01(gen, (int(todo.size),), dt) * (hi - lo) + lo)
+    else:
+        _random._stream(sink, lambda shape: _rand01(gen, shape, dt), lambda u: u * (hi - lo) + lo)
+    vals = sink.result() * std + mean
     return _write(tensor, xp.clip(vals, a, b))
 
 

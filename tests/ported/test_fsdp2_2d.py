@@ -9,12 +9,8 @@ from _framework import ColwiseParallel, RowwiseParallel, dist, fully_shard, init
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
-_OPS = pytest.mark.dtensor_ops  # DTensor activations need ColwiseParallel(use_local_output=False): the DTensor issue
-
-
 @pytest.mark.parametrize("reshard_after_forward,use_ac,mlp_dim,dtensor_activations", [
-    pytest.param(False, False, 3, True, marks=_OPS), pytest.param(True, True, 17, True, marks=_OPS),
-    pytest.param(True, False, 16, True, marks=_OPS), (True, False, 16, False)])
+    (False, False, 3, True), (True, True, 17, True), (True, False, 16, True), (True, False, 16, False)])
 def test_train_parity_2d(reshard_after_forward, use_ac, mlp_dim, dtensor_activations):
     """Three MLPs (hidden 3x or 4x dim) column/row-parallel over tp, each fully_shard over dp (4 ranks: 2x2;
     2 ranks: dp 1, tp 2). Loss summed over dp equals the replica's on the dp ranks' concatenated batches;

@@ -11,12 +11,38 @@ __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParal
            "PrepareModuleOutput"]
 
 # [Note: Local outputs]
-# There is no DTensor op dispatch: parallelized modules compute on the local pieces of their DTensor
-# parameters and return local Tensors (PyTorch's use_local_output=True). use_local_output=False, which in
-# PyTorch returns a DTensor that later ops dispatch on, raises NotImplementedError rather than return a
-# DTensor whose ops would silently compute on the local piece as if it were the whole tensor.
-# SequenceParallel keeps PyTorch's signature (use_local_output=False by default) and likewise returns this
-# rank's sequence shard as a local Tensor whatever the flag.
+# Parallelized modules compute on the local pieces of their DTensor parameters (F.linear and the other
+# nn.functional ops run their autograd Functions on local arrays), with the communication in the autograd
+# Functions of _functions.py. At the boundary they follow PyTorch: an input may be a plain local tensor (taken
+# to be laid out as the style's input_layouts) or a DTensor (redistributed to them, differentiably); the
+# output is this rank's local tensor with use_local_output=True, else a DTensor of the style's output
+# layout (ColwiseParallel: Shard(-1) by default; RowwiseParallel: Replicate() or Shard(d); SequenceParallel:
+# Shard(sequence_dim), its default, as PyTorch's), on which later ops dispatch (See [Note: DTensor op
+# dispatch]). The gradient of a DTensor output moves as its local piece, the convention of _functions.py.
+
+
+def _local_in(x, mesh, layout):
+    """A plain local tensor of input ``x`` in ``layout``: a DTensor is redistributed (differentiable), a plain
+    tensor is taken as already laid out so (See [Note: Local outputs])."""
+    if isinstance(x, DTensor):
+        return x.redistribute(mesh, [layout]).to_local()
+    return x
+
+
+def _whole_last(y, mesh, width):
+    """The whole of ``y``, this rank's torch.chunk piece of a last dim of ``width`` (all-gathered; backward: own
+    piece)."""
+    shape = tuple(y.shape[:-1]) + (width,)
+    return DTensor.from_local(y, mesh, [Shard(y.ndim - 1)], shape=shape).full_tensor()
+
+
+def _dtensor_out(y, mesh, layout, use_local_output):
+    """Output ``y`` (this rank's local piece in ``layout``) as the style returns it."""
+    from hpcfsdp._tensor import Tensor
+
+    if use_local_output or not isinstance(y, Tensor) or isinstance(y, DTensor):
+        return y
+    return DTensor.from_local(y, mesh, [layout], run_check=False)
 
 
 def _placement(p, what):
@@ -39,7 +65,7 @@ def _mesh_1d(mesh, style):
     return mesh
 
 
-def _shard_param(module, name, mesh, placement, owner):
+def _shard_param(module, name, mesh, placement, owner, uneven=False):
     p = module._parameters.get(name)
     if p is None:
         return
@@ -47,7 +73,7 @@ def _shard_param(module, name, mesh, placement, owner):
         raise ValueError(f"{owner}: parameter {name!r} is already a DTensor ({p.placements} on {p.device_mesh!r}); "
                          "apply tensor parallelism before fully_shard and only once")
     n = mesh.size(0)
-    if isinstance(placement, Shard) and p.shape[placement.dim] % n:
+    if isinstance(placement, Shard) and p.shape[placement.dim] % n and not uneven:
         raise ValueError(f"{owner}: parameter {name!r} of shape {tuple(p.shape)} does not divide evenly over "
                          f"{n} tensor-parallel ranks along dim {placement.dim}")
     from hpcfsdp.nn import Parameter
@@ -68,10 +94,7 @@ class _LinearStyle(ParallelStyle):
         name = type(self).__name__
         self.input_layouts = _placement(input_layouts, f"{name}(input_layouts)") or self._default_in
         self.output_layouts = _placement(output_layouts, f"{name}(output_layouts)") or self._default_out
-        if not use_local_output:
-            raise NotImplementedError(f"{name}(use_local_output=False): see [Note: Local outputs]; outputs are "
-                                      "always local tensors here")
-        self.use_local_output = use_local_output
+        self.use_local_output = bool(use_local_output)
 
     def __repr__(self):
         return (f"{type(self).__name__}(input_layouts={self.input_layouts!r}, "
@@ -94,8 +117,9 @@ class ColwiseParallel(_LinearStyle):
         owner = f"{type(self).__name__} on {type(module).__name__}"
         if isinstance(module, nn.Linear):
             placement = self._weight_placement(module, mesh, owner)
-            _shard_param(module, "weight", mesh, placement, owner)
-            _shard_param(module, "bias", mesh, placement, owner)
+            uneven = type(placement) is Shard  # torch.chunk pieces, as PyTorch (not the packed q/k/v split)
+            _shard_param(module, "weight", mesh, placement, owner, uneven)
+            _shard_param(module, "bias", mesh, placement, owner, uneven)
         elif isinstance(module, nn.Embedding):
             _shard_param(module, "weight", mesh, Shard(1), owner)
         else:
@@ -103,11 +127,15 @@ class ColwiseParallel(_LinearStyle):
         group = mesh.get_group(0)
         inp, out = self.input_layouts, self.output_layouts
         embedding = isinstance(module, nn.Embedding)
+        width = module.weight.shape[1] if embedding else module.weight.shape[0]  # the output's global width
 
         def pre(mod, args):
             x = args[0]
             if embedding:
+                if isinstance(x, DTensor):  # token ids: not differentiable, taken whole
+                    return (x.full_tensor(),) + tuple(args[1:])
                 return None
+            x = _local_in(x, mesh, inp)
             # sharded input: all-gather forward, reduce-scatter backward (which also sums the partial input
             # gradients of the ranks' column pieces); replicated input: identity forward, all-reduce backward
             x = fc.all_gather_along(x, group, inp.dim) if isinstance(inp, Shard) else fc.copy_to_group(x, group)
@@ -115,10 +143,12 @@ class ColwiseParallel(_LinearStyle):
 
         def post(mod, args, y):
             if isinstance(out, Replicate):
-                return fc.gather_from_group(y, group, -1)
+                return _dtensor_out(_whole_last(y, mesh, width), mesh, out, self.use_local_output)
             if out.dim % y.ndim != y.ndim - 1:
                 raise NotImplementedError(f"{owner}: output_layouts {out!r}: only Shard(-1) or Replicate()")
-            return y
+            if self.use_local_output:
+                return y
+            return DTensor.from_local(y, mesh, [Shard(y.ndim - 1)], shape=tuple(y.shape[:-1]) + (width,))
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
@@ -169,23 +199,26 @@ class RowwiseParallel(_LinearStyle):
             return self._apply_embedding(module, mesh, owner)
         if not isinstance(module, nn.Linear):
             raise NotImplementedError(f"{owner}: only nn.Linear and nn.Embedding are supported")
-        _shard_param(module, "weight", mesh, Shard(1), owner)
+        _shard_param(module, "weight", mesh, Shard(1), owner, uneven=True)
         _shard_param(module, "bias", mesh, Replicate(), owner)
         group = mesh.get_group(0)
         inp, out = self.input_layouts, self.output_layouts
 
         def forward(x):
-            if isinstance(inp, Replicate):
-                x = fc.scatter_to_group(x, group, -1)
+            x = _local_in(x, mesh, inp)
+            if isinstance(inp, Replicate):  # this rank's columns (torch.chunk pieces); all-gather backward
+                x = DTensor.from_local(x, mesh, [Replicate()]).redistribute(mesh, [Shard(x.ndim - 1)]).to_local()
             elif inp.dim % x.ndim != x.ndim - 1:
                 raise NotImplementedError(f"{owner}: input_layouts {inp!r}: only Shard(-1) or Replicate()")
             y = F.linear(x, module.weight)
             if isinstance(out, Replicate):
                 y = fc.reduce_from_group(y, group)
-                return y if module.bias is None else y + module.bias
-            y = fc.reduce_scatter_along(y, group, out.dim)
-            # a replicated bias added to a sequence shard: its gradient is summed over the group
-            return y if module.bias is None else y + fc.copy_to_group(module.bias, group)
+                y = y if module.bias is None else y + module.bias
+            else:
+                y = fc.reduce_scatter_along(y, group, out.dim)
+                # a replicated bias added to a sequence shard: its gradient is summed over the group
+                y = y if module.bias is None else y + fc.copy_to_group(module.bias, group)
+            return _dtensor_out(y, mesh, out, self.use_local_output)
 
         module.forward = forward
         return module
@@ -208,16 +241,20 @@ class RowwiseParallel(_LinearStyle):
         inp, out = self.input_layouts, self.output_layouts
 
         def forward(idx):
+            if isinstance(idx, DTensor):  # token ids: not differentiable, taken whole
+                idx = idx.full_tensor()
+            elif isinstance(inp, Shard):  # token ids are not differentiable: a plain all-gather
+                ids = idx._data if isinstance(idx, Tensor) else np.asarray(idx)
+                idx = Tensor._wrap(fc._all_gather(ids, group, inp.dim % ids.ndim))
             ids = idx._data if isinstance(idx, Tensor) else np.asarray(idx)
-            if isinstance(inp, Shard):  # token ids are not differentiable: a plain all-gather
-                ids = fc._all_gather(ids, group, inp.dim % ids.ndim)
             xp = array_module(ids)
             local = ids - start
             mask = (local >= 0) & (local < rows)
             y = F.embedding(Tensor._wrap(xp.where(mask, local, 0)), module.weight)
             y = y * Tensor._wrap(mask[..., None].astype(y._data.dtype))
-            return fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
+            y = fc.reduce_from_group(y, group) if isinstance(out, Replicate) else \
                 fc.reduce_scatter_along(y, group, out.dim)
+            return _dtensor_out(y, mesh, out, self.use_local_output)
 
         module.forward = forward
         return module
@@ -225,8 +262,9 @@ class RowwiseParallel(_LinearStyle):
 
 class SequenceParallel(ParallelStyle):
     """Run a module (LayerNorm, RMSNorm, Dropout, ...) on this rank's shard of the sequence dim: parameters
-    Replicate over the tp mesh, input and output Shard(``sequence_dim``) (local tensors, see [Note: Local
-    outputs]). Each parameter enters the computation through an identity whose backward sums the gradient
+    Replicate over the tp mesh, input and output Shard(``sequence_dim``): a DTensor input is redistributed to
+    it, a plain one is taken as this rank's shard; the output is a DTensor (use_local_output=False, PyTorch's
+    default) or its local tensor (see [Note: Local outputs]). Each parameter enters the computation through an identity whose backward sums the gradient
     over the group, since each rank's gradient covers only its part of the sequence. Pairs with
     ``ColwiseParallel(input_layouts=Shard(1))`` (all-gather on the sequence in, reduce-scatter back) and
     ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter on the sequence out, all-gather back)."""
@@ -251,6 +289,8 @@ class SequenceParallel(ParallelStyle):
         seq = self.sequence_dim
 
         def forward(*args, **kwargs):
+            if args and isinstance(args[0], DTensor):
+                args = (_local_in(args[0], mesh, Shard(seq % args[0].ndim)),) + tuple(args[1:])
             x = args[0] if args else None
             if x is not None and hasattr(x, "ndim") and not -x.ndim <= seq < x.ndim:
                 raise ValueError(f"{owner}: sequence_dim {seq} is out of range for an input of shape {tuple(x.shape)}")
@@ -261,7 +301,10 @@ class SequenceParallel(ParallelStyle):
                         saved.append((m, name, p))
                         m._parameters[name] = fc.copy_to_group(p, group)
             try:
-                return orig(*args, **kwargs)
+                y = orig(*args, **kwargs)
+                if hasattr(y, "ndim"):
+                    y = _dtensor_out(y, mesh, Shard(seq % y.ndim), self.use_local_output)
+                return y
             finally:
                 for m, name, p in saved:
                     m._parameters[name] = p
@@ -281,17 +324,18 @@ def _layouts(value, what):
     return items
 
 
-def _convert(x, src, dst, group, what):
-    """``x`` (a local tensor in layout ``src``) in layout ``dst``: see [Note: Tensor-parallel autograd]."""
+def _convert(x, src, dst, mesh, use_local_output):
+    """Input or output ``x`` from layout ``src`` (a plain tensor is taken as this rank's piece of it; a DTensor
+    is taken as it is) to ``dst`` (None: left as it is), as PyTorch's PrepareModuleInput/Output: a DTensor,
+    or its local tensor with ``use_local_output``. Differentiable (See [Note: Local outputs])."""
     from hpcfsdp._tensor import Tensor
 
-    if src is None or dst is None or not isinstance(x, Tensor) or src == dst:
+    if src is None or not isinstance(x, Tensor):
         return x
-    if isinstance(src, Replicate) and isinstance(dst, Shard):
-        return fc.scatter_to_group(x, group, dst.dim)
-    if isinstance(src, Shard) and isinstance(dst, Replicate):
-        return fc.gather_from_group(x, group, src.dim)
-    raise NotImplementedError(f"{what}: from {src!r} to {dst!r}; only Replicate() <-> Shard(dim)")
+    dt = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [src], run_check=False)
+    if dst is not None and dst != src:
+        dt = dt.redistribute(mesh, [dst])
+    return dt.to_local() if use_local_output else dt
 
 
 def _pair(src, dst, what):
@@ -303,10 +347,10 @@ def _pair(src, dst, what):
 
 
 class PrepareModuleInput(ParallelStyle):
-    """Convert a module's positional inputs (local tensors) from ``input_layouts`` to ``desired_input_layouts``
-    on the tensor-parallel mesh (one entry per input, None: left alone): Replicate() -> Shard(d) keeps this
-    rank's slice (all-gather in backward), Shard(d) -> Replicate() all-gathers (own slice in backward). Inputs
-    stay local tensors (see [Note: Local outputs]); keyword inputs are not converted."""
+    """Convert a module's positional inputs from ``input_layouts`` to ``desired_input_layouts`` on the
+    tensor-parallel mesh (one entry per input, None: left alone), as PyTorch: each converted input is a DTensor,
+    or its local tensor with ``use_local_output=True`` (see [Note: Local outputs]). Keyword inputs are not
+    converted."""
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
                  desired_input_kwarg_layouts=None, use_local_output: bool = False):
@@ -318,14 +362,15 @@ class PrepareModuleInput(ParallelStyle):
         self.use_local_output = bool(use_local_output)
 
     def _apply(self, module, device_mesh):
-        group = _mesh_1d(device_mesh, "PrepareModuleInput").get_group(0)
+        mesh = _mesh_1d(device_mesh, "PrepareModuleInput")
         src, dst = self.input_layouts, self.desired_input_layouts
+        local = self.use_local_output
 
         def pre(mod, args):
             if len(args) < len(src):
                 raise ValueError(f"PrepareModuleInput on {type(mod).__name__}: {len(src)} input layouts for "
                                  f"{len(args)} positional inputs")
-            return tuple(_convert(a, s, d, group, "PrepareModuleInput") for a, s, d in zip(args, src, dst)) + \
+            return tuple(_convert(a, s, d, mesh, local) for a, s, d in zip(args, src, dst)) + \
                 tuple(args[len(src):])
 
         module.register_forward_pre_hook(pre)
@@ -343,15 +388,16 @@ class PrepareModuleOutput(ParallelStyle):
         self.use_local_output = bool(use_local_output)
 
     def _apply(self, module, device_mesh):
-        group = _mesh_1d(device_mesh, "PrepareModuleOutput").get_group(0)
+        mesh = _mesh_1d(device_mesh, "PrepareModuleOutput")
         src, dst = self.output_layouts, self.desired_output_layouts
+        local = self.use_local_output
 
         def post(mod, args, out):
             outs = out if isinstance(out, tuple) else (out,)
             if len(outs) != len(src):
                 raise ValueError(f"PrepareModuleOutput on {type(mod).__name__}: {len(src)} output layouts for "
                                  f"{len(outs)} outputs")
-            new = tuple(_convert(o, s, d, group, "PrepareModuleOutput") for o, s, d in zip(outs, src, dst))
+            new = tuple(_convert(o, s, d, mesh, local) for o, s, d in zip(outs, src, dst))
             return new if isinstance(out, tuple) else new[0]
 
         module.register_forward_hook(post)
