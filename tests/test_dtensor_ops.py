@@ -150,3 +150,22 @@ def test_a_replicated_operand_broadcast_against_a_sharded_one_gets_the_whole_gra
     assert isinstance(b.grad, DTensor) and b.grad.placements == (Replicate(),)
     np.testing.assert_allclose(b.grad.to_local().numpy(), fa.numpy().sum(0) + 8, rtol=1e-12)
     np.testing.assert_allclose(a.grad.full_tensor().numpy(), np.broadcast_to(fb.numpy(), (8, 6)), rtol=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["gelu", "leaky_relu", "elu", "softplus", "mish", "hardtanh", "silu", "logsigmoid"])
+def test_functional_activations_on_a_dtensor_keep_its_layout(name):
+    import hpcfsdp.nn.functional as F
+
+    mesh = _mesh()
+    full = _full(0)
+    a = distribute_tensor(full, mesh, [Shard(1)])
+    a.requires_grad_(True)
+    out = getattr(F, name)(a)
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),) and out.shape == a.shape, name
+    ref = getattr(F, name)(full.clone().requires_grad_(True))
+    np.testing.assert_allclose(out.full_tensor().detach().numpy(), ref.detach().numpy(), rtol=1e-12)
+    out.full_tensor().sum().backward()
+    x = full.clone().requires_grad_(True)
+    getattr(F, name)(x).sum().backward()
+    np.testing.assert_allclose(a.grad.full_tensor().numpy(), x.grad.numpy(), rtol=1e-12)

@@ -11,6 +11,7 @@ from ._functional.activation import (
     celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logsigmoid, mish, prelu, relu6, selu, softmin,
     softplus, softsign, tanhshrink, threshold,
 )
+from ._functional._common import elementwise
 from ._functional.attention import multi_head_attention_forward
 from ._functional.conv import conv1d, conv2d, conv3d, pad
 from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
@@ -79,6 +80,7 @@ def relu(input, inplace=False):  # noqa: A002
     return ops.Relu.apply(_check(input, "relu"))
 
 
+@elementwise
 def gelu(input, approximate="none"):  # noqa: A002
     """GELU: exact x * Phi(x) (approximate='none') or the tanh approximation (approximate='tanh')."""
     _float(input, "gelu")

@@ -1,4 +1,5 @@
 """Argument checks shared by the functional implementation modules."""
+import functools
 import warnings
 
 import numpy as np
@@ -6,9 +7,32 @@ import numpy as np
 from ..._array import dtype_category
 from ..._tensor import Tensor
 
-__all__ = ["check_tensor", "check_float", "check_reduction", "legacy_reduction", "reduce_loss", "expand_param"]
+__all__ = ["check_tensor", "check_float", "check_reduction", "legacy_reduction", "reduce_loss", "expand_param",
+           "elementwise", "DTENSOR_ELEMENTWISE"]
 
 REDUCTIONS = ("mean", "sum", "none")
+
+# [Note: Element-wise functionals on DTensors]
+# The functional activations apply their autograd Functions directly (not ops of the registry), so on a DTensor
+# they would return a plain tensor of the local piece. Those marked @elementwise hand a DTensor input (the one
+# tensor argument) to DTENSOR_ELEMENTWISE[0], which hpcfsdp.distributed.tensor installs when loaded: it
+# computes on the local piece (a Partial input reduced first) and returns a DTensor of the input's layout.
+DTENSOR_ELEMENTWISE = [None]
+
+
+def elementwise(fn):
+    """Mark functional ``fn(input, ...)`` as element-wise in ``input``: See [Note: Element-wise functionals on
+    DTensors]."""
+    @functools.wraps(fn)
+    def f(input, *args, **kwargs):  # noqa: A002
+        hook = DTENSOR_ELEMENTWISE[0]
+        if hook is not None and type(input) is not Tensor and isinstance(input, Tensor):
+            out = hook(fn, input, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return fn(input, *args, **kwargs)
+
+    return f
 
 
 def check_tensor(x, name, argname="input"):

@@ -6,7 +6,7 @@ logsigmoid, softmin.
 """
 from ..._array import wrap_dim
 from ...autograd import ops
-from ._common import check_float, check_tensor
+from ._common import check_float, check_tensor, elementwise
 from ..._autocast import FP32, LOWER, autocast_op
 
 __all__ = ["leaky_relu", "elu", "softplus", "mish", "hardtanh", "relu6", "prelu", "selu", "celu", "glu", "hardswish",
@@ -16,27 +16,32 @@ SELU_ALPHA = 1.6732632423543772848170429916717  # the self-normalizing constants
 SELU_SCALE = 1.0507009873554804934193349852946
 
 
+@elementwise
 def leaky_relu(input, negative_slope=0.01, inplace=False):  # noqa: A002
     """x where x > 0, else negative_slope * x."""
     return ops.LeakyRelu.apply(check_float(input, "leaky_relu"), float(negative_slope))
 
 
+@elementwise
 def elu(input, alpha=1.0, inplace=False):  # noqa: A002
     """x where x > 0, else alpha * (exp(x) - 1)."""
     return ops.Elu.apply(check_float(input, "elu"), float(alpha))
 
 
+@elementwise
 @autocast_op(cuda=FP32)
 def softplus(input, beta=1.0, threshold=20.0):  # noqa: A002
     """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (for numerical stability)."""
     return ops.Softplus.apply(check_float(input, "softplus"), float(beta), float(threshold))
 
 
+@elementwise
 def mish(input, inplace=False):  # noqa: A002
     """x * tanh(softplus(x))."""
     return ops.Mish.apply(check_float(input, "mish"))
 
 
+@elementwise
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):  # noqa: A002
     """clip(x, min_val, max_val); the gradient is zero outside the open interval.
 
@@ -49,6 +54,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):  # noqa: A002
     return ops.Hardtanh.apply(input, min_val, max_val)
 
 
+@elementwise
 def relu6(input, inplace=False):  # noqa: A002
     """min(max(x, 0), 6): ``hardtanh(x, 0, 6)``."""
     return hardtanh(input, 0.0, 6.0)
@@ -81,11 +87,13 @@ def prelu(input, weight):  # noqa: A002
     return ops.Prelu.apply(input, weight)
 
 
+@elementwise
 def selu(input, inplace=False):  # noqa: A002
     """scale * elu(x, alpha) with the self-normalizing alpha = 1.6733 and scale = 1.0507."""
     return ops.ScaledElu.apply(check_float(input, "selu"), SELU_ALPHA, SELU_SCALE, 1.0)
 
 
+@elementwise
 def celu(input, alpha=1.0, inplace=False):  # noqa: A002
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)).
 
@@ -114,34 +122,40 @@ def glu(input, dim=-1):  # noqa: A002
     return a * b.sigmoid()
 
 
+@elementwise
 def hardswish(input, inplace=False):  # noqa: A002
     """x * relu6(x + 3) / 6."""
     return ops.Hardswish.apply(check_float(input, "hardswish"))
 
 
+@elementwise
 def hardsigmoid(input, inplace=False):  # noqa: A002
     """relu6(x + 3) / 6."""
     return ops.Hardsigmoid.apply(check_float(input, "hardsigmoid"))
 
 
+@elementwise
 def softsign(input):  # noqa: A002
     """x / (1 + |x|) (composed of Tensor ops, as PyTorch)."""
     check_float(input, "softsign")
     return input / (input.abs() + 1)
 
 
+@elementwise
 def tanhshrink(input):  # noqa: A002
     """x - tanh(x) (composed of Tensor ops, as PyTorch)."""
     check_float(input, "tanhshrink")
     return input - input.tanh()
 
 
+@elementwise
 def threshold(input, threshold, value, inplace=False):  # noqa: A002
     """x where x > threshold, else value; the gradient is 0 where x <= threshold."""
     check_tensor(input, "threshold")
     return ops.Threshold.apply(input, threshold, value)
 
 
+@elementwise
 def logsigmoid(input):  # noqa: A002
     """log(sigmoid(x)), computed without overflow."""
     return ops.LogSigmoid.apply(check_float(input, "logsigmoid"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcfsdp._tensor import Tensor
+from hpcfsdp.nn._functional import _common
 from hpcfsdp.distributed.tensor._dispatch import OpCall, local_args, register_rule, wrap
 from hpcfsdp.distributed.tensor.placement_types import Partial, Replicate, Shard
 
@@ -153,5 +154,18 @@ def like(call: OpCall):
     return wrap(call.compute(*args, **kwargs), call.mesh, pl, d.shape)
 
 
+def functional(fn, input, args, kwargs):
+    """An element-wise nn.functional activation on a DTensor (See [Note: Element-wise functionals on DTensors]):
+    computed on the local piece, a DTensor of the input's layout (a Partial input is reduced first: these
+    functions are not linear)."""
+    from hpcfsdp.distributed.tensor._dispatch import _is_dt, redistribute_local
+
+    if not _is_dt(input) or any(isinstance(a, Tensor) and a._data.size > 1 for a in (*args, *kwargs.values())):
+        return NotImplemented
+    pl = tuple(Replicate() if isinstance(p, Partial) else p for p in input._spec.placements)
+    return wrap(fn(redistribute_local(input, pl), *args, **kwargs), input._spec.mesh, pl, input.shape)
+
+
 register_rule(pointwise, *UNARY, *BINARY, *CASTS)
+_common.DTENSOR_ELEMENTWISE[0] = functional
 register_rule(like, *LIKE)
