@@ -123,7 +123,6 @@ class TwoExpertParams(nn.Module):
         return self.used.to_local().float().sum() + x.float().sum() * 0
 
 
-@pytest.mark.dtensor_ops  # needs a differentiable DTensor.to_local(): the DTensor issue's
 def test_reduce_scatter_unused_dtensor_param():
     """set_reduce_scatter_unused_params(True): an expert-sharded DTensor parameter that got no gradient still
     takes part in the reduce-scatter and ends with a zero DTensor gradient."""
