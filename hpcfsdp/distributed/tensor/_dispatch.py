@@ -124,7 +124,7 @@ def wrap_all(out, mesh, placements):
     return out
 
 
-def _check_plain(call: OpCall) -> None:
+def _check_plain(call: OpCall) -> bool:
     """Refuse plain tensors beside sharded or partial DTensors; return whether all DTensor operands are
     replicated."""
     replicated = all(isinstance(p, Replicate) for d in call.dtensors for p in d._spec.placements)
