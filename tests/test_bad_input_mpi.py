@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from _c10d_util import all_raise
 
 import hpcfsdp as hp
 import hpcfsdp.distributed as dist
@@ -29,25 +30,11 @@ def _debug_group(monkeypatch):
     return pg
 
 
-def _all_raise(fn, exc, fragment):
-    """fn() raises exc with fragment on this rank; then every rank checks that every rank did (no hang)."""
-    msg = None
-    try:
-        fn()
-    except exc as e:
-        msg = str(e)
-    ok = msg is not None and fragment in msg
-    flags = [None] * dist.get_world_size()
-    dist.all_gather_object(flags, ok)
-    assert all(flags), (flags, msg)
-    return msg
-
-
 @pytest.mark.mpi(min_size=2)
 def test_new_group_with_ranks_outside_the_world():
     n = dist.get_world_size()
-    _all_raise(lambda: dist.new_group([0, n]), ValueError, f"new_group: rank {n} is outside the world of {n} ranks")
-    _all_raise(lambda: dist.new_group([0, 0]), ValueError, "contain duplicates")
+    assert all_raise(lambda: dist.new_group([0, n]), ValueError, f"new_group: rank {n} is outside the world of {n} ranks")
+    assert all_raise(lambda: dist.new_group([0, 0]), ValueError, "contain duplicates")
     g = dist.new_group([0, n - 1])  # still consistent afterwards
     if dist.get_rank() in (0, n - 1):
         t = hp.ones(2)
@@ -58,9 +45,9 @@ def test_new_group_with_ranks_outside_the_world():
 @pytest.mark.mpi(min_size=2)
 def test_mesh_shape_not_matching_world_size():
     n = dist.get_world_size()
-    _all_raise(lambda: dist.init_device_mesh("cpu", (n + 1,)), ValueError,
+    assert all_raise(lambda: dist.init_device_mesh("cpu", (n + 1,)), ValueError,
                f"mesh_shape=({n + 1},) has {n + 1} ranks but the world size is {n}")
-    _all_raise(lambda: dist.init_device_mesh("cpu", (2, n)), ValueError, f"has {2 * n} ranks but the world size is {n}")
+    assert all_raise(lambda: dist.init_device_mesh("cpu", (2, n)), ValueError, f"has {2 * n} ranks but the world size is {n}")
 
 
 @pytest.mark.mpi(min_size=4)
@@ -68,19 +55,19 @@ def test_hsdp_mesh_crossing_nodes(monkeypatch):
     # Two simulated nodes of 2 ranks: a shard dimension of 4 ranks would span both.
     monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "2")
     n = dist.get_world_size()
-    _all_raise(lambda: dist.init_device_mesh("cpu", (n // 4, 4), mesh_dim_names=("replicate", "shard"),
+    assert all_raise(lambda: dist.init_device_mesh("cpu", (n // 4, 4), mesh_dim_names=("replicate", "shard"),
                                              node_local_dim="shard"),
                ValueError, "mesh dimension 'shard' (size 4) would span nodes [0, 1]")
     mesh = dist.init_device_mesh("cpu", (n // 4, 4), mesh_dim_names=("replicate", "shard"))  # no check asked
-    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+    assert all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
                             device_mesh=mesh), ValueError, "would span nodes")
     # ranks-per-node that does not tile the world: HYBRID_SHARD without a mesh refuses too
     monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", "3")
-    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+    assert all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD,
                             auto_wrap_policy=ModuleWrapPolicy({nn.Linear})),
                ValueError, "HYBRID_SHARD needs the same number of ranks on every node")
     # without a group, a mesh or a policy: PyTorch's refusal of hand-wrapped hybrid instances
-    _all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD),
+    assert all_raise(lambda: FSDP(nn.Sequential(nn.Linear(2, 2)), sharding_strategy=ShardingStrategy.HYBRID_SHARD),
                ValueError, "Manual wrapping with ShardingStrategy.HYBRID_SHARD requires explicit specification")
 
 
@@ -90,26 +77,26 @@ def test_debug_mode_names_the_first_rank_that_differs(monkeypatch):
     n, r = pg.size(), pg.rank()
     # different element counts on rank 1: every rank raises the same error before the data collective
     a = np.ones(8 if r != 1 else 16, np.float32)
-    msg = _all_raise(lambda: pg.all_reduce_(a, ReduceOp.SUM, async_op=True).wait(), RuntimeError,
+    msg = all_raise(lambda: pg.all_reduce_(a, ReduceOp.SUM, async_op=True).wait(), RuntimeError,
                      "group rank 1 (world rank 1) is the first rank whose call differs")
     assert "it calls #1 all_reduce(count=16, dtype=float32, op=SUM), but group rank 0 (world rank 0) calls " \
            "#1 all_reduce(count=8, dtype=float32, op=SUM)" in msg
     assert np.all(a == 1)  # the data collective never ran
     # dtype differs on the last rank
     b = np.ones(4, np.float32 if r != n - 1 else np.float64)
-    msg = _all_raise(lambda: pg.all_reduce_(b), RuntimeError, f"group rank {n - 1} (world rank {n - 1}) is the first")
+    msg = all_raise(lambda: pg.all_reduce_(b), RuntimeError, f"group rank {n - 1} (world rank {n - 1}) is the first")
     assert "dtype=float64" in msg and "dtype=float32" in msg
     # different kinds of collective
     c = np.ones(4, np.float32)
     call = (lambda: pg.broadcast_(c, src=0)) if r == 1 else (lambda: pg.all_reduce_(c))
-    msg = _all_raise(call, RuntimeError, "it calls #3 broadcast(count=4, dtype=float32, src=0)")
+    msg = all_raise(call, RuntimeError, "it calls #3 broadcast(count=4, dtype=float32, src=0)")
     # different ops and different roots
-    msg = _all_raise(lambda: pg.all_reduce_(c, ReduceOp.MAX if r else ReduceOp.SUM), RuntimeError, "op=MAX")
-    msg = _all_raise(lambda: pg.broadcast_(c, src=min(r, 1)), RuntimeError, "src=1")
+    msg = all_raise(lambda: pg.all_reduce_(c, ReduceOp.MAX if r else ReduceOp.SUM), RuntimeError, "op=MAX")
+    msg = all_raise(lambda: pg.broadcast_(c, src=min(r, 1)), RuntimeError, "src=1")
     # objects: only the kind is compared (sizes legitimately differ)
     out = np.empty(4 * n, np.float32)
     call = (lambda: pg.all_gather_object(r)) if r == 0 else (lambda: pg.all_gather_into(out, c))
-    msg = _all_raise(call, RuntimeError, "calls #6 all_gather_object()")
+    msg = all_raise(call, RuntimeError, "calls #6 all_gather_object()")
     # and the group still works: the same calls pass the check and give the right values
     d = np.full(3, r, np.float64)
     pg.all_reduce_(d)

@@ -45,7 +45,9 @@ def _bad(cfg, world_size, *fragments):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 16])
 def test_defaults_validate(world_size):
-    TrainConfig().validate(world_size)
+    cfg = TrainConfig()
+    cfg.validate(world_size)  # raises ConfigError if the defaults are invalid at this world size
+    assert cfg == TrainConfig()  # and validating changes nothing
 
 
 def test_every_field_has_a_flag_with_help():
@@ -109,27 +111,27 @@ def test_exit_with_config_error(capsys):
 @pytest.mark.parametrize("value", [0, -3])
 def test_positive_ints(name, value):
     cfg = dataclasses.replace(TrainConfig(), **{name: value})
-    _bad(cfg, 1, f"{name}={value}", "positive integer")
+    assert _bad(cfg, 1, f"{name}={value}", "positive integer")
 
 
 @pytest.mark.parametrize("name", ["warmup_steps", "checkpoint_interval", "eval_interval", "seed"])
 def test_nonnegative_ints(name):
-    _bad(dataclasses.replace(TrainConfig(), **{name: -1}), 1, f"{name}=-1", ">= 0")
+    assert _bad(dataclasses.replace(TrainConfig(), **{name: -1}), 1, f"{name}=-1", ">= 0")
 
 
 def test_head_divides_embedding():
-    _bad(TrainConfig(n_embd=100, n_head=3), 1, "n_embd=100", "n_head=3")
+    assert _bad(TrainConfig(n_embd=100, n_head=3), 1, "n_embd=100", "n_head=3")
     TrainConfig(n_embd=96, n_head=3).validate(1)
 
 
 @pytest.mark.parametrize("lr", [-1e-3, math.nan, math.inf])
 def test_lr(lr):
-    _bad(TrainConfig(lr=lr, min_lr=0.0), 1, "lr=", "expected a finite number >= 0")
+    assert _bad(TrainConfig(lr=lr, min_lr=0.0), 1, "lr=", "expected a finite number >= 0")
 
 
 def test_lr_zero_ok_and_min_lr_bound():
     TrainConfig(lr=0.0, min_lr=0.0).validate(1)
-    _bad(TrainConfig(lr=1e-3, min_lr=1e-2), 1, "min_lr=0.01", "lr=0.001")
+    assert _bad(TrainConfig(lr=1e-3, min_lr=1e-2), 1, "min_lr=0.01", "lr=0.001")
 
 
 @pytest.mark.parametrize("field,value,fragment", [
@@ -145,7 +147,7 @@ def test_lr_zero_ok_and_min_lr_bound():
     ("vocab_size", 100, "vocab_size=100: the shipped byte-level corpus needs vocab_size >= 256"),
 ])
 def test_enumerations_and_ranges(field, value, fragment):
-    _bad(dataclasses.replace(TrainConfig(), **{field: value}), 1, fragment)
+    assert _bad(dataclasses.replace(TrainConfig(), **{field: value}), 1, fragment)
 
 
 def test_small_vocab_ok_with_own_data():
@@ -153,11 +155,11 @@ def test_small_vocab_ok_with_own_data():
 
 
 def test_mesh_rules():
-    _bad(TrainConfig(mesh=(2, 2)), 8, "mesh='2x2'", "size 4", "world size 8")
-    _bad(TrainConfig(mesh=(3,)), 4, "mesh='3'", "world size 4")
-    _bad(TrainConfig(strategy="HYBRID_SHARD"), 4, "mesh=None", "HYBRID_SHARD needs a 2-D mesh")
-    _bad(TrainConfig(strategy="HYBRID_SHARD", mesh=(4,)), 4, "mesh='4'", "HYBRID_SHARD needs a 2-D mesh")
-    _bad(TrainConfig(strategy="FULL_SHARD", mesh=(2, 2)), 4, "mesh='2x2'", "FULL_SHARD takes a 1-D mesh")
+    assert _bad(TrainConfig(mesh=(2, 2)), 8, "mesh='2x2'", "size 4", "world size 8")
+    assert _bad(TrainConfig(mesh=(3,)), 4, "mesh='3'", "world size 4")
+    assert _bad(TrainConfig(strategy="HYBRID_SHARD"), 4, "mesh=None", "HYBRID_SHARD needs a 2-D mesh")
+    assert _bad(TrainConfig(strategy="HYBRID_SHARD", mesh=(4,)), 4, "mesh='4'", "HYBRID_SHARD needs a 2-D mesh")
+    assert _bad(TrainConfig(strategy="FULL_SHARD", mesh=(2, 2)), 4, "mesh='2x2'", "FULL_SHARD takes a 1-D mesh")
     TrainConfig(strategy="HYBRID_SHARD", mesh=(2, 2)).validate(4)
     TrainConfig(strategy="HYBRID_SHARD", mesh=(16, 4)).validate(64)
     TrainConfig(strategy="SHARD_GRAD_OP", mesh=(4,)).validate(4)
@@ -182,18 +184,18 @@ def test_bad_mesh_flag_is_config_error():
 
 
 def test_checkpoint_and_resume_need_dir():
-    _bad(TrainConfig(checkpoint_interval=10), 1, "checkpoint_interval=10", "checkpoint_dir")
-    _bad(TrainConfig(resume=True), 1, "resume=True", "checkpoint_dir")
+    assert _bad(TrainConfig(checkpoint_interval=10), 1, "checkpoint_interval=10", "checkpoint_dir")
+    assert _bad(TrainConfig(resume=True), 1, "resume=True", "checkpoint_dir")
     TrainConfig(checkpoint_interval=10, resume=True, checkpoint_dir="ck").validate(1)
 
 
 def test_world_size_checked():
-    _bad(TrainConfig(), 0, "world_size=0")
+    assert _bad(TrainConfig(), 0, "world_size=0")
 
 
 def test_hand_built_wrong_type():
-    _bad(TrainConfig(steps="100"), 1, "steps='100'", "expected an integer")
-    _bad(TrainConfig(cpu_offload=1), 1, "cpu_offload=1", "expected true or false")
+    assert _bad(TrainConfig(steps="100"), 1, "steps='100'", "expected an integer")
+    assert _bad(TrainConfig(cpu_offload=1), 1, "cpu_offload=1", "expected true or false")
 
 
 # ------------------------------------------------------------------ files and precedence
@@ -335,7 +337,7 @@ def test_node_local_rank():
 
 def test_keep_last_and_async_checkpoint_are_refused_together():
     cfg = _cfg(["--checkpoint-dir", "ck", "--keep-last", "2", "--async-checkpoint"])
-    _bad(cfg, 2, "keep_last=2 with async_checkpoint=True")
+    assert _bad(cfg, 2, "keep_last=2 with async_checkpoint=True")
     _cfg(["--checkpoint-dir", "ck", "--keep-last", "2"]).validate(2)
     _cfg(["--checkpoint-dir", "ck", "--async-checkpoint"]).validate(2)
 
@@ -368,9 +370,9 @@ def test_config_keys_from_other_trainers_get_a_hint():
 def test_resume_options_are_exclusive_and_need_a_directory():
     from hpcfsdp.cli.config import resume_target
 
-    _bad(TrainConfig(resume_if_exists=True), 1, "resume_if_exists=True", "checkpoint_dir")
-    _bad(TrainConfig(resume=True, resume_if_exists=True, checkpoint_dir="ck"), 1, "give one of them")
-    _bad(TrainConfig(resume_from="step-4"), 1, "a step needs checkpoint_dir")
+    assert _bad(TrainConfig(resume_if_exists=True), 1, "resume_if_exists=True", "checkpoint_dir")
+    assert _bad(TrainConfig(resume=True, resume_if_exists=True, checkpoint_dir="ck"), 1, "give one of them")
+    assert _bad(TrainConfig(resume_from="step-4"), 1, "a step needs checkpoint_dir")
     assert resume_target(TrainConfig(resume_from="step-4", checkpoint_dir="ck")) == os.path.join("ck", "step-00000004")
     assert resume_target(TrainConfig(resume_from="12", checkpoint_dir="ck")) == os.path.join("ck", "step-00000012")
     assert resume_target(TrainConfig(resume_from="/runs/a/latest")) == "/runs/a/latest"
