@@ -9,8 +9,7 @@ each phase is expected to run tests.
 setup (simulated hosts on network namespaces), and the GPU code paths on the simulated CUDA device
 (hpcfsdp/testing/cuda_sim.py, serially, and at 2 and 4 ranks on NCCL and staged), within SYSTEM_TIMEOUT. There a test whose setup cannot
 start fails instead of skipping (HPCFSDP_SYSTEM_TIER=1), and so does a system test that is skipped.
-Its peer phases run tests/ported on PyTorch (the `peer` extra), all of it: also the cases marked
-`dtensor_ops`, which the hpcfsdp phases leave out until ops on DTensors propagate placements (setup.cfg).
+Its peer phases run tests/ported on PyTorch (the `peer` extra), all of it.
 """
 import os
 import subprocess
@@ -74,7 +73,7 @@ def main() -> int:
         logdir = os.path.join(tmp, f"np{n}")
         os.makedirs(logdir)
         argv = [py, "-m", "hpcfsdp.cli.main", "launch", "-n", str(n), "--timeout", str(PHASE_TIMEOUT), "--",
-                py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi and not dtensor_ops", "-q", "tests"]
+                py, "tests/_mpi_pytest.py", "--with-mpi", "-m", "mpi", "-q", "tests"]
         phases.append((f"mpi-{n}", argv, logdir))
     if system:
         # every cupy name the GPU phases use is recorded, then checked against the installed CuPy by the system

@@ -209,19 +209,28 @@ class Function(metaclass=_FunctionMeta):
 # submodule of a fully_shard root called outside the root's forward multiplies its input by a slice of its
 # weight). PyTorch's DTensor dispatch refuses such calls; so do the primitives here, with PyTorch's words.
 # As in PyTorch, a plain tensor of one element counts as a replicated scalar. The check covers the
-# parameters FSDP sharded (marked ``_hp_fsdp_shard`` by FSDP, which sets SHARDING[0] when it first shards
-# one, so a program without FSDP pays one list test per op): tensor parallelism computes on DTensors'
-# local shards beside plain activations by design (its styles place the inputs), so DTensors in general
-# are not refused.
+# parameters FSDP sharded (marked ``_hp_fsdp_shard``) and every DTensor that is not a parameter (an
+# activation, a gradient, a user's ``distribute_tensor``): an op on DTensors goes through its sharding rule
+# (hpcfsdp.distributed.tensor), which hands the primitives plain local tensors, so a DTensor that reaches a
+# primitive has no rule there, and the primitive raises PyTorch's NotImplementedError naming the op and the
+# placements. Tensor parallelism computes a module's DTensor parameters' local shards beside the plain
+# activations its styles placed (by design), so DTensor parameters beside plain tensors are not refused.
+# SHARDING[0] turns the check on when FSDP first shards a parameter or the first DTensor is made
+# (DTENSOR[0], the exact DTensor class, is set then), so a program without either pays one list test per op.
 SHARDING = [False]
+DTENSOR = [None]
 
 
 def _refuse_mixed(cls, args) -> bool:
-    """Raise for a shard beside a plain tensor; return whether a shard is among ``args`` (its results are
-    marked too: the transpose of a shard is no more the whole tensor than the shard is)."""
+    """Raise for a shard beside a plain tensor, or for a DTensor that is not a parameter; return whether a
+    shard is among ``args`` (its results are marked too: the transpose of a shard is no more the whole tensor
+    than the shard is)."""
     shard = plain = False
+    dtensor = DTENSOR[0]
     for a in args:
         if isinstance(a, TensorBase):
+            if type(a) is dtensor:
+                _no_rule(cls, args)
             if getattr(a, "_hp_fsdp_shard", False):
                 shard = True
             elif a._data.size > 1:
@@ -232,6 +241,13 @@ def _refuse_mixed(cls, args) -> bool:
                            f"fully_shard used outside its module's FSDP forward holds only this rank's shard; call "
                            f"the FSDP root module, or unshard() it, or use .full_tensor())")
     return shard
+
+
+def _no_rule(cls, args):
+    seen = ", ".join(f"{tuple(a.shape)} {list(a.placements)}" for a in args if type(a) is DTENSOR[0])
+    raise NotImplementedError(
+        f"Operator {cls.__name__} does not have a sharding strategy registered (hpcfsdp DTensor; operands: {seen}). "
+        f"Compute on dtensor.full_tensor() or dtensor.to_local() explicitly.")
 
 
 class Op(Function):

@@ -11,7 +11,7 @@ from ._functional.activation import (
     celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logsigmoid, mish, prelu, relu6, selu, softmin,
     softplus, softsign, tanhshrink, threshold,
 )
-from ._functional._common import elementwise
+from ._functional._common import dtensor_rule, elementwise
 from ._functional.attention import multi_head_attention_forward
 from ._functional.conv import conv1d, conv2d, conv3d, pad
 from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
@@ -61,6 +61,7 @@ def _float(x, name, argname="input"):
 
 
 @autocast_op(cpu=LOWER, cuda=LOWER)
+@dtensor_rule
 def linear(input, weight, bias=None):  # noqa: A002
     """y = input @ weight.T + bias."""
     _check(input, "linear")
@@ -72,6 +73,7 @@ def linear(input, weight, bias=None):  # noqa: A002
     return ops.Linear.apply(input, weight, bias)
 
 
+@elementwise
 def relu(input, inplace=False):  # noqa: A002
     """max(input, 0) elementwise.
 
@@ -222,6 +224,7 @@ def _cross_entropy_probs(x, target, weight, reduction, label_smoothing):
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
     """Squared error (input - target)^2, reduced.
 
@@ -251,6 +254,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  
 
 
 @autocast_op(cuda=FP32)
+@dtensor_rule
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
     """Normalize over the trailing ``normalized_shape`` dimensions to zero mean and unit variance.
 
@@ -302,6 +306,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     return y * weight if weight is not None else y
 
 
+@elementwise
 def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     """Zero each element with probability ``p`` and scale the others by 1 / (1 - p), in training only.
 
@@ -322,6 +327,7 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     return ops.Dropout.apply(input, float(p))
 
 
+@dtensor_rule
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,  # noqa: A002
               sparse=False):
     """Rows of ``weight`` selected by integer indices ``input``."""
@@ -337,6 +343,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
 
 
 @autocast_op(cpu=LOWER, cuda=LOWER)
+@dtensor_rule
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """softmax(q @ k^T * scale + mask) @ v; bool masks mark allowed positions, float masks are added."""

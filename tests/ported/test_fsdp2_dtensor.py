@@ -46,9 +46,8 @@ CASES = {
 }
 
 
-# FSDP x TP computes F.linear on DTensors (Replicate input, Shard weights): op propagation, the DTensor issue's
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.dtensor_ops) if c == "fsdp_tp" else c
-                                  for c in CASES])
+# FSDP x TP computes F.linear on DTensors (Replicate input, Shard weights): the functional sharding rules
+@pytest.mark.parametrize("case", list(CASES))
 def test_dtensor_train_parity(case):
     """MLP whose parameters are DTensors on the full mesh (replicated, or TP-sharded on the last dim), sharded
     by fully_shard along the named DP dims; the input is replicated on every dim. Losses and parameters match

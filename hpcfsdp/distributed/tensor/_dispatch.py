@@ -65,6 +65,8 @@ class OpCall:
         """The entry's body on (local) arguments: its method body, else its function."""
         e = self.entry
         fn = e.impl if e.impl is not None else getattr(e.function, "__hp_body__", e.function)
+        if isinstance(fn, property):  # t.T, t.mT
+            fn = fn.fget
         return fn(*args, **kwargs)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from hpcfsdp._backend import array_module, is_floating_dtype, is_meta_array, meta_array
 from hpcfsdp._tensor import Size, Tensor
+from hpcfsdp.autograd import function as _function
 from hpcfsdp.autograd.function import Function
 from hpcfsdp.autograd.grad_mode import is_grad_enabled
 import hpcfsdp.distributed.tensor._dispatch as _dispatch
@@ -273,11 +274,13 @@ class DTensor(Tensor):
     """A distributed tensor: ``_data`` is the local piece, ``_spec`` the layout. See [Note: DTensor storage]."""
 
     _spec: DTensorSpec
+    _hp_is_dtensor = True  # what layers below this one test (See [Note: Functionals on DTensors])
 
     @classmethod
     def _from_array(cls, local, spec: DTensorSpec, requires_grad: bool = False) -> "DTensor":
         t = Tensor._make_subclass(cls, local, requires_grad)
         t._spec = spec
+        _function.SHARDING[0] = True  # the primitives refuse DTensors from now on: [Note: Mixed Tensor and DTensor]
         return t
 
     # -- construction ----------------------------------------------------------------------------
@@ -716,3 +719,5 @@ class _ToLocal(Function):
 
 _dispatch.install(DTensor, DTensorSpec)
 import hpcfsdp.distributed.tensor._rules  # noqa: E402,F401  (registers the sharding rules)
+
+_function.DTENSOR[0] = DTensor

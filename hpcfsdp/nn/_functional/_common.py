@@ -8,7 +8,7 @@ from ..._array import dtype_category
 from ..._tensor import Tensor
 
 __all__ = ["check_tensor", "check_float", "check_reduction", "legacy_reduction", "reduce_loss", "expand_param",
-           "elementwise", "DTENSOR_ELEMENTWISE"]
+           "elementwise", "DTENSOR_ELEMENTWISE", "dtensor_rule", "DTENSOR_FUNCTIONAL"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -30,6 +30,31 @@ def elementwise(fn):
             out = hook(fn, input, args, kwargs)
             if out is not NotImplemented:
                 return out
+        return fn(input, *args, **kwargs)
+
+    return f
+
+
+# [Note: Functionals on DTensors]
+# The other functionals that apply fused primitives (linear, layer_norm, embedding, the losses) have a sharding
+# rule each in DTENSOR_FUNCTIONAL (filled by hpcfsdp.distributed.tensor._rules.functional when it is loaded),
+# keyed by the function's name. Those marked @dtensor_rule hand a call whose first argument is a DTensor to
+# the rule, as ``rule(fn, *args, **kwargs)`` with ``fn`` the undecorated function (which the rule applies to
+# local pieces). A plain first argument costs one attribute test: tensor parallelism's modules call these on
+# plain activations beside DTensor parameters (their styles placed the inputs), and keep doing so.
+DTENSOR_FUNCTIONAL = {}
+
+
+def dtensor_rule(fn):
+    """Route ``fn(input, ...)`` with a DTensor ``input`` to its rule: See [Note: Functionals on DTensors]."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def f(input, *args, **kwargs):  # noqa: A002
+        if getattr(type(input), "_hp_is_dtensor", False):
+            rule = DTENSOR_FUNCTIONAL.get(name)
+            if rule is not None:
+                return rule(fn, input, *args, **kwargs)
         return fn(input, *args, **kwargs)
 
     return f

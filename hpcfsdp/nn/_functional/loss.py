@@ -5,7 +5,7 @@ import numpy as np
 
 from ..._tensor import Tensor
 from ...autograd import ops
-from ._common import check_float, check_reduction, check_tensor, legacy_reduction, reduce_loss
+from ._common import check_float, check_reduction, check_tensor, dtensor_rule, legacy_reduction, reduce_loss
 from ..._autocast import FP32, autocast_op
 
 __all__ = ["nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss",
@@ -33,6 +33,7 @@ def _broadcast_pair(input, target, name, warn=True):  # noqa: A002
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
              reduction="mean"):
     """Negative log likelihood of log-probabilities (N, C), (C,) or (N, C, d1, ...) at integer class targets.
@@ -96,6 +97,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 
 @autocast_op(cpu=FP32)
+@dtensor_rule
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
     """-w (t log x + (1 - t) log(1 - x)) of probabilities x in [0, 1]; the logs are clamped at -100.
 
@@ -130,6 +132,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,  # noqa: A002
                                      reduction="mean", pos_weight=None):
     """Binary cross entropy of sigmoid(input), computed stably from the logits.
@@ -173,6 +176,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):  # noqa: A002
     """|input - target|, reduced; ``weight`` (the input's shape) scales each term, and the weighted mean
     divides by the weights' sum, as PyTorch."""
@@ -189,6 +193,7 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):  # noqa: A002
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, of d = input - target (beta = 0: |d|).
 
@@ -204,6 +209,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):  # noqa: A002
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), of d = input - target.
 
@@ -225,6 +231,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):  # noqa
 
 
 @autocast_op(cpu=FP32, cuda=FP32)
+@dtensor_rule
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):  # noqa: A002
     """Kullback-Leibler divergence of target from input, with ``input`` holding log-probabilities.
 

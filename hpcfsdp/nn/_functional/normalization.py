@@ -53,7 +53,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
     if out is not None:
         raise NotImplementedError("normalize(): out= is not supported; use the returned tensor")
     d = wrap_dim(dim, input.ndim)
-    norm = ops.VectorNorm.apply(input, float(p), (d,) if input.ndim else None, True)
+    norm = input.norm(float(p), dim=(d,) if input.ndim else None, keepdim=True)  # a DTensor's norm is global
     return input / norm.clamp(min=eps)
 
 
