@@ -363,3 +363,22 @@ def test_linalg_errors():
         hp.linalg.solve(hp.eye(2), hp.ones(3, 1))
     with pytest.raises(RuntimeError, match="same dtype"):
         hp.linalg.solve(hp.eye(2), hp.ones(2, dtype=hp.float64))
+
+
+def test_linear_embedding_and_batched_matmul_with_zero_width_pieces():
+    """A DTensor's local piece may have 0 columns (torch.chunk's split); the ops and their gradients keep the
+    shapes (reshape(-1, 0) is ambiguous, so the rows are given explicitly)."""
+    x = hp.randn(3, 4, 0, requires_grad=True)
+    w = hp.randn(5, 0, requires_grad=True)
+    y = hp.nn.functional.linear(x, w, hp.zeros(5, requires_grad=True))
+    assert tuple(y.shape) == (3, 4, 5) and float(y.abs().sum()) == 0.0
+    y.sum().backward()
+    assert tuple(x.grad.shape) == (3, 4, 0) and tuple(w.grad.shape) == (5, 0)
+    e = hp.randn(7, 0, requires_grad=True)
+    out = hp.nn.functional.embedding(hp.tensor([[1, 2], [3, 6]]), e)
+    assert tuple(out.shape) == (2, 2, 0)
+    out.sum().backward()
+    assert tuple(e.grad.shape) == (7, 0)
+    a, b = hp.randn(2, 3, 0, requires_grad=True), hp.randn(0, 4, requires_grad=True)
+    (a @ b).sum().backward()
+    assert tuple(b.grad.shape) == (0, 4) and tuple(a.grad.shape) == (2, 3, 0)

@@ -44,7 +44,8 @@ class Matmul(Op):
             if b2.ndim == 2 and a2.ndim > 2:
                 # fold the batch into rows: one GEMM instead of a batch of them and a sum
                 k = a2.shape[-1]
-                gb = array_matmul(a2.reshape(-1, k).T, g.reshape(-1, g.shape[-1]))
+                rows = int(np.prod(a2.shape[:-1]))  # explicit: a piece may have 0 columns
+                gb = array_matmul(a2.reshape(rows, k).T, g.reshape(rows, g.shape[-1]))
             else:
                 gb = sum_to(array_matmul(a2.swapaxes(-1, -2), g), b2.shape)
             gb = gb.reshape(b.shape)

@@ -23,7 +23,7 @@ class Linear(Op):
             raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
                                f"({int(np.prod(x.shape[:-1]))}x{x.shape[-1]} and {w.shape[1]}x{w.shape[0]})")
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x.reshape(int(np.prod(lead)), x.shape[-1])  # explicit rows: a piece may have 0 columns
         out = array_matmul(x2, w.T)
         if b is not None:
             out += b
@@ -34,7 +34,7 @@ class Linear(Op):
     def backward(ctx, g):
         x2, w = ctx.x2, ctx.w
         nx, nw, nb = (ctx.needs_input_grad + (False,))[:3]
-        g2 = g.reshape(-1, g.shape[-1])
+        g2 = g.reshape(x2.shape[0], g.shape[-1])
         gx = array_matmul(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if nx else None
         gw = array_matmul(g2.T, x2) if nw else None
         gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype in HALF_DTYPES else None).astype(g2.dtype, copy=False) \
@@ -118,7 +118,7 @@ class Embedding(Op):
         xp = array_module(g)
         idx = ctx.idx.reshape(-1)
         d = ctx.shape[1]
-        g2 = g.reshape(-1, d)
+        g2 = g.reshape(idx.size, d)  # explicit rows: a piece may have 0 columns
         gw = xp.zeros(ctx.shape, dtype=g.dtype)
         if xp is np and idx.size:
             # sort + segment sums: faster than np.add.at for many rows
