@@ -32,6 +32,22 @@ def test_bench_train_reports_every_field_at_2_ranks(tmp_path):
     assert 0.45 < ratio < 0.6, ratio
 
 
+def test_bench_train_tp_splits_the_model_and_counts_data_parallel_tokens(tmp_path):
+    js = tmp_path / "tp.jsonl"
+    _run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "train", *TINY, "--json", str(js)])
+    _run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "train", *TINY, "--tp", "2", "--json", str(js)])
+    fsdp, tp = [json.loads(line) for line in js.read_text().splitlines()]
+    assert fsdp["tp"] == 1 and tp["tp"] == 2 and tp["world_size"] == 2
+    # one data-parallel rank: the tokens of one batch per step (FSDP at 2 ranks: two batches)
+    assert tp["tokens_per_s"] * tp["step_time_s"] == pytest.approx(2 * 32)
+    assert fsdp["tokens_per_s"] * fsdp["step_time_s"] == pytest.approx(2 * 2 * 32)
+    # the two tp ranks each hold part of the model: well under the whole (FSDP halves it exactly)
+    assert max(tp["sharded_state_bytes"]) < 0.8 * 2 * max(fsdp["sharded_state_bytes"])
+    bad = subprocess.run(HP + ["bench", "train", *TINY, "--tp", "2", "--strategy", "none"], capture_output=True,
+                         text=True, timeout=120, env=ENV)
+    assert bad.returncode != 0 and "--tp 2: needs a sharded strategy" in bad.stderr + bad.stdout
+
+
 def test_bench_checkpoint_io(tmp_path):
     js = tmp_path / "io.jsonl"
     _run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "checkpoint", "--bytes", "8M", "--dir",

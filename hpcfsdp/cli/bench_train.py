@@ -62,6 +62,8 @@ def add_parser(subparsers):
                    choices=["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "none"],
                    help="'none': the plain model in one process, no FSDP (the unsharded baseline)")
     p.add_argument("--mesh", default=None, help="RxS mesh for HYBRID_SHARD")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks per data-parallel rank (FSDP over the rest, as `hpcfsdp train --tp`)")
     p.add_argument("--mixed-precision", default="none", choices=["none", "bf16", "fp16"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--warmup", type=int, default=2)
@@ -112,7 +114,7 @@ def _config(args):
                        mesh=parse_mesh(args.mesh) if args.mesh else None, mixed_precision=args.mixed_precision,
                        device=args.device, tie_weights=args.tie_weights, dropout=0.0, weight_decay=0.1,
                        reshard_after_forward={"auto": None, "true": True, "false": False}[args.reshard_after_forward],
-                       fsdp_units=args.fsdp_units)
+                       fsdp_units=args.fsdp_units, tp=args.tp)
 
 
 def _state_bytes(model, optim) -> int:
@@ -260,6 +262,9 @@ def _check_bound_options(args):
     """The nominal link rate (bit/s) or None; ValueError for options that cannot work together."""
     if (args.link or args.link_rate or args.compute_only) and args.strategy == "none":
         raise ValueError("--link, --link-rate and --compute-only measure FSDP across ranks: not with --strategy none")
+    if args.tp != 1 and (args.strategy == "none" or args.compute_only or args.link_rate):
+        raise ValueError(f"--tp {args.tp}: needs a sharded strategy, and is not measured with --compute-only or "
+                         "--link-rate (their bounds count FSDP's traffic only)")
     if args.link and not os.path.exists(f"/sys/class/net/{args.link}/statistics/tx_bytes"):
         raise ValueError(f"--link {args.link}: no such network interface here (/sys/class/net/{args.link})")
     return parse_rate(args.link_rate) if args.link_rate else None
@@ -308,7 +313,7 @@ def bench_train(args) -> dict:
             st._states_to_forward_prefetch = []
             st._states_to_backward_prefetch = []
     optim = make_optimizer(cfg, model.parameters())
-    rng = np.random.default_rng(args.seed + rank)
+    rng = np.random.default_rng(args.seed + rank // cfg.tp)  # the tp ranks of a data-parallel rank share its batch
     times, exposed, cpu = [], [], []
     link0 = None
     for i in range(args.warmup + args.steps):
@@ -349,10 +354,10 @@ def bench_train(args) -> dict:
     loss.backward()
     sbytes = _state_bytes(model, optim)
     sbytes_all = comm.allgather(sbytes) if comm is not None else [sbytes]
-    tokens = world * cfg.batch_size * cfg.block_size
+    tokens = world // cfg.tp * cfg.batch_size * cfg.block_size
     flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     res = {
-        "strategy": args.strategy, "world_size": world, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
+        "strategy": args.strategy, "world_size": world, "tp": cfg.tp, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
         "device": cfg.device, "prefetch": _prefetches(model),
         "activation_checkpointing": args.activation_checkpointing, "fsdp_units": args.fsdp_units, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
@@ -442,7 +447,8 @@ def _run_train(args) -> int:
                     f.write(line + "\n")
             mib = [b / 2**20 for b in res["peak_mem_bytes"]]
             st = [b / 2**20 for b in res["sharded_state_bytes"]]
-            print(f"{res['strategy']} x{res['world_size']} {res['mixed_precision']}: step {res['step_time_s']:.3f} s, "
+            tp = f" tp={res['tp']}" if res["tp"] > 1 else ""
+            print(f"{res['strategy']} x{res['world_size']}{tp} {res['mixed_precision']}: step {res['step_time_s']:.3f} s, "
                   f"{res['tokens_per_s']:.0f} tok/s, exposed comm {100 * res['exposed_comm_frac']:.1f}%, "
                   f"peak RSS/rank {max(mib):.0f} MiB, sharded state/rank {max(st):.0f} MiB"
                   + (f", MFU {100 * res['mfu']:.1f}%" if "mfu" in res else ""), flush=True)
