@@ -265,7 +265,8 @@ def fork_rng(devices: Optional[Iterable] = None, enabled: bool = True, _caller: 
 # array, filled by one draw. A sharded tensor (DTensor) gets its sink from the hook that
 # hpcfsdp/distributed/tensor/_rules/random.py installs: it takes the draws in blocks of ``block`` values (so
 # the whole tensor is never held) and keeps, from each, the values whose global flat index falls in the
-# local piece. Every rank draws the same numbers, so a sharded parameter initialised from a seed equals the
+# local piece (a uniform fill skips to them instead: [Note: Skipping to a shard's values]). Every rank sees the
+# same stream, so a sharded parameter initialised from a seed equals the
 # slice of the plain one initialised from that seed, and the generator ends where the plain fill leaves it.
 # Drawing n values in blocks gives the values of one draw of n: NumPy's generators (and a CuPy RandomState
 # within one block) continue their stream across calls.
@@ -307,4 +308,66 @@ def _stream(sink, draw, transform=None):
     for start in range(0, sink.n, sink.block):
         vals = draw((min(sink.block, sink.n - start),))
         sink.put_range(start, vals if transform is None else transform(vals))
+    return sink
+
+
+# [Note: Skipping to a shard's values]
+# U[0, 1) values from a NumPy Generator on PCG64 take a fixed share of its stream: a float64 one 64-bit draw, a
+# float32 one 32-bit half (PCG64 hands out the low half of a draw, then the high half it kept). PCG64 is a
+# counter-based generator in effect: ``advance(k)`` moves it past k draws in O(log k). So a sharded tensor's
+# uniform fill positions a copy of the generator at each of its runs of the whole tensor's C-order values (runs
+# closer than _GAP values are drawn as one span, cheaper than another jump) and draws only those; the
+# generator then ends where the plain fill leaves it (advanced past every value, its kept half as the plain
+# fill would leave it). Normal values (ziggurat: a variable share) and CuPy's generators are drawn whole,
+# block by block, and kept where local (See [Note: Random values of a sharded tensor]).
+_GAP = 1 << 14
+
+
+def _pcg64(gen):
+    return gen.bit_generator if isinstance(gen, np.random.Generator) and \
+        isinstance(gen.bit_generator, np.random.PCG64) else None
+
+
+def _positioned(state, j, half):
+    """A Generator whose next U[0, 1) value is value ``j`` of a fill that starts from PCG64 ``state``."""
+    bg = np.random.PCG64()
+    if half:  # float32: 32-bit halves, the first from the kept one when there is one
+        if state["has_uint32"]:
+            if j == 0:
+                bg.state = state
+                return np.random.Generator(bg)
+            j -= 1
+        bg.state = {**state, "has_uint32": 0, "uinteger": 0}
+        bg.advance(j // 2)
+        gen = np.random.Generator(bg)
+        if j % 2:
+            gen.random(1, dtype=np.float32)  # the low half: the value wanted is the kept high half
+        return gen
+    bg.state = state
+    bg.advance(j)
+    st = bg.state
+    bg.state = {**st, "has_uint32": state["has_uint32"], "uinteger": state["uinteger"]}  # 64-bit draws keep it
+    return np.random.Generator(bg)
+
+
+def _uniform_stream(sink, gen, dtype, draw, transform=None):
+    """``_stream(sink, draw, transform)`` for ``draw``, U[0, 1) values of ``dtype`` from ``gen``: skipping to a sharded
+    sink's runs where the generator allows (See [Note: Skipping to a shard's values])."""
+    bg = _pcg64(gen)
+    runs = getattr(sink, "runs", None)
+    if bg is None or runs is None or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return _stream(sink, draw, transform)
+    state, half = bg.state, np.dtype(dtype) == np.float32
+    spans = []
+    for a, b in runs():
+        if spans and a - spans[-1][1] < _GAP:
+            spans[-1][1] = b
+        elif b > a:
+            spans.append([a, b])
+    for a, b in spans:
+        g = _positioned(state, a, half)
+        for start in range(a, b, sink.block):
+            vals = g.random(min(sink.block, b - start), dtype=dtype)
+            sink.put_range(start, vals if transform is None else transform(vals))
+    bg.state = _positioned(state, sink.n, half).bit_generator.state
     return sink

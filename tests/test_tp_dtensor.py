@@ -347,28 +347,63 @@ INITS = {
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("block", [1 << 22, 7])
+@pytest.mark.parametrize("mode", ["blocks-of-7", "spans", "a-jump-per-run", "a-jump-per-run-float64"])
 @pytest.mark.parametrize("how", sorted(INITS))
-def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, block, monkeypatch):
+def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, mode, monkeypatch):
+    """Normal fills draw the whole stream (in blocks of 7 values here, or 4M); uniform ones skip to the shard's
+    runs ("a-jump-per-run": every run its own jump, after an odd number of float32 values so PCG64 holds a half)."""
+    from hpcfsdp import random as hp_random
     from hpcfsdp.distributed.tensor._rules import random as rules
 
-    monkeypatch.setattr(rules, "_BLOCK", block)  # 7: the stream drawn in many blocks
+    if mode == "blocks-of-7":
+        monkeypatch.setattr(rules, "_BLOCK", 7)
+    if mode.startswith("a-jump-per-run"):
+        monkeypatch.setattr(hp_random, "_GAP", 1)
+    dtype = hp.float64 if mode.endswith("float64") else hp.float32
     n, r = dist.get_world_size(), dist.get_rank()
     mesh = _mesh()
     shape = (4 * n, 3 * n)
-    hp.manual_seed(123)
-    ref = hp.zeros(shape)
+
+    def seed():
+        hp.manual_seed(123)
+        if mode.startswith("a-jump-per-run"):
+            hp.rand(3)  # an odd count of float32 values: the generator keeps a 32-bit half
+
+    seed()
+    ref = hp.zeros(shape, dtype=dtype)
     with hp.no_grad():
         INITS[how](ref)
     after_ref = hp.rand(5)._data
     for placement in (Shard(0), Shard(1), Replicate()):
-        hp.manual_seed(123)
-        dt = distribute_tensor(hp.zeros(shape), mesh, [placement])
+        seed()
+        dt = distribute_tensor(hp.zeros(shape, dtype=dtype), mesh, [placement])
         with hp.no_grad():
             out = INITS[how](dt)
         assert out is dt and isinstance(dt, DTensor) and dt.placements == (placement,)
         np.testing.assert_array_equal(dt._data, _slice(ref._data, placement, n, r), err_msg=str(placement))
         np.testing.assert_array_equal(hp.rand(5)._data, after_ref)  # the generator ends where the plain fill does
+
+
+@pytest.mark.timeout(120)
+def test_a_uniform_fill_of_a_shard_draws_only_the_shards_values(monkeypatch):
+    """Skip-ahead, not the whole stream: a Shard(0) uniform fill hands its sink this rank's values only (a
+    normal fill, whose draws have no fixed share of the stream, still draws every value)."""
+    from hpcfsdp.distributed.tensor._rules import random as rules
+
+    drawn = []
+    put = rules._ShardSink.put_range
+    monkeypatch.setattr(rules._ShardSink, "put_range", lambda self, start, v: (drawn.append(v.shape[0]), put(self, start, v)))
+    n = dist.get_world_size()
+    dt = distribute_tensor(hp.zeros(256 * n + 3, 64), _mesh(), [Shard(0)])
+    with hp.no_grad():
+        nn.init.kaiming_uniform_(dt, a=math.sqrt(5))
+        assert sum(drawn) == dt._data.size and dt._data.size < dt.numel()
+        drawn.clear()
+        dt.uniform_(-1, 1)
+        assert sum(drawn) == dt._data.size
+        drawn.clear()
+        nn.init.normal_(dt)
+        assert sum(drawn) == dt.numel()
 
 
 @pytest.mark.timeout(120)

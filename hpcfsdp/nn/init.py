@@ -102,7 +102,7 @@ def uniform_(tensor, a=0.0, b=1.0, generator=None):
         return tensor
     arr = tensor._data
     gen, dt = _generator(arr, generator), _gen_dtype(arr)
-    u = _random._stream(_random._sink(tensor, dt), lambda shape: _rand01(gen, shape, dt)).result()
+    u = _random._uniform_stream(_random._sink(tensor, dt), gen, dt, lambda shape: _rand01(gen, shape, dt)).result()
     return _write(tensor, u * (b - a) + a)
 
 
@@ -150,7 +150,7 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
         if todo.size:  # far-tail window: uniform fill is a sound fallback inside the bounds
             sink.put_index(todo, _rand01(gen, (int(todo.size),), dt) * (hi - lo) + lo)
     else:
-        _random._stream(sink, lambda shape: _rand01(gen, shape, dt), lambda u: u * (hi - lo) + lo)
+        _random._uniform_stream(sink, gen, dt, lambda shape: _rand01(gen, shape, dt), lambda u: u * (hi - lo) + lo)
     vals = sink.result() * std + mean
     return _write(tensor, xp.clip(vals, a, b))
 

@@ -1,6 +1,7 @@
-"""Random in-place ops on DTensors (``normal_``, ``uniform_``; nn.init's fills through the same sink): each rank
-draws the whole tensor's stream block by block and keeps its piece, so the values are those the unsharded
-tensor gets from the same seed (See [Note: Random values of a sharded tensor] in hpcfsdp/random.py)."""
+"""Random in-place ops on DTensors (``normal_``, ``uniform_``; nn.init's fills through the same sink): the values are
+those the unsharded tensor gets from the same seed. A uniform fill jumps the generator to the runs of this rank's
+piece and draws only those; a normal fill draws the whole tensor's stream block by block and keeps its piece (See
+[Note: Random values of a sharded tensor] and [Note: Skipping to a shard's values] in hpcfsdp/random.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +37,8 @@ class _ShardSink:
         self._flat = xp.empty(int(arr.size), dtype=dtype)
         # per dim: a table from global coordinate to local position (-1: not in the piece)
         self._maps = []
-        for size, rs in zip(self.gshape, _LOCAL_RANGES[0](self.gshape, spec.mesh, spec.placements, coord)):
+        self._ranges = _LOCAL_RANGES[0](self.gshape, spec.mesh, spec.placements, coord)
+        for size, rs in zip(self.gshape, self._ranges):
             m = np.full(size, -1, np.int64)
             pos = 0
             for a, b in rs:
@@ -57,6 +59,17 @@ class _ShardSink:
             return
         where = self.xp.ravel_multi_index(tuple(l_[keep] for l_ in loc), self.lshape)
         self._flat[where] = values[keep]
+
+    def runs(self):
+        """The global C-order flat [start, stop) runs of the local piece, in local order."""
+        if not self.gshape:
+            return [(0, 1)]
+        strides = np.cumprod((self.gshape[1:] + (1,))[::-1])[::-1]
+        base = np.zeros(1, np.int64)
+        for rs, st in zip(self._ranges[:-1], strides[:-1]):
+            c = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in rs])
+            base = (base[:, None] + c[None, :] * int(st)).reshape(-1)
+        return [(int(b0) + a, int(b0) + b) for b0 in base.tolist() for a, b in self._ranges[-1] if b > a]
 
     def put_range(self, start, values):
         self.put_index(self.xp.arange(start, start + values.shape[0], dtype=np.int64), values)
@@ -94,7 +107,9 @@ def fill(call: OpCall):
     dev = device_of_array(arr)
     gen = generator_for(call.kwargs.get("generator"), dev)
     kind = "randn" if normal else "rand"
-    sink = _random._stream(_random._sink(d, dtype), lambda shape: random_array(kind, shape, dtype, dev, gen=gen))
+    draw = lambda shape: random_array(kind, shape, dtype, dev, gen=gen)  # noqa: E731
+    sink = _random._uniform_stream(_random._sink(d, dtype), gen, dtype, draw) if not normal else \
+        _random._stream(_random._sink(d, dtype), draw)
     vals = sink.result()
     arr[...] = vals * hi + lo if normal else vals * (hi - lo) + lo
     return d
