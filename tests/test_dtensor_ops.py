@@ -169,3 +169,30 @@ def test_functional_activations_on_a_dtensor_keep_its_layout(name):
     x = full.clone().requires_grad_(True)
     getattr(F, name)(x).sum().backward()
     np.testing.assert_allclose(a.grad.full_tensor().numpy(), x.grad.numpy(), rtol=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ops_that_read_only_the_others_shape_and_the_new_factories():
+    """view_as / reshape_as / expand_as / type_as take a plain ``other`` (only its shape or dtype is read);
+    new_zeros / new_ones / new_empty / new_full give Replicate DTensors of the size asked, new_tensor a plain
+    tensor: PyTorch 2.13's results on gloo, checked side by side."""
+    mesh = _mesh()
+    full = _full(0, (8, 6))  # 2 rows a rank at 4 ranks: (4, 12) keeps whole rows on each rank
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    v = d.view_as(hp.zeros(48))
+    assert v.placements == (Shard(0),) and tuple(v.shape) == (48,)
+    np.testing.assert_array_equal(v.full_tensor().numpy(), full.numpy().reshape(48))
+    r = d.reshape_as(hp.zeros(4, 12))
+    assert r.placements == (Shard(0),)
+    np.testing.assert_array_equal(r.full_tensor().numpy(), full.numpy().reshape(4, 12))
+    e = d[:1].expand_as(hp.zeros(8, 6))
+    np.testing.assert_array_equal(e.full_tensor().numpy(), np.broadcast_to(full.numpy()[:1], (8, 6)))
+    t = d.type_as(hp.zeros(2, dtype=hp.float32))
+    assert t.dtype == hp.float32 and t.placements == (Shard(0),)
+    for name, args, value in (("new_zeros", (3,), 0.0), ("new_ones", ((2, 2),), 1.0), ("new_full", ((2,), 3.0), 3.0)):
+        out = getattr(d, name)(*args)
+        assert isinstance(out, DTensor) and out.placements == (Replicate(),), name
+        np.testing.assert_array_equal(out.full_tensor().numpy(), np.full(tuple(out.shape), value))
+    assert d.new_empty(3).placements == (Replicate(),) and tuple(d.new_empty(3).shape) == (3,)
+    nt = d.new_tensor([1.0, 2.0])
+    assert type(nt) is hp.Tensor and nt.dtype == d.dtype

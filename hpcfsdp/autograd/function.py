@@ -225,16 +225,21 @@ def _refuse_mixed(cls, args) -> bool:
     """Raise for a shard beside a plain tensor, or for a DTensor that is not a parameter; return whether a
     shard is among ``args`` (its results are marked too: the transpose of a shard is no more the whole tensor
     than the shard is)."""
-    shard = plain = False
+    shard = plain = activation = False
     dtensor = DTENSOR[0]
     for a in args:
         if isinstance(a, TensorBase):
             if type(a) is dtensor:
-                _no_rule(cls, args)
-            if getattr(a, "_hp_fsdp_shard", False):
+                activation = True
+            elif getattr(a, "_hp_fsdp_shard", False):
                 shard = True
             elif a._data.size > 1:
                 plain = True
+    if activation:
+        if any(isinstance(a, TensorBase) and not isinstance(a, dtensor) and a._data.size > 1 for a in args):
+            raise RuntimeError(f"{cls.__name__}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor "
+                               "to DTensor before calling distributed operators!")
+        _no_rule(cls, args)
     if shard and plain:
         raise RuntimeError(f"{cls.__name__}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor "
                            f"to DTensor before calling distributed operators! (hpcfsdp: a parameter sharded by "

@@ -88,7 +88,15 @@ def no_rule(call: OpCall):
         f"{placements_text(call)}). Compute on dtensor.full_tensor() or dtensor.to_local() explicitly.")
 
 
+# ops that read only the other tensor's shape or dtype: a plain ``other`` is fine (PyTorch's are composites)
+_METADATA_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand", "type_as": "to"}
+
+
 def dispatch(entry, args, kwargs):
+    via = _METADATA_OF_OTHER.get(entry.name)
+    if via is not None and len(args) == 2 and not kwargs and _is_dt(args[0]) and isinstance(args[1], Tensor) \
+            and not _is_dt(args[1]):
+        return getattr(args[0], via)(args[1].dtype if via == "to" else tuple(args[1].shape))
     call = OpCall(entry, args, kwargs)
     meshes = {id(d._spec.mesh): d._spec.mesh for d in call.dtensors}
     if len(meshes) > 1:

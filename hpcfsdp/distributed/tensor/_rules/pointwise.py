@@ -166,6 +166,16 @@ def functional(fn, input, args, kwargs):
     return wrap(fn(redistribute_local(input, pl), *args, **kwargs), input._spec.mesh, pl, input.shape)
 
 
+def new_factory(call: OpCall):
+    """``dt.new_zeros(size)`` and kin: a Replicate DTensor of ``size`` (PyTorch's); ``new_tensor`` a plain tensor."""
+    args, kwargs = local_args(call)  # only self's dtype and device are read
+    out = call.compute(*args, **kwargs)
+    if call.entry.name == "new_tensor":
+        return out
+    return wrap(out, call.mesh, (Replicate(),) * call.mesh.ndim, out.shape)
+
+
 register_rule(pointwise, *UNARY, *BINARY, *CASTS)
+register_rule(new_factory, "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor")
 _common.DTENSOR_ELEMENTWISE[0] = functional
 register_rule(like, *LIKE)
