@@ -8,6 +8,8 @@ from ._fully_shard import (
     FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
+    QuantizedAllGather,
+    QuantizedReduceScatter,
     ReduceScatter,
     UnshardHandle,
     disable_fsdp_module_new_init,
@@ -47,4 +49,5 @@ __all__ = [
     "ShardedOptimStateDictConfig", "ShardedStateDictConfig", "ShardingStrategy", "StateDictConfig",
     "StateDictSettings", "StateDictType",
     "exposed_comm_seconds",  # not PyTorch's: seconds the main thread waited on FSDP communication
+    "QuantizedAllGather", "QuantizedReduceScatter",  # not PyTorch's: ZeRO++-style quantized collectives
 ]

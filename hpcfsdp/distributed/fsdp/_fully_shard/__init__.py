@@ -9,6 +9,7 @@ from ._fsdp_api import (
     OffloadPolicy,
     ReduceScatter,
 )
+from ._fsdp_quantized import QuantizedAllGather, QuantizedReduceScatter
 from ._fully_shard import (
     FSDPModule,
     UnshardHandle,
@@ -23,4 +24,5 @@ __all__ = [
     "AllGather", "Comm", "CPUOffloadPolicy", "DataParallelMeshDims", "MixedPrecisionPolicy", "OffloadPolicy",
     "ReduceScatter", "FSDPModule", "UnshardHandle", "disable_fsdp_module_new_init", "fully_shard",
     "get_cls_to_fsdp_cls", "register_fsdp_forward_method", "share_comm_ctx",
+    "QuantizedAllGather", "QuantizedReduceScatter",
 ]

@@ -1,0 +1,128 @@
+"""Block quantization of flat float arrays for communication: int8, int4 (two per byte) and float8 e4m3, each
+block of ``block`` elements with a float32 scale (its absmax over the code's largest value).
+
+[Note: Quantized payloads]
+A payload is one uint8 array: the codes (n bytes for int8 and fp8, ceil(n/2) for int4), then the scales (one
+float32 per block, ceil(n/block) of them, as bytes). Every rank computes the same payload from the same input,
+so ranks that dequantize the same payloads get the same values. Codes round to nearest: an int8/int4 element
+is off by at most half its block's step (scale); an fp8 element by half an e4m3 ulp of its scaled value. A
+block holding a NaN or an infinity gets a NaN scale, so it dequantizes to NaN everywhere: a non-finite value
+never comes back as a number. A block of zeros has scale 0 and comes back as zeros. The work is vectorised
+over blocks (NumPy or CuPy, whichever holds the input); nothing loops over blocks in Python.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from hpcfsdp._backend import array_module
+
+__all__ = ["KINDS", "payload_bytes", "quantize", "dequantize", "step_bound"]
+
+_QMAX = {"int8": 127.0, "int4": 7.0, "fp8": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)}
+KINDS = tuple(_QMAX)
+
+
+def _check(kind: str, block: int) -> None:
+    if kind not in _QMAX:
+        raise ValueError(f"quantization dtype {kind!r}: expected one of {', '.join(KINDS)}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 2 or (kind == "int4" and block % 2):
+        raise ValueError(f"block_size={block!r}: expected an integer >= 2 (even for int4)")
+
+
+def _code_bytes(kind: str, n: int) -> int:
+    return (n + 1) // 2 if kind == "int4" else n
+
+
+def payload_bytes(kind: str, n: int, block: int) -> int:
+    """Bytes of the payload of ``n`` elements (See [Note: Quantized payloads])."""
+    _check(kind, block)
+    return _code_bytes(kind, n) + 4 * math.ceil(n / block)
+
+
+def _blocks(x, block: int):
+    xp = array_module(x)
+    n = x.size
+    nb = math.ceil(n / block)
+    xb = xp.zeros(nb * block, np.float32)
+    xb[:n] = x.reshape(-1)
+    return xb.reshape(nb, block)
+
+
+def quantize(x, kind: str, block: int, out=None):
+    """The payload of flat float array ``x`` (a new uint8 array, or written into ``out``)."""
+    _check(kind, block)
+    xp = array_module(x)
+    n = x.size
+    nb = math.ceil(n / block)
+    xb = _blocks(x, block)
+    absmax = xp.abs(xb).max(axis=1) if nb else xp.zeros(0, np.float32)
+    finite = xp.isfinite(absmax)
+    scale = xp.where(finite, absmax / np.float32(_QMAX[kind]), np.float32(np.nan)).astype(np.float32)
+    safe = xp.where(finite & (scale > 0), scale, np.float32(1.0))
+    y = xb / safe[:, None]
+    y = xp.where(finite[:, None], y, np.float32(0.0))  # the block's NaN scale carries the non-finite value
+    if kind == "fp8":
+        codes = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(-1)[:n]
+    else:
+        q = xp.clip(xp.rint(y), -_QMAX[kind], _QMAX[kind]).astype(np.int8).reshape(-1)[:n]
+        if kind == "int4":
+            u = (q + 8).astype(np.uint8)
+            if n % 2:
+                u = xp.concatenate([u, xp.full(1, 8, np.uint8)])
+            codes = u[0::2] | (u[1::2] << np.uint8(4))
+        else:
+            codes = q.view(np.uint8)
+    total = codes.size + 4 * nb
+    if out is None:
+        out = xp.empty(total, np.uint8)
+    elif out.size != total or out.dtype != np.uint8:
+        raise ValueError(f"quantize: out must be {total} uint8 bytes, got {out.size} {out.dtype}")
+    out[:codes.size] = codes
+    out[codes.size:] = scale.view(np.uint8)
+    return out
+
+
+def dequantize(payload, kind: str, n: int, block: int, dtype, out=None):
+    """The ``n`` values of ``payload`` as ``dtype`` (a new array, or written into ``out``)."""
+    _check(kind, block)
+    xp = array_module(payload)
+    nb = math.ceil(n / block)
+    cb = _code_bytes(kind, n)
+    if payload.size != cb + 4 * nb:
+        raise ValueError(f"dequantize: a {kind} payload of {n} elements has {cb + 4 * nb} bytes, got {payload.size}")
+    codes = payload[:cb]
+    scale = xp.ascontiguousarray(payload[cb:]).view(np.float32)
+    if kind == "fp8":
+        vals = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    elif kind == "int4":
+        u = xp.empty(2 * cb, np.uint8)
+        u[0::2] = codes & np.uint8(15)
+        u[1::2] = codes >> np.uint8(4)
+        vals = u[:n].astype(np.float32) - np.float32(8)
+    else:
+        vals = codes.view(np.int8).astype(np.float32)
+    full = xp.zeros(nb * block, np.float32)
+    full[:n] = vals
+    res = (full.reshape(nb, block) * scale[:, None]).reshape(-1)[:n]
+    if out is None:
+        return res.astype(dtype)
+    out[...] = res.reshape(out.shape)
+    return out
+
+
+def step_bound(x, kind: str, block: int):
+    """Per element of ``x``: the largest error the round trip may make (half a step; See [Note: Quantized
+    payloads]), in float64. For tests and the step-time model's accuracy notes."""
+    _check(kind, block)
+    xb = _blocks(np.asarray(x, np.float64), block).astype(np.float64)
+    scale = np.abs(xb).max(axis=1, keepdims=True) / _QMAX[kind]
+    if kind != "fp8":
+        bound = np.broadcast_to(scale / 2, xb.shape)
+    else:  # half an e4m3 ulp of the scaled value (3 mantissa bits; subnormals below 2**-6)
+        y = np.abs(xb) / np.where(scale > 0, scale, 1.0)
+        e = np.floor(np.log2(np.maximum(y, 2.0 ** -6)))
+        bound = 2.0 ** (e - 3) / 2 * scale
+    return bound.reshape(-1)[:np.asarray(x).size]

@@ -1,0 +1,197 @@
+"""Quantized FSDP collectives (ZeRO++'s qwZ and qgZ), as seed 001's AllGather / ReduceScatter: set per unit with
+``set_custom_all_gather`` / ``set_custom_reduce_scatter``.
+
+[Note: Quantized all-gather]
+Each rank quantizes its flat shard (int8 or fp8 e4m3, a float32 scale per block; See [Note: Quantized
+payloads] in distributed/_quantize.py), the payloads are all-gathered as bytes, and every rank dequantizes all
+of them, its own included, into the unsharded parameters: every rank computes with the same weights, while the
+sharded master copy (what the optimizer steps) stays in full precision. Only the communicated copy is rounded.
+
+[Note: Quantized gradient reduction]
+The reduction of a group spanning several hosts runs in two hops. Inside each host, a full-precision
+reduce-scatter over the host's ranks leaves the rank with local index j the host's sum of the chunks of every
+host's j-th rank (H chunks of k elements). Across hosts, the ranks with local index j exchange those chunks
+quantized (int8, or int4 two per byte, a float32 scale per block) with one all-to-all, and each sums the H
+payloads it receives in float32: the slow links carry codes and scales only. With ``error_feedback`` a rank
+keeps what its quantization rounded away (per unit: one instance belongs to one FSDP unit) and adds it to the
+next step's chunks, so the applied gradients' running sum follows the true one within one quantization step.
+A group on one host has no slow hop: its reduce-scatter stays in full precision. Both hops run when the call
+is made (the returned work is complete); HSDP's replicate all-reduce is not quantized yet.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .... import _backend
+from ... import _quantize as Q
+from ...process_group import ReduceOp
+from ._fsdp_api import AllGather, ReduceScatter
+from ._fsdp_collectives import PremulSum, _array, _group, allocate_buffer
+
+__all__ = ["QuantizedAllGather", "QuantizedReduceScatter"]
+
+
+class _Done:
+    """The work of a collective whose completion ``finish`` performs (once) on wait."""
+
+    def __init__(self, inner, finish):
+        self._inner, self._finish = inner, finish
+
+    def wait(self, timeout=None):
+        if self._finish is not None:
+            if self._inner is not None:
+                self._inner.wait()
+            finish, self._finish = self._finish, None
+            finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finish is None
+
+
+def _block(block_size) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
+        raise ValueError(f"block_size={block_size!r}: expected an even integer >= 2")
+    return block_size
+
+
+class QuantizedAllGather(AllGather):
+    """All-gather of block-quantized shards (See [Note: Quantized all-gather]).
+
+    Args:
+        dtype: ``"int8"`` or ``"fp8"`` (float8 e4m3 codes).
+        block_size: elements per scale (default 256).
+    """
+
+    def __init__(self, dtype: str = "int8", block_size: int = 256):
+        if dtype not in ("int8", "fp8"):
+            raise ValueError(f"QuantizedAllGather: dtype={dtype!r}: expected 'int8' or 'fp8'")
+        self.dtype, self.block_size = dtype, _block(block_size)
+
+    def __repr__(self) -> str:
+        return f"QuantizedAllGather(dtype={self.dtype!r}, block_size={self.block_size})"
+
+    def allocate(self, size: Sequence[int], *, dtype: Any, device: Any):
+        return allocate_buffer(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False):
+        g = _group(group)
+        out, inp = _array(output_tensor, "all-gather output"), _array(input_tensor, "all-gather input")
+        k, world = inp.size, g.size()
+        if out.size != world * k:
+            raise ValueError(f"QuantizedAllGather: output has {out.size} elements, expected {world} x {k}")
+        kind, block = self.dtype, self.block_size
+        nbytes = Q.payload_bytes(kind, k, block)
+        send = Q.quantize(inp.reshape(-1), kind, block, out=_backend.array_module(inp).empty(nbytes, np.uint8))
+        recv = _backend.array_module(inp).empty(world * nbytes, np.uint8)
+        work = g.all_gather_into(recv, send, async_op=True)
+
+        def finish():
+            flat = out.reshape(world, k)
+            pieces = recv.reshape(world, nbytes)
+            for r in range(world):
+                Q.dequantize(pieces[r], kind, k, block, out.dtype, out=flat[r])
+
+        done = _Done(work, finish)
+        if not async_op:
+            done.wait()
+        return done
+
+
+class QuantizedReduceScatter(ReduceScatter):
+    """Gradient reduce-scatter whose cross-host hop is block-quantized (See [Note: Quantized gradient reduction]).
+
+    Args:
+        dtype: ``"int8"`` or ``"int4"`` (two codes per byte).
+        block_size: elements per scale (default 256).
+        error_feedback: keep the rounding residual and add it to the next step's gradient (default True).
+    """
+
+    def __init__(self, dtype: str = "int8", block_size: int = 256, error_feedback: bool = True):
+        if dtype not in ("int8", "int4"):
+            raise ValueError(f"QuantizedReduceScatter: dtype={dtype!r}: expected 'int8' or 'int4'")
+        self.dtype, self.block_size, self.error_feedback = dtype, _block(block_size), bool(error_feedback)
+        self._topology = {}  # id(group) -> (group, local group, cross group, permutation) or (group, None, ...)
+        self.residuals = {}  # input size -> this rank's float32 residual of its cross-host chunks
+
+    def __repr__(self) -> str:
+        return (f"QuantizedReduceScatter(dtype={self.dtype!r}, block_size={self.block_size}, "
+                f"error_feedback={self.error_feedback})")
+
+    def allocate(self, size: Sequence[int], *, dtype: Any, device: Any):
+        return allocate_buffer(size, dtype=dtype, device=device)
+
+    def _hops(self, g):
+        """(local group, cross group, permutation into (local index, host) order), or None on one host."""
+        hit = self._topology.get(id(g))
+        if hit is not None and hit[0] is g:
+            return hit[1]
+        from ... import _comm_thread as CT, _mpi
+
+        # collective, on the communication thread like every other call on this communicator
+        lay = CT.call_sync("node_layout", lambda: _mpi.node_layout(g.comm))
+        hosts = lay["num_nodes"]
+        hops = None
+        if hosts > 1:
+            node_of = np.asarray(lay["node_of_rank"])
+            per = np.bincount(node_of, minlength=hosts)
+            if (per != per[0]).any():
+                raise ValueError(f"QuantizedReduceScatter: the group has {per.tolist()} ranks on its {hosts} hosts; "
+                                 "it needs the same number on every host")
+            local_index = np.zeros(g.size(), np.int64)
+            for h in range(hosts):
+                mine = np.flatnonzero(node_of == h)
+                local_index[mine] = np.arange(mine.size)
+            me = g.rank()
+            local = g.split(int(node_of[me]), key=me, name="quantized-rs-local")
+            cross = g.split(int(local_index[me]), key=int(node_of[me]), name="quantized-rs-cross")
+            order = np.lexsort((node_of, local_index))  # by local index, then host
+            hops = (local, cross, order)
+        self._topology[id(g)] = (g, hops)
+        return hops
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any = ReduceOp.SUM,
+                 async_op: bool = False):
+        g = _group(group)
+        out, inp = _array(output_tensor, "reduce-scatter output"), _array(input_tensor, "reduce-scatter input")
+        world = g.size()
+        k = out.size
+        if inp.size != world * k:
+            raise ValueError(f"QuantizedReduceScatter: input has {inp.size} elements, expected {world} x {k}")
+        if isinstance(op, PremulSum):
+            inp *= inp.dtype.type(op.factor)
+            op = ReduceOp.SUM
+        if op not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"QuantizedReduceScatter: op {op!r}: quantized reductions sum (SUM, AVG, PremulSum)")
+        hops = self._hops(g) if world > 1 else None
+        if hops is None:
+            return g.reduce_scatter_into(out, inp, op, async_op)
+        local, cross, order = hops
+        xp = _backend.array_module(inp)
+        hosts = cross.size()
+        mid = xp.empty(hosts * k, inp.dtype)
+        local.reduce_scatter_into(mid, xp.ascontiguousarray(inp.reshape(world, k)[order]).reshape(-1), ReduceOp.SUM)
+        chunks = mid.reshape(hosts, k).astype(np.float32)
+        if self.error_feedback:
+            res = self.residuals.get(inp.size)
+            if res is not None:
+                chunks += res
+        kind, block = self.dtype, self.block_size
+        nbytes = Q.payload_bytes(kind, k, block)
+        send = xp.empty((hosts, nbytes), np.uint8)
+        for h in range(hosts):
+            Q.quantize(chunks[h], kind, block, out=send[h])
+        if self.error_feedback:
+            sent = xp.stack([Q.dequantize(send[h], kind, k, block, np.float32) for h in range(hosts)])
+            self.residuals[inp.size] = xp.where(xp.isfinite(sent), chunks - sent, np.float32(0.0))
+        recv = xp.empty((hosts, nbytes), np.uint8)
+        cross.all_to_all_into(recv.reshape(-1), send.reshape(-1))
+        total = xp.zeros(k, np.float32)
+        for h in range(hosts):
+            total += Q.dequantize(recv[h], kind, k, block, np.float32)
+        if op is ReduceOp.AVG:
+            total /= np.float32(world)
+        out[...] = total.astype(out.dtype).reshape(out.shape)
+        return _Done(None, None)

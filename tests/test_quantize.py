@@ -1,0 +1,81 @@
+"""Block quantization for communication (hpcfsdp/distributed/_quantize.py) against float64: per-element error at
+most half a step of its block, zeros, constant blocks, and non-finite blocks that come back NaN."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hpcfsdp.distributed import _quantize as Q
+
+KINDS = ["int8", "int4", "fp8"]
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * np.exp(rng.uniform(-6, 6, n))  # magnitudes from 1e-3 to 1e3, per element
+    return x.astype(np.float32)
+
+
+def _half_step_float64(x, kind, block):
+    """Half a quantization step per element, computed independently in float64."""
+    qmax = {"int8": 127, "int4": 7, "fp8": 448}[kind]
+    out = np.empty(x.size)
+    for b in range(0, x.size, block):
+        blk = x[b:b + block].astype(np.float64)
+        scale = np.abs(blk).max() / qmax
+        if kind == "fp8":
+            y = np.abs(blk) / (scale if scale > 0 else 1.0)
+            e = np.floor(np.log2(np.maximum(y, 2.0 ** -6)))
+            out[b:b + block] = 2.0 ** (e - 3) / 2 * scale
+        else:
+            out[b:b + block] = scale / 2
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,block", [(1000, 256), (257, 256), (5, 2), (4096, 64), (1, 256)])
+def test_round_trip_error_is_at_most_half_a_step(kind, n, block):
+    x = _data(n, seed=n)
+    p = Q.quantize(x, kind, block)
+    assert p.dtype == np.uint8 and p.size == Q.payload_bytes(kind, n, block)
+    assert p.size == ((n + 1) // 2 if kind == "int4" else n) + 4 * math.ceil(n / block)
+    back = Q.dequantize(p, kind, n, block, np.float32)
+    err = np.abs(back.astype(np.float64) - x.astype(np.float64))
+    bound = _half_step_float64(x, kind, block)
+    assert np.all(err <= bound * (1 + 1e-5) + 1e-30), (err / np.maximum(bound, 1e-30)).max()
+    np.testing.assert_allclose(Q.step_bound(x, kind, block), bound, rtol=1e-6)
+    assert np.max(err) > 0 or n == 1  # it really rounds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zeros_constants_and_non_finite_blocks(kind):
+    x = np.zeros(12, np.float32)
+    x[4:8] = -3.25
+    x[8:12] = [1.0, np.nan, 2.0, 3.0]
+    back = Q.dequantize(Q.quantize(x, kind, 4), kind, 12, 4, np.float32)
+    np.testing.assert_array_equal(back[:4], 0.0)
+    np.testing.assert_allclose(back[4:8], -3.25, rtol=1e-6)  # the absmax element is exact
+    assert np.isnan(back[8:]).all()  # NaN propagates over its block, never a number
+    y = np.array([1.0, 2.0, np.inf, 0.5, 1.0, 1.0], np.float32)
+    back = Q.dequantize(Q.quantize(y, kind, 2), kind, 6, 2, np.float32)
+    assert np.isfinite(back[:2]).all() and np.isnan(back[2:4]).all() and np.isfinite(back[4:]).all()
+
+
+def test_bf16_input_and_output_and_out_buffers():
+    x = _data(300).astype(ml_dtypes.bfloat16)
+    out = np.empty(Q.payload_bytes("int8", 300, 128), np.uint8)
+    assert Q.quantize(x, "int8", 128, out=out) is out
+    dst = np.empty(300, ml_dtypes.bfloat16)
+    assert Q.dequantize(out, "int8", 300, 128, ml_dtypes.bfloat16, out=dst) is dst
+    err = np.abs(dst.astype(np.float64) - x.astype(np.float64))
+    assert np.all(err <= _half_step_float64(x.astype(np.float32), "int8", 128) * 1.01 + np.abs(x.astype(np.float64)) / 128)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="quantization dtype 'int2'"):
+        Q.quantize(np.ones(4, np.float32), "int2", 4)
+    with pytest.raises(ValueError, match="block_size=3"):
+        Q.quantize(np.ones(4, np.float32), "int4", 3)
+    with pytest.raises(ValueError, match="int8 payload of 4 elements has 8 bytes, got 7"):
+        Q.dequantize(np.zeros(7, np.uint8), "int8", 4, 4, np.float32)
