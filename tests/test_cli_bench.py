@@ -48,6 +48,25 @@ def test_bench_train_tp_splits_the_model_and_counts_data_parallel_tokens(tmp_pat
     assert bad.returncode != 0 and "--tp 2: needs a sharded strategy" in bad.stderr + bad.stdout
 
 
+def test_bench_train_quantized_collectives_and_their_wire_bound(tmp_path):
+    """--quantize-weights/--quantize-grads put QuantizedAllGather/ReduceScatter on every unit (two simulated hosts
+    of one rank), the wire bound counts codes and scales, and --compute-only still runs (the hop faked too)."""
+    js = tmp_path / "q.jsonl"
+    env = dict(ENV, HPCFSDP_RANKS_PER_NODE="1")
+    for extra in ([], ["--quantize-weights", "int8", "--quantize-grads", "int4"]):
+        out = subprocess.run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "train", *TINY, "--link-rate",
+                                   "1gbit", "--compute-only", *extra, "--json", str(js)],
+                             capture_output=True, text=True, timeout=240, env=env)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    plain, quant = [json.loads(line) for line in js.read_text().splitlines()]
+    assert plain["hosts"] == quant["hosts"] == 2
+    assert (plain["quantize_weights"], quant["quantize_weights"], quant["quantize_grads"]) == ("none", "int8", "int4")
+    assert quant["compute_only_s"] > 0
+    # FULL_SHARD: weights gathered (once + 2 twice) times, gradients once: 4 -> 1 + 4/256 and 4 -> 0.5 + 4/256 bytes
+    ratio = quant["wire_min_bytes_per_host"] / plain["wire_min_bytes_per_host"]
+    assert 0.2 < ratio < 0.27, ratio
+
+
 def test_bench_checkpoint_io(tmp_path):
     js = tmp_path / "io.jsonl"
     _run(HP + ["launch", "-n", "2", "--", "hpcfsdp", "bench", "checkpoint", "--bytes", "8M", "--dir",

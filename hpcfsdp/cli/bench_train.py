@@ -80,6 +80,11 @@ def add_parser(subparsers):
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's forward in backward instead of keeping its activations")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs)")
+    p.add_argument("--quantize-weights", choices=["none", "int8", "fp8"], default="none",
+                   help="all-gather block-quantized weights (QuantizedAllGather on every FSDP unit)")
+    p.add_argument("--quantize-grads", choices=["none", "int8", "int4"], default="none",
+                   help="quantize the gradient reduction's cross-host hop (QuantizedReduceScatter, error feedback)")
+    p.add_argument("--quantize-block", type=int, default=256, help="elements per quantization scale")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--link", default=None, metavar="IFACE",
                    help="count the bytes each host sends per step on this network interface (e.g. eth0)")
@@ -141,7 +146,27 @@ def _unit_numels(model, cfg):
     return once, total - once
 
 
-def wire_min_bytes(strategy: str, hosts: int, once: int, twice: int, param_itemsize: int, grad_itemsize: int) -> float:
+def quantize_units(model, weights: str, grads: str, block: int) -> None:
+    """Give every FSDP unit of ``model`` the quantized all-gather / reduce-scatter asked for ("none": keep)."""
+    from hpcfsdp.distributed.fsdp import FSDPModule, QuantizedAllGather, QuantizedReduceScatter
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            if weights != "none":
+                m.set_custom_all_gather(QuantizedAllGather(weights, block_size=block))
+            if grads != "none":
+                m.set_custom_reduce_scatter(QuantizedReduceScatter(grads, block_size=block))
+
+
+def quantized_itemsize(kind: str, block: int, full: float) -> float:
+    """Bytes per element on the wire: ``full`` unquantized, else the codes and the per-block float32 scales."""
+    if kind == "none":
+        return full
+    return (0.5 if kind == "int4" else 1.0) + 4.0 / block
+
+
+def wire_min_bytes(strategy: str, hosts: int, once: int, twice: int, param_itemsize: float,
+                   grad_itemsize: float) -> float:
     """Least payload bytes one host must send per step (see [Note: Step against its bounds])."""
     if hosts <= 1:
         return 0.0
@@ -206,13 +231,20 @@ def local_collectives():
         a[...] = a.copy()
         return Work._completed("local all_reduce_") if async_op else None
 
-    fakes = {"all_gather_into": all_gather_into, "reduce_scatter_into": reduce_scatter_into, "all_reduce_": all_reduce_}
+    def all_to_all_into(self, out_flat, in_flat, out_counts=None, in_counts=None, async_op=False):
+        out_flat.reshape(-1)[...] = in_flat.reshape(-1)  # equal pieces (the quantized reduction's hop)
+        return Work._completed("local all_to_all_into") if async_op else None
+
+    fakes = {"all_gather_into": all_gather_into, "reduce_scatter_into": reduce_scatter_into, "all_reduce_": all_reduce_,
+             "all_to_all_into": all_to_all_into}
     classes, todo = [], [pgm.ProcessGroup]
     while todo:
         c = todo.pop()
         classes.append(c)
         todo.extend(c.__subclasses__())
     saved = [(c, name, c.__dict__[name]) for c in classes for name in fakes if name in c.__dict__]
+    inherited = [name for name in fakes if not any(name == n for _, n, _ in saved)]
+    saved += [(pgm.ProcessGroup, name, None) for name in inherited]  # defined on a mixin: shadowed, then removed
     before = pgm.collective_counts()
     for c, name, _ in saved:
         setattr(c, name, fakes[name])
@@ -220,7 +252,10 @@ def local_collectives():
         yield
     finally:
         for c, name, fn in saved:
-            setattr(c, name, fn)
+            if fn is None:
+                delattr(c, name)
+            else:
+                setattr(c, name, fn)
     after = pgm.collective_counts()
     if after != before:
         extra = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
@@ -304,6 +339,7 @@ def bench_train(args) -> dict:
         apply_block_checkpointing(model)
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
+        quantize_units(model, args.quantize_weights, args.quantize_grads, args.quantize_block)
     if args.meta_init:
         model.to_empty(device=device)
         hp.manual_seed(cfg.seed)
@@ -357,7 +393,8 @@ def bench_train(args) -> dict:
     tokens = world // cfg.tp * cfg.batch_size * cfg.block_size
     flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     res = {
-        "strategy": args.strategy, "world_size": world, "tp": cfg.tp, "mesh": args.mesh, "mixed_precision": args.mixed_precision,
+        "strategy": args.strategy, "world_size": world, "tp": cfg.tp, "mesh": args.mesh,
+        "quantize_weights": args.quantize_weights, "quantize_grads": args.quantize_grads, "mixed_precision": args.mixed_precision,
         "device": cfg.device, "prefetch": _prefetches(model),
         "activation_checkpointing": args.activation_checkpointing, "fsdp_units": args.fsdp_units, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
@@ -373,7 +410,9 @@ def bench_train(args) -> dict:
         res["hosts"] = hosts
         if rate:
             mp = args.mixed_precision in ("bf16", "fp16")
-            wire = wire_min_bytes(args.strategy, hosts, once, twice, 2 if mp else 4, 4)
+            wire = wire_min_bytes(args.strategy, hosts, once, twice,
+                                  quantized_itemsize(args.quantize_weights, args.quantize_block, 2 if mp else 4),
+                                  quantized_itemsize(args.quantize_grads, args.quantize_block, 4))
             res.update(link_rate_bps=rate, wire_min_bytes_per_host=wire, wire_bound_s=wire * 8 / rate)
     res.update(net)
     if args.compute_only:
