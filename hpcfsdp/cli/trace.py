@@ -187,7 +187,8 @@ def step_figure(path: str, step: int | None = None, title: str | None = None):
                 kind = kind if kind in _COLORS else "other"
                 kinds.add(kind)
                 ax.broken_barh([(x, w)], lane("wait" if main else "comm"), facecolor=_COLORS[kind],
-                               edgecolor="white", linewidth=0.3, gid=f"comm:{rank}:{kind}", zorder=2)
+                               edgecolor="white", linewidth=0.3,
+                               gid=f"{'main_comm' if main else 'comm'}:{rank}:{kind}", zorder=2)
                 tot["comm"] += w
         # nested units: the longest (outer) first, so that the units inside are drawn over it
         for x, w, unit, backward in sorted(comp, key=lambda c: -c[1]):
