@@ -188,7 +188,7 @@ def plot_metrics(cols: dict, out: str, *, title=None, x="step", smoothing=None):
     Figure = _import_figure()
     where = (lambda s: s) if x == "step" else (lambda s: tokens_at(cols["token_knots"], s))
     xs = [where(s) for s in cols["step"]]
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
     ax_loss, ax_tps = fig.subplots(1, 2)
     faint = {"alpha": 0.3} if smoothing else {}
     ax_loss.plot(xs, cols["loss"], color="tab:blue", label="train loss", **faint)
@@ -225,9 +225,11 @@ def plot_metrics(cols: dict, out: str, *, title=None, x="step", smoothing=None):
             from matplotlib.ticker import EngFormatter
 
             ax.xaxis.set_major_formatter(EngFormatter())
-    ax_loss.legend(fontsize=8)
+    # below the panels, so that the markers' labels (at their top) stay readable
+    legend = dict(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    ax_loss.legend(**legend)
     if smoothing or cols.get("runs"):
-        ax_tps.legend(fontsize=8)
+        ax_tps.legend(**legend)
     if all(math.isnan(v) for v in cols["tokens_per_s"]):
         ax_tps.text(0.5, 0.5, "no tokens_per_s in the log", ha="center", va="center", transform=ax_tps.transAxes)
     if title:
