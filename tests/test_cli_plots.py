@@ -208,10 +208,10 @@ def test_smooth_is_tensorboards_debiased_ema(tmp_path):
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert lines["train loss"].get_alpha() == 0.3
     assert list(lines["train loss, smoothed (0.6)"].get_ydata()) == pytest.approx(smooth(cols["loss"], 0.6))
-    out = subprocess.run(HPC + ["plot", _resumed_log(tmp_path), "--smooth", "-o", str(tmp_path / "c.png")],
+    out = subprocess.run(HPC + ["plot", "--smooth", _resumed_log(tmp_path), "-o", str(tmp_path / "c.png")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "2 resume(s) or world-size change(s) marked" in out.stdout, out.stderr
-    out = subprocess.run(HPC + ["plot", _resumed_log(tmp_path), "--smooth", "1.5"], capture_output=True, text=True,
+    out = subprocess.run(HPC + ["plot", _resumed_log(tmp_path), "--smooth", "--smooth-weight", "1.5"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "[0, 1)" in out.stderr
 

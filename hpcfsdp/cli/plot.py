@@ -262,10 +262,11 @@ def add_parser(subparsers):
     p.add_argument("--x", choices=("step", "tokens"), default="step",
                    help="x axis: training step, or tokens trained on (from each record's tokens_per_s and "
                    "step_time_s, at the world size of its run; default: step)")
-    p.add_argument("--smooth", nargs="?", type=_weight, const=SMOOTHING, default=None, metavar="WEIGHT",
-                   help=f"draw the train loss and tokens/s smoothed over the raw curves: TensorBoard's "
-                   f"exponential moving average, WEIGHT in [0, 1) (default {SMOOTHING}, as TensorBoard; "
-                   "higher is smoother)")
+    p.add_argument("--smooth", action="store_true",
+                   help="draw the train loss and tokens/s smoothed over the raw curves (faint): TensorBoard's "
+                   "exponential moving average")
+    p.add_argument("--smooth-weight", type=_weight, default=SMOOTHING, metavar="W",
+                   help=f"the smoothing weight, in [0, 1): higher is smoother (default {SMOOTHING}, TensorBoard's)")
     p.set_defaults(func=_run)
 
 
@@ -273,7 +274,7 @@ def _run(args) -> int:
     try:
         cols = load_metrics(args.metrics)
         plot_metrics(cols, args.output, title=args.title or os.path.basename(args.metrics), x=args.x,
-                     smoothing=args.smooth)
+                     smoothing=args.smooth_weight if args.smooth else None)
     except (MetricsError, PlotDependencyError) as err:
         print(f"hpcfsdp plot: error: {err}", file=sys.stderr, flush=True)
         return 1

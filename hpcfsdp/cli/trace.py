@@ -238,7 +238,11 @@ def add_parser(subparsers):
     m.add_argument("inputs", nargs="+", metavar="DIR|FILE", help="trace directory or per-rank files")
     m.add_argument("-o", "--output", default="merged.json", help="merged trace (default: merged.json)")
     m.set_defaults(func=_merge)
-    q = sub.add_parser("plot", help="draw one training step per rank (compute, communication, waits)")
+    q = sub.add_parser("plot", help="draw one training step per rank (compute, communication, waits)",
+                       description="Draw one training step per rank in three lanes: the FSDP units on the main "
+                       "thread (a colour per unit, forward plain, backward hatched), the main thread's waits on "
+                       "collectives beside them, and the communication thread's collectives; a legend names "
+                       "the units and kinds. Prints each rank's compute, communication and exposed wait.")
     q.add_argument("trace", metavar="MERGED.json", help="a merged trace (or one rank's file)")
     q.add_argument("-o", "--output", default="step.png", help="image file (default: step.png)")
     q.add_argument("--step", type=int, default=None, help="training step, from 1 (default: the last complete one)")
