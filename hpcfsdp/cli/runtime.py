@@ -394,6 +394,8 @@ class Output:
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
         self.peaks = [0] * ctx.world  # the latest per-rank peak memory, for the bar
+        # the first record of a run says where it began and at which world size (`hpcfsdp plot` marks resumes)
+        self.run_start = {"world_size": ctx.world, **({"resumed_from": start} if start else {})}
         self.quiet = _settings.get(PROGRESS_ENV) is False
         if ctx.rank != 0:
             return
@@ -430,6 +432,8 @@ class Output:
         if self.ctx.rank != 0:
             return
         self.peaks = peaks
+        if self.run_start is not None:
+            rec, self.run_start = {**rec, **self.run_start}, None
         self.record(rec)
         self.say(f"step {rec['step']}/{self.cfg.steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
                  f"{rec['tokens_per_s']:.0f} tok/s  peak {max(peaks) / 2**20:.0f} MiB/rank")
