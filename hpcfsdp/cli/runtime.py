@@ -388,23 +388,23 @@ class Session:
 
 
 class Output:
-    """Rank 0's metrics log, progress bar and lines; a no-op on the other ranks."""
+    """Rank 0's metrics sinks (--metrics), progress bar and lines; a no-op on the other ranks."""
 
     def __init__(self, cfg, ctx, start):
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
+        self.where = "none"  # where the metrics go (rank 0), for the run's last line
         self.peaks = [0] * ctx.world  # the latest per-rank peak memory, for the bar
         self.quiet = _settings.get(PROGRESS_ENV) is False
         if ctx.rank != 0:
             return
-        path = cfg.metrics_file()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.makedirs(cfg.out_dir, exist_ok=True)
         with open(os.path.join(cfg.out_dir, "config.toml"), "w") as f:
             f.write(cfg.to_toml())
-        if start:
-            trim_metrics(path, start)
-        self.metrics = open(path, "a" if start else "w")
+        from ._metrics import Sinks
+
+        self.metrics = Sinks(cfg, start)  # See [Note: Metrics sinks] in _metrics.py
+        self.where = ", ".join(self.metrics.where) or "none"
         want_bar = _settings.get(PROGRESS_ENV) or sys.stdout.isatty()
         if want_bar and not self.quiet:
             from tqdm import tqdm
@@ -421,9 +421,8 @@ class Output:
             print(line, flush=True)
 
     def record(self, rec):
-        if self.metrics is not None:  # every record carries its wall-clock time (Unix seconds)
-            self.metrics.write(json.dumps({**rec, "time": round(time.time(), 3)}) + "\n")
-            self.metrics.flush()
+        if self.metrics is not None:
+            self.metrics.record(rec)
 
     def log_step(self, rec, peaks):
         """Write the log record (with the per-rank peaks) and its line (above the bar, if any)."""
@@ -448,6 +447,7 @@ class Output:
             self.bar.close()
         if self.metrics is not None:
             self.metrics.close()
+            self.metrics = None
 
 
 def trim_metrics(path, step):
