@@ -106,9 +106,9 @@ def test_unknown_sink_fails_every_rank_with_a_suggestion(tmp_path):
 def test_parse_and_check_metrics(monkeypatch):
     assert _metrics.parse_metrics("jsonl") == ("jsonl",)
     assert _metrics.parse_metrics(" tensorboard , wandb") == ("tensorboard", "wandb")
-    with pytest.raises(ConfigError, match="named twice"):
+    with pytest.raises(ValueError, match="named twice"):
         _metrics.parse_metrics("jsonl,jsonl")
-    with pytest.raises(ConfigError, match="expected one or more"):
+    with pytest.raises(ValueError, match="expected one or more"):
         _metrics.parse_metrics("")
     import importlib.util
 

@@ -17,41 +17,35 @@ import json
 import os
 import time
 
-__all__ = ["SINKS", "parse_metrics", "check_metrics", "scalars", "Sinks"]
+__all__ = ["SINKS", "parse_metrics", "check_metrics", "scalars", "Sinks", "trim_metrics"]
 
 SINKS = ("jsonl", "tensorboard", "wandb")
 _PIP = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb"}
 
 
-def _error(message):
-    from .config import ConfigError
-
-    return ConfigError(message)
-
-
 def parse_metrics(text) -> tuple:
-    """'jsonl,tensorboard' -> ('jsonl', 'tensorboard'); an unknown or repeated name raises ConfigError."""
+    """'jsonl,tensorboard' -> ('jsonl', 'tensorboard'); an unknown or repeated name raises ValueError."""
     import difflib
 
     names = [n.strip() for n in str(text).split(",")]
     if not any(names):
-        raise _error(f"metrics={text!r}: expected one or more of {', '.join(SINKS)}, comma-separated")
+        raise ValueError(f"metrics={text!r}: expected one or more of {', '.join(SINKS)}, comma-separated")
     for n in names:
         if n not in SINKS:
             close = difflib.get_close_matches(n, SINKS, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _error(f"metrics={text!r}: {n!r} is not a metrics sink; expected {', '.join(SINKS)}{hint}")
+            raise ValueError(f"metrics={text!r}: {n!r} is not a metrics sink; expected {', '.join(SINKS)}{hint}")
     if len(set(names)) != len(names):
-        raise _error(f"metrics={text!r}: a sink is named twice")
+        raise ValueError(f"metrics={text!r}: a sink is named twice")
     return tuple(names)
 
 
 def check_metrics(text) -> tuple:
-    """parse_metrics, and the package of each sink importable here (ConfigError naming its pip command)."""
+    """parse_metrics, and the package of each sink importable here (ValueError naming its pip command)."""
     names = parse_metrics(text)
     for n in names:
         if n in _PIP and importlib.util.find_spec(n) is None:
-            raise _error(f"metrics={text!r}: {n} is not installed here: {_PIP[n]}")
+            raise ValueError(f"metrics={text!r}: {n} is not installed here: {_PIP[n]}")
     return names
 
 
@@ -80,8 +74,6 @@ class Sinks:
         self.where = []
         try:
             if "jsonl" in self.names:
-                from .runtime import trim_metrics
-
                 path = cfg.metrics_file()
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
                 if start:
@@ -126,3 +118,24 @@ class Sinks:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+def trim_metrics(path, step):
+    """Drop the records of steps after `step` (written by the run that died after its checkpoint)."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the kill
+                continue
+            step_of = rec.get("step") if isinstance(rec, dict) else None
+            if isinstance(step_of, int) and not isinstance(step_of, bool) and step_of > step:
+                continue
+            keep.append(line if line.endswith("\n") else line + "\n")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)

@@ -237,7 +237,10 @@ class TrainConfig:
             raise ConfigError(f"out_dir={self.out_dir!r}: expected a directory path")
         from ._metrics import check_metrics
 
-        check_metrics(self.metrics)
+        try:
+            check_metrics(self.metrics)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _validate_tp(self, world_size: int) -> None:
         tp = self.tp

@@ -5,7 +5,6 @@ them, and neither imports the other's internals. See [Note: Failing together] in
 `agree` / `guarded` exist, and [Note: Exact resume] for what a Session's state_dict holds.
 """
 
-import json
 import os
 import signal
 import sys
@@ -13,6 +12,8 @@ import time
 
 from hpcfsdp import _settings
 from hpcfsdp._launcher_env import launcher_rank
+
+from ._metrics import Sinks, trim_metrics
 
 __all__ = [
     "PROGRESS_ENV", "VAL_FRACTION",
@@ -401,8 +402,6 @@ class Output:
         os.makedirs(cfg.out_dir, exist_ok=True)
         with open(os.path.join(cfg.out_dir, "config.toml"), "w") as f:
             f.write(cfg.to_toml())
-        from ._metrics import Sinks
-
         self.metrics = Sinks(cfg, start)  # See [Note: Metrics sinks] in _metrics.py
         self.where = ", ".join(self.metrics.where) or "none"
         want_bar = _settings.get(PROGRESS_ENV) or sys.stdout.isatty()
@@ -448,27 +447,6 @@ class Output:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
-
-
-def trim_metrics(path, step):
-    """Drop the records of steps after `step` (written by the run that died after its checkpoint)."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by the kill
-                continue
-            step_of = rec.get("step") if isinstance(rec, dict) else None
-            if isinstance(step_of, int) and not isinstance(step_of, bool) and step_of > step:
-                continue
-            keep.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
 
 
 def gather_peaks(ctx):
