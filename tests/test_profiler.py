@@ -219,6 +219,15 @@ def test_record_function_without_a_recorder_records_nothing_and_decorates():
         f(2)
         f(3)
     assert [e.name for e in prof.events()] == ["decorated", "decorated"]
+    with profile() as prof:  # one decorated function in two threads at once: a span on each thread
+        barrier = threading.Barrier(2)
+        both = record_function("t")(barrier.wait)  # one instance, entered by both threads before either exits
+        ts = [threading.Thread(target=both) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert [e.name for e in prof.events()] == ["t", "t"] and len({e.thread for e in prof.events()}) == 2
     with pytest.raises(RuntimeError, match="no trace has been recorded yet"):
         profile().export_chrome_trace("x.json")
     with pytest.raises(TypeError, match="ProfilerActivity"):

@@ -1,5 +1,6 @@
 """record_function and what key_averages() returns (PyTorch's FunctionEvent, FunctionEventAvg, EventList)."""
 import contextlib
+import threading
 
 from hpcfsdp import _trace
 
@@ -14,15 +15,21 @@ class record_function(contextlib.ContextDecorator):
         if not isinstance(name, str) or not name:
             raise TypeError(f"record_function(name={name!r}): expected a non-empty str")
         self.name, self.args = name, args
-        self._stack = []  # (recorder, start) per entry: a decorated function may recurse
+        self._tls = threading.local()  # (recorder, start) per entry and thread: a decorated function may recurse
+
+    def _stack(self) -> list:
+        s = getattr(self._tls, "stack", None)
+        if s is None:
+            s = self._tls.stack = []
+        return s
 
     def __enter__(self):
         rec = _trace.RECORDER
-        self._stack.append((rec, rec.now() if rec is not None else 0.0))
+        self._stack().append((rec, rec.now() if rec is not None else 0.0))
         return self
 
     def __exit__(self, *exc):
-        rec, t0 = self._stack.pop()
+        rec, t0 = self._stack().pop()
         if rec is not None and rec is _trace.RECORDER:  # a recording that stopped inside the block keeps nothing
             rec.complete(self.name, "user_annotation", t0, rec.now(), {"args": self.args} if self.args else None)
         return False

@@ -44,7 +44,7 @@ def supported_activities() -> set:
     return acts
 
 
-def tensorboard_trace_handler(dir_name, worker_name=None, use_gzip=False):
+def tensorboard_trace_handler(dir_name, worker_name=None, use_gzip=False, use_python_export=False):
     """An on_trace_ready that writes ``dir_name/<worker>.<ns>.pt.trace.json[.gz]`` (worker: host_pid), the files
     TensorBoard's profiler plugin and Perfetto read."""
     dir_name = os.fspath(dir_name)
