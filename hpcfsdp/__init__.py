@@ -53,7 +53,7 @@ from ._autocast import (clear_autocast_cache, get_autocast_cpu_dtype, get_autoca
 
 # Submodules PyTorch makes reachable as attributes after `import torch` (torch.distributed.get_rank()
 # with no `import torch.distributed`), imported on first use so that `import hpcfsdp` stays light.
-_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp", "multiprocessing")
+_LAZY_SUBMODULES = ("distributed", "cuda", "backends", "testing", "linalg", "amp", "multiprocessing", "profiler")
 
 
 # Under an MPI launcher, torchrun's RANK/LOCAL_RANK/... are exported at import, as `hpcfsdp launch`

@@ -10,7 +10,7 @@ import time
 import hpcfsdp._settings as _settings  # a leaf
 from hpcfsdp._launcher_env import launcher_rank  # a leaf (_settings only)
 
-__all__ = ["RECORDER", "Recorder", "start", "stop", "trace_file"]
+__all__ = ["RECORDER", "Recorder", "start", "stop", "trace_file", "write_trace"]
 
 # [Note: Timeline]
 # Call sites test one module attribute, ``_trace.RECORDER is not None``, and do nothing else when tracing
@@ -140,26 +140,41 @@ class Recorder:
             self.rank = launcher_rank() or 0  # See [Note: Launcher rank]
         return self.rank
 
+    def chrome_trace(self, events=None) -> dict:
+        """The Chrome trace object of ``events`` (default: all recorded so far): what write() and
+        hpcfsdp.profiler's export_chrome_trace write."""
+        rank = self._resolve_rank()
+        meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": t, "args": {"name": n}}
+                 for t, n in sorted(self._names.items())]
+        events = [{**ev, "pid": rank} for ev in (self.events if events is None else events)]
+        return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+                "otherData": {"rank": rank, "producer": "hpcfsdp"}}
+
     def write(self) -> str | None:
         """Write DIR/trace_rank<R>.json (once, if anything was recorded); returns its path."""
         if self._written or not self.events:  # a process that traced nothing (a launcher, a tool) writes nothing
             return None
         self._written = True
-        rank = self._resolve_rank()
-        meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}]
-        meta += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": t, "args": {"name": n}}
-                 for t, n in sorted(self._names.items())]
-        events = list(self.events)
-        for ev in events:
-            ev["pid"] = rank
+        trace = self.chrome_trace()
         os.makedirs(self.directory, exist_ok=True)
-        path = trace_file(self.directory, rank)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms",
-                       "otherData": {"rank": rank, "producer": "hpcfsdp"}}, f)
-        os.replace(tmp, path)
+        path = trace_file(self.directory, trace["otherData"]["rank"])
+        write_trace(path, trace)
         return path
+
+
+def write_trace(path: str, trace: dict) -> None:
+    """Write a Chrome trace object to ``path`` atomically (gzip-compressed when it ends in .gz)."""
+    tmp = f"{path}.tmp"
+    if path.endswith(".gz"):
+        import gzip
+
+        with gzip.open(tmp, "wt") as f:
+            json.dump(trace, f)
+    else:
+        with open(tmp, "w") as f:
+            json.dump(trace, f)
+    os.replace(tmp, path)
 
 
 def start(directory: str, rank: int | None = None) -> Recorder:

@@ -427,3 +427,7 @@ def stream(stream) -> StreamContext:
 from .amp import _cuda as amp  # noqa: E402
 
 sys.modules[__name__ + ".amp"] = amp
+# torch.cuda.nvtx, importable as hpcfsdp.cuda.nvtx in the same way (See [Note: NVTX ranges] in hpcfsdp/_nvtx.py)
+from . import _nvtx as nvtx  # noqa: E402
+
+sys.modules[__name__ + ".nvtx"] = nvtx

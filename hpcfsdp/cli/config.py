@@ -122,6 +122,7 @@ class TrainConfig:
     log_interval: int = 10  # print and log metrics every N steps
     out_dir: str = "runs/hpcfsdp"  # run directory: metrics log, config copy, plots
     metrics_path: Optional[str] = None  # JSONL metrics log; None = <out_dir>/metrics.jsonl
+    metrics: str = "jsonl"  # where metrics go, comma-separated: jsonl, tensorboard (<out_dir>/tensorboard), wandb
     eval_interval: int = 0  # evaluate held-out loss every N steps; 0 = never
     eval_iters: int = 10  # batches per evaluation
     soak: bool = False  # soak mode: run long, check memory and loss stay bounded
@@ -234,6 +235,12 @@ class TrainConfig:
                                   "DIR) to find it in")
         if not self.out_dir:
             raise ConfigError(f"out_dir={self.out_dir!r}: expected a directory path")
+        from ._metrics import check_metrics
+
+        try:
+            check_metrics(self.metrics)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _validate_tp(self, world_size: int) -> None:
         tp = self.tp
@@ -617,6 +624,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))
     g.add_argument("--out-dir", metavar="DIR", default=S, help=_help("out_dir", "run directory"))
     g.add_argument("--metrics-path", metavar="FILE", default=S, help=_help("metrics_path", "JSONL metrics log; unset = OUT_DIR/metrics.jsonl"))
+    g.add_argument("--metrics", metavar="SINKS", default=S,
+                   help=_help("metrics", "where metrics go, comma-separated: jsonl, tensorboard (OUT_DIR/tensorboard), "
+                              "wandb (needs `pip install wandb`; WANDB_MODE=offline works)"))
     g.add_argument("--eval-interval", type=int, default=S, help=_help("eval_interval", "evaluate every N steps; 0 = never"))
     g.add_argument("--eval-iters", type=int, default=S, help=_help("eval_iters", "batches per evaluation"))
     g.add_argument("--soak", action=argparse.BooleanOptionalAction, default=S, help=_help("soak", "soak-test mode"))

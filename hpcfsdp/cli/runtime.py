@@ -5,7 +5,6 @@ them, and neither imports the other's internals. See [Note: Failing together] in
 `agree` / `guarded` exist, and [Note: Exact resume] for what a Session's state_dict holds.
 """
 
-import json
 import os
 import signal
 import sys
@@ -13,6 +12,8 @@ import time
 
 from hpcfsdp import _settings
 from hpcfsdp._launcher_env import launcher_rank
+
+from ._metrics import Sinks, trim_metrics
 
 __all__ = [
     "PROGRESS_ENV", "VAL_FRACTION",
@@ -388,25 +389,23 @@ class Session:
 
 
 class Output:
-    """Rank 0's metrics log, progress bar and lines; a no-op on the other ranks."""
+    """Rank 0's metrics sinks (--metrics), progress bar and lines; a no-op on the other ranks."""
 
     def __init__(self, cfg, ctx, start):
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
+        self.where = "none"  # where the metrics go (rank 0), for the run's last line
         self.peaks = [0] * ctx.world  # the latest per-rank peak memory, for the bar
         # the first record of a run says where it began and at which world size (`hpcfsdp plot` marks resumes)
         self.run_start = {"world_size": ctx.world, **({"resumed_from": start} if start else {})}
         self.quiet = _settings.get(PROGRESS_ENV) is False
         if ctx.rank != 0:
             return
-        path = cfg.metrics_file()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.makedirs(cfg.out_dir, exist_ok=True)
         with open(os.path.join(cfg.out_dir, "config.toml"), "w") as f:
             f.write(cfg.to_toml())
-        if start:
-            trim_metrics(path, start)
-        self.metrics = open(path, "a" if start else "w")
+        self.metrics = Sinks(cfg, start)  # See [Note: Metrics sinks] in _metrics.py
+        self.where = ", ".join(self.metrics.where) or "none"
         want_bar = _settings.get(PROGRESS_ENV) or sys.stdout.isatty()
         if want_bar and not self.quiet:
             from tqdm import tqdm
@@ -423,9 +422,8 @@ class Output:
             print(line, flush=True)
 
     def record(self, rec):
-        if self.metrics is not None:  # every record carries its wall-clock time (Unix seconds)
-            self.metrics.write(json.dumps({**rec, "time": round(time.time(), 3)}) + "\n")
-            self.metrics.flush()
+        if self.metrics is not None:
+            self.metrics.record(rec)
 
     def log_step(self, rec, peaks):
         """Write the log record (with the per-rank peaks) and its line (above the bar, if any)."""
@@ -452,27 +450,7 @@ class Output:
             self.bar.close()
         if self.metrics is not None:
             self.metrics.close()
-
-
-def trim_metrics(path, step):
-    """Drop the records of steps after `step` (written by the run that died after its checkpoint)."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by the kill
-                continue
-            step_of = rec.get("step") if isinstance(rec, dict) else None
-            if isinstance(step_of, int) and not isinstance(step_of, bool) and step_of > step:
-                continue
-            keep.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+            self.metrics = None
 
 
 def gather_peaks(ctx):

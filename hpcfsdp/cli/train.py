@@ -290,7 +290,7 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
         stop.restore()
         out.close()
     if ctx.rank == 0:
-        print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {cfg.metrics_file()}"
+        print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {out.where}"
               + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
     return 0
 
