@@ -83,12 +83,15 @@ _COMMON_DOC = """\
 #   whose ranks agree to stop at the next step boundary, write CHECKPOINT_DIR/latest and
 #   exit {stopped}. {requeue_doc}
 #   The job resumes from CHECKPOINT_DIR/latest by itself (--resume-if-exists; none yet: step 0).
+{settings_doc}# Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
+#   `train` or render again.
+#"""
+
+_SETTINGS_DOC = """\
 # Settings: every `hpcfsdp train` setting is written below, defaults too, so a later hpcfsdp
 #   with other defaults runs this job as rendered; paths are absolute, resolved against
 #   {workdir} when rendered.
-# Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
-#   `train` or render again.
-#"""
+"""
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _NAME_RE = re.compile(r"^[A-Za-z0-9._+%-]+$")
@@ -190,7 +193,9 @@ def render_script(
         extra += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     values = {
         "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
-                                         stopped=STOPPED_EXIT, requeue_doc=requeue_doc, workdir=workdir),
+                                         stopped=STOPPED_EXIT, requeue_doc=requeue_doc,
+                                         settings_doc=_SETTINGS_DOC.format(workdir=workdir)
+                                         if template != "bench-comm" else ""),
         "job_name": job_name or f"hpcfsdp-{template}",
         "nodes": nodes,
         "ntasks_per_node": ntasks_per_node,
