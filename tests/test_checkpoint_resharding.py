@@ -53,7 +53,7 @@ def test_checkpoint_cli_reads_it(saved):
     out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "checkpoint", "verify", ck],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "checkpoint", "inspect", ck],
+    out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "checkpoint", "inspect", "--entries", ck],
                          capture_output=True, text=True, timeout=60)
     assert "model.transformer.wte.weight" in out.stdout and out.returncode == 0
     dst = os.path.join(saved, "full.safetensors")

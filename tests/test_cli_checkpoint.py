@@ -41,10 +41,10 @@ def ckpt(tmp_path):
 
 def test_inspect_lists_entries_shapes_dtypes_bytes_and_extras(ckpt, capsys):
     path, ref = ckpt
-    assert run(["checkpoint", "inspect", path]) == 0
+    assert run(["checkpoint", "inspect", "--entries", path]) == 0
     out = capsys.readouterr().out
     total = sum(a.nbytes for a in ref.values())
-    assert f"total {total} bytes" in out and "saved by 1 rank(s)" in out
+    assert f", {total} bytes (" in out and "world size: 1 rank(s)" in out and "step: 42" in out
     lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ")}
     assert "float32" in lines["layer.weight"] and "[7, 5]" in lines["layer.weight"]
     assert "3 piece(s)" in lines["layer.weight"] and "ranks [0]" in lines["layer.weight"]

@@ -222,3 +222,39 @@ def test_scancel_and_term_leave_a_final_checkpoint(slurm, tmp_path):
         at = _stop_line(log, sig)
         assert at >= 1 and _ckpt_step(d) == at, (key, log)
         assert [s for s, _, _ in _metrics(d)] == list(range(1, at + 1)), key  # every step run is in the checkpoint
+
+
+@pytest.mark.timeout(240)
+def test_setup_lines_run_and_a_resubmitted_job_resumes_if_a_checkpoint_exists(slurm, tmp_path):
+    """`--setup` runs in the batch shell before the launch; paths rendered relative to the render directory
+    are absolute in the script, so the job is submitted from elsewhere; `--resume-if-exists` (which render
+    writes) starts the first job at step 0 and the second, rendered for more steps, from the first's latest."""
+    d, elsewhere = tmp_path / "render", tmp_path / "submit"
+    d.mkdir()
+    elsewhere.mkdir()
+    setup = f'export SITE_MARK=ready; echo "setup ran: $SITE_MARK"; cd {elsewhere}'
+    logs = []
+    for steps in (4, 6):
+        out = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "slurm", "render", "--gpus-per-node", "0",
+                              "--template", "single-node", "--ntasks-per-node", "2", "--mpi", "pmi2",
+                              "--setup", setup, *TINY, "--steps", str(steps), "--checkpoint-dir", "ckpt",
+                              "--out-dir", "out", "--sbatch-output", "slurm-%j.out"],
+                             cwd=d, env=dict(os.environ, **_env()), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        assert subprocess.run(["bash", "-n"], input=text, text=True, timeout=30).returncode == 0
+        assert f"--checkpoint-dir {d}/ckpt" in text and "--resume-if-exists" in text
+        script = elsewhere / f"job{steps}.sbatch"
+        script.write_text(text)
+        job = slurm.sbatch(str(script), cwd=str(elsewhere), env=_env())
+        info = slurm.wait(job, timeout=120)
+        log = _log(str(d), job)
+        logs.append(log)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, log)
+        assert log.index("setup ran: ready") < log.index("hpcfsdp: 1 node x 2 ranks"), log
+    assert re.search(r"no checkpoint at \S+/ckpt/latest yet: starting from step 0\n", logs[0]), logs[0]
+    assert "over steps 1..4" in logs[0], logs[0]
+    assert re.search(rf"resumed from {d}/ckpt/latest at step 4\n", logs[1]), logs[1]
+    assert "over steps 5..6" in logs[1], logs[1]
+    assert [s for s, _, _ in _metrics(str(d))] == list(range(1, 7))
+    assert _ckpt_step(str(d)) == 6 and not os.path.exists(elsewhere / "ckpt")

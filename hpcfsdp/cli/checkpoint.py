@@ -16,10 +16,14 @@ def add_parser(subparsers):
         "(metadata.json + one safetensors file per rank). No MPI needed.",
     )
     sub = p.add_subparsers(dest="checkpoint_command", metavar="SUBCOMMAND", required=True)
-    q = sub.add_parser("inspect", help="list entries, shapes, dtypes, ranks, sizes and extras",
-                       description="Print what a checkpoint holds (reads metadata.json only).")
+    q = sub.add_parser("inspect", help="step, world size, model, date and size; entries with --entries",
+                       description="Print what a checkpoint holds: its step, world size, model configuration, "
+                       "when it was saved and its size on disk, then (--entries) one line per entry with its "
+                       "shape, dtype, pieces, ranks and size. Reads metadata.json only.")
     q.add_argument("dir", metavar="DIR", help="checkpoint directory")
-    q.add_argument("--json", action="store_true", help="print the metadata as JSON")
+    q.add_argument("--entries", action="store_true", help="also list every entry (one line each)")
+    q.add_argument("--json", action="store_true",
+                   help="print the metadata as JSON, with the header under \"summary\" (for scripts)")
     q.set_defaults(func=_quiet_on_closed_pipe(run_inspect))
     q = sub.add_parser("verify", help="check every file, header and checksum",
                        description="Read every byte of every shard file and check it against metadata.json. "
@@ -74,22 +78,21 @@ def run_inspect(args) -> int:
         md = _format.read_metadata(args.dir)
     except ValueError as e:
         return _fail("inspect", e)
+    from . import _checkpoint_summary
+
+    head = _checkpoint_summary.summary(md, args.dir)
     if args.json:
-        print(json.dumps(md.to_json(), indent=1, sort_keys=True))
+        print(json.dumps({**md.to_json(), "summary": head}, indent=1, sort_keys=True))
         return 0
-    linked = os.path.realpath(args.dir) != os.path.abspath(args.dir)
-    print(f"checkpoint: {args.dir}" + (f" -> {md.path}" if linked else ""))
-    print(f"format version {md.version}, saved by {md.world_size} rank(s), {len(md.files)} shard file(s), "
-          f"checksum block {_fmt_bytes(md.block_size)}")
-    print(f"mesh: {json.dumps(md.mesh)}")
-    print(f"entries: {len(md.entries)}, total {md.total_bytes} bytes ({_fmt_bytes(md.total_bytes)})")
+    print("\n".join(_checkpoint_summary.summary_lines(md, head, _fmt_bytes)))
+    if not getattr(args, "entries", False):
+        return 0
     width = max((len(n) for n in md.entries), default=4)
     for name, e in md.entries.items():
         ranks = sorted({p.rank for p in e.pieces})
         shown = ",".join(map(str, ranks)) if len(ranks) <= 16 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
         print(f"  {name:<{width}}  {e.dtype.name:<9} {str(list(e.shape)):<18} {len(e.pieces):>4} piece(s)  "
               f"ranks [{shown}]  {_fmt_bytes(e.nbytes)}")
-    print(f"extras: {json.dumps(md.extras, sort_keys=True)}")
     return 0
 
 

@@ -16,15 +16,28 @@ def add_parser(subparsers):
         "settings (value, and whether set or the default). Run it under mpiexec/srun to see the job's layout.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--all-ranks", action="store_true", help="print the probe of every rank (default: rank 0 only)")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="print the probe of every rank (default: rank 0 only): what is the same on every rank "
+                   "once, then what differs, grouped by rank ranges (--json: one report per rank)")
     p.set_defaults(func=run)
 
 
-def _setting_line(name: str, row: dict) -> str:
-    how = "set" if row["set"] else "default"
+def _setting_value(row: dict) -> str:
     if "error" in row:
-        return f"  {name}: INVALID ({row['error']})"
-    return f"  {name}: {row['value']!r} ({how}{', internal' if row.get('internal') else ''})"
+        return f"INVALID ({row['error']})"
+    how = "set" if row["set"] else "default"
+    return f"{row['value']!r} ({how}{', internal' if row.get('internal') else ''})"
+
+
+def _setting_line(name: str, row: dict) -> str:
+    return f"  {name}: {_setting_value(row)}"
+
+
+def _all_ranks_text(everyone: list) -> str:
+    """Every rank's probe: the same once, what differs grouped by ranks (see hpcfsdp/cli/_rank_groups.py)."""
+    from ._rank_groups import grouped_lines
+
+    return "\n".join(grouped_lines(everyone, lambda sec, v: _setting_value(v) if sec == "settings" else str(v)))
 
 
 def _text(info: dict) -> str:
@@ -61,7 +74,7 @@ def run(args) -> int:
             if args.json:
                 print(json.dumps(everyone, indent=2))
             else:
-                print("\n\n".join(f"[rank {i}]\n{_text(x)}" for i, x in enumerate(everyone)))
+                print(_all_ranks_text(everyone))
     elif comm.rank == 0:
         print(json.dumps(info, indent=2) if args.json else _text(info))
         if not args.json and info.get("cupy") and info.get("cupy_bfloat16") is False:

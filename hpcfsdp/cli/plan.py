@@ -4,6 +4,8 @@ The model is `hpcfsdp.cli._stepmodel` ([Note: Step-time model]). Without measure
 interconnect and model; with ``--fit FILE`` it fits the inter-host alpha and bandwidth efficiency to runs of
 `hpcfsdp bench train --link ... --compute-only` (JSON lines, e.g. from scripts/cluster_bench.py --json), and
 with ``--check FILE`` it predicts other runs with the fitted parameters and prints predicted against measured.
+``--config FILE`` reads the model, batch, precision and strategy of a run from the file `hpcfsdp train --config`
+reads (the trainer's defaults for the keys it leaves out); flags given on the command line override it.
 """
 
 import argparse
@@ -14,7 +16,12 @@ import sys
 
 from . import _stepmodel as sm
 
-__all__ = ["add_parser", "run", "load_runs", "fit_runs", "plan_table"]
+__all__ = ["add_parser", "run", "load_runs", "fit_runs", "plan_table", "PLAN_DEFAULTS"]
+
+# The settings a training config gives (plan flag dest -> default without --config: GPT-3 6.7B's shape).
+PLAN_DEFAULTS = {"vocab_size": 50304, "block_size": 2048, "n_layer": 32, "n_embd": 4096, "batch_size": 2,
+                 "tie": True, "precision": "bf16", "strategies": "FULL_SHARD,HYBRID_SHARD"}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def add_parser(subparsers):
@@ -27,15 +34,22 @@ def add_parser(subparsers):
         "and check it on others.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    m = p.add_argument_group("model (default: a 6.7B-parameter GPT, GPT-3 6.7B shape)")
-    m.add_argument("--vocab-size", type=int, default=50304)
-    m.add_argument("--block-size", type=int, default=2048)
-    m.add_argument("--n-layer", type=int, default=32)
-    m.add_argument("--n-embd", type=int, default=4096)
-    m.add_argument("--batch-size", type=int, default=2, help="sequences per rank")
-    m.add_argument("--no-tie", dest="tie", action="store_false", help="untied output head")
-    m.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
-                   help="bytes of gathered parameters and reduced gradients on the wire (bf16: 2, fp32: 4)")
+    S = argparse.SUPPRESS  # these come from PLAN_DEFAULTS, or --config, unless given (see _resolve)
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="the run's TOML or JSON config file (as `hpcfsdp train --config`): its model, batch_size, "
+                   "mixed_precision and strategy; the flags below override it")
+    m = p.add_argument_group("model (default: a 6.7B-parameter GPT, GPT-3 6.7B shape; with --config: the run's)")
+    m.add_argument("--vocab-size", type=int, default=S, help="(default: 50304)")
+    m.add_argument("--block-size", type=int, default=S, help="(default: 2048)")
+    m.add_argument("--n-layer", type=int, default=S, help="(default: 32)")
+    m.add_argument("--n-embd", type=int, default=S, help="(default: 4096)")
+    m.add_argument("--batch-size", type=int, default=S, help="sequences per rank (default: 2)")
+    m.add_argument("--no-tie", dest="tie", action="store_false", default=S, help="untied output head")
+    m.add_argument("--tie", dest="tie", action="store_true", default=S, help="output head tied to the embedding "
+                   "(default)")
+    m.add_argument("--precision", choices=list(_BYTES), default=S,
+                   help="bytes of gathered parameters and reduced gradients on the wire (bf16, fp16: 2, fp32: 4; "
+                   "--config: mixed_precision, none = fp32) (default: bf16)")
     n = p.add_argument_group("machine (default: H100-class nodes of 4 GPUs, 200 Gbit/s per node)")
     n.add_argument("--ranks", default="8,16,32,64,128,256,512,1024", help="comma-separated rank counts")
     n.add_argument("--gpus-per-node", type=int, default=4)
@@ -48,7 +62,8 @@ def add_parser(subparsers):
     n.add_argument("--alpha-intra", type=float, default=5e-6, help="seconds per ring step inside a node")
     n.add_argument("--tflops", type=float, default=989.0, help="peak dense TFLOP/s per rank")
     n.add_argument("--efficiency", type=float, default=0.4, help="fraction of the peak the compute reaches")
-    p.add_argument("--strategies", default="FULL_SHARD,HYBRID_SHARD")
+    p.add_argument("--strategies", default=S,
+                   help="comma-separated, of FULL_SHARD and HYBRID_SHARD (default: both; --config: its strategy)")
     p.add_argument("--collectives", choices=["hier", "flat"], default="hier",
                    help="FULL_SHARD across nodes: node-aware (hier) or one flat ring over all ranks")
     p.add_argument("--fit", action="append", default=[], metavar="FILE",
@@ -151,9 +166,41 @@ def _pct(x):
     return f"{100 * x:+.1f}%"
 
 
+def _from_config(path) -> dict:
+    """The plan settings of a training config file (the trainer's defaults for keys it leaves out)."""
+    from .config import TrainConfig, load_config_file
+
+    cfg = TrainConfig.from_dict(load_config_file(path), source=f"config {path!r}")
+    if cfg.strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
+        raise ValueError(f"config {path!r}: strategy={cfg.strategy!r}: the model predicts FULL_SHARD and "
+                         "HYBRID_SHARD; give --strategies")
+    unmodelled = [f"{k}={getattr(cfg, k)}" for k, plain in (("grad_accum", 1), ("tp", 1), ("cpu_offload", False),
+                                                             ("activation_checkpointing", False))
+                  if getattr(cfg, k) != plain]
+    if unmodelled:
+        print(f"hpcfsdp plan: note: config {path!r}: the model leaves out {', '.join(unmodelled)} "
+              "(it predicts one micro-batch, no tensor parallelism, no offload or recomputation)", file=sys.stderr)
+    return {"vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
+            "batch_size": cfg.batch_size, "tie": cfg.tie_weights,
+            "precision": "fp32" if cfg.mixed_precision == "none" else cfg.mixed_precision, "strategies": cfg.strategy}
+
+
+def _resolve(a) -> None:
+    """PLAN_DEFAULTS, then the --config file's values, then the flags given (already in ``a``); once."""
+    if all(hasattr(a, name) for name in PLAN_DEFAULTS):
+        return
+    values = dict(PLAN_DEFAULTS)
+    if getattr(a, "config", None):
+        values.update(_from_config(a.config))
+    for name, value in values.items():
+        if not hasattr(a, name):
+            setattr(a, name, value)
+
+
 def plan_table(a):
+    _resolve(a)
     shape = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
-                         param_bytes=2 if a.precision == "bf16" else 4, grad_bytes=2 if a.precision == "bf16" else 4)
+                         param_bytes=_BYTES[a.precision], grad_bytes=_BYTES[a.precision])
     links = sm.Links(inter_rate=sm.parse_rate(a.link_rate), alpha_inter=a.alpha_inter, eff_inter=a.eff_inter,
                      bw_intra=a.intra_bw, alpha_intra=a.alpha_intra, call_inter=a.call_inter)
     compute = 3 * sum(shape.flops) / (a.tflops * 1e12 * a.efficiency)
@@ -175,6 +222,7 @@ def plan_table(a):
 
 def run(a) -> int:
     try:
+        _resolve(a)
         out = {}
         if a.fit:
             fit = load_runs(a.fit, a.fit_rate)

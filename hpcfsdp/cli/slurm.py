@@ -6,17 +6,24 @@ placeholder filled here and `$$` is a literal `$` for bash. `render_script` reso
 configuration exactly as `hpcfsdp train` does (`config_from_args`: defaults, `--config FILE`,
 flags), validates it for the job's world size (nodes x ranks per node), and writes it into the
 script as explicit `hpcfsdp train` flags, so a job script is self-contained and fails at render
-time, not after waiting in the queue. GPUs are requested with `--gpus-per-node` and never with
+time, not after waiting in the queue. Every setting is written, those equal to today's defaults
+too (a later hpcfsdp whose defaults differ runs a queued job as it was rendered), and the paths
+among them (data, checkpoints, outputs, the job log) are made absolute against the directory
+render ran in (`workdir`), so the job does not depend on where it is submitted from. `--setup`
+lines (module loads, a venv's activate) run in the batch shell before the launch. GPUs are requested with `--gpus-per-node` and never with
 `--gpus-per-task`; each template's header explains why. `slurm/` at the top of the repository
 holds the templates rendered with example settings (`render_examples`); a test keeps them equal.
 """
 
 import argparse
+import importlib.metadata
 import importlib.resources
 import os
 import re
 import shlex
+import shutil
 import string
+import subprocess
 import sys
 
 from hpcfsdp.cli.config import (
@@ -28,6 +35,7 @@ from hpcfsdp.cli.config import (
     format_mesh,
     load_config_file,
 )
+from hpcfsdp.cli.config import _step_spec
 
 __all__ = [
     "add_parser",
@@ -37,6 +45,7 @@ __all__ = [
     "TEMPLATES",
     "MPI_PLUGINS",
     "LAUNCHERS",
+    "mpi_needs_pmi2",
 ]
 
 # template name -> (file in hpcfsdp/slurm_templates, one-line description)
@@ -74,9 +83,15 @@ _COMMON_DOC = """\
 #   whose ranks agree to stop at the next step boundary, write CHECKPOINT_DIR/latest and
 #   exit {stopped}. {requeue_doc}
 #   The job resumes from CHECKPOINT_DIR/latest by itself (--resume-if-exists; none yet: step 0).
-# Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
+{settings_doc}# Rendered by `hpcfsdp slurm render --template {template}`; edit the flags after
 #   `train` or render again.
 #"""
+
+_SETTINGS_DOC = """\
+# Settings: every `hpcfsdp train` setting is written below, defaults too, so a later hpcfsdp
+#   with other defaults runs this job as rendered; paths are absolute, resolved against
+#   {workdir} when rendered.
+"""
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _NAME_RE = re.compile(r"^[A-Za-z0-9._+%-]+$")
@@ -133,6 +148,8 @@ def render_script(
     python="python3",
     signal_seconds=120,
     requeue=None,
+    setup=None,
+    workdir=None,
 ) -> str:
     """Fill a template; returns the sbatch script. Bad settings raise ConfigError naming the field.
 
@@ -140,8 +157,14 @@ def render_script(
     the user set (flags or file), which render leaves alone: an unset `device` follows
     `gpus_per_node`, an unset `strategy` follows the template, and an unset `mesh` (or `mesh_auto`)
     becomes (nodes, ranks per node) for HYBRID_SHARD.
+
+    `setup` (a string or a list of them, bash) runs in the batch shell before the launch; `workdir`
+    (default: the current directory) is what relative paths of the configuration and `output` are
+    resolved against.
     """
     cfg = TrainConfig(**vars(config)) if config is not None else TrainConfig()
+    workdir = os.path.abspath(os.getcwd() if workdir is None else os.path.expanduser(workdir))
+    site_setup = _site_setup(setup)
     requeue = cfg.requeue if requeue is None else requeue
     cfg.requeue = False  # the batch script requeues, once the step has ended (see _RUN_STEP)
     if not _positive_int(signal_seconds):
@@ -151,6 +174,9 @@ def render_script(
     resume_set = {"resume", "resume_if_exists", "resume_from"} & set(config_explicit)
     if template != "bench-comm" and cfg.checkpoint_dir and not resume_set:
         cfg.resume_if_exists = True  # a requeued or resubmitted job continues from latest; its first run has none
+    _absolute_paths(cfg, workdir)
+    if _NAME_RE.match(_absolute(output, workdir).replace("/", "")):  # an #SBATCH value has no quoting: no spaces
+        output = _absolute(output, workdir)
     ntasks_per_node = _check_job(nodes, gpus_per_node, ntasks_per_node, cpus_per_task, time,
                                  {"mpi": mpi, "launcher": launcher, "entry": entry, "cuda_aware": cuda_aware},
                                  {"job_name": job_name, "output": output, "partition": partition, "account": account,
@@ -167,7 +193,9 @@ def render_script(
         extra += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     values = {
         "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
-                                         stopped=STOPPED_EXIT, requeue_doc=requeue_doc),
+                                         stopped=STOPPED_EXIT, requeue_doc=requeue_doc,
+                                         settings_doc=_SETTINGS_DOC.format(workdir=workdir)
+                                         if template != "bench-comm" else ""),
         "job_name": job_name or f"hpcfsdp-{template}",
         "nodes": nodes,
         "ntasks_per_node": ntasks_per_node,
@@ -178,10 +206,11 @@ def render_script(
         "output": output,
         "extra_directives": "\n".join(extra + _extra_directives(cpus_per_task, exclusive, partition=partition,
                                                          account=account, qos=qos, constraint=constraint)),
+        "site_setup": site_setup,
         "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware, python)),
         "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, _mpiexec_of(python))),
         "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
-        "train_args": _format_args(cfg.to_args()) + " &",
+        "train_args": _format_args(cfg.to_args(only_changed=False)) + " &",
         "bench_args": "".join(" " + shlex.quote(t) for t in (_bench_words(bench_args, gpus_per_node))) + " &",
         "wait_step": _RUN_STEP.format(stopped=STOPPED_EXIT, requeue=1 if requeue else 0),
     }
@@ -230,6 +259,119 @@ def _bench_words(bench_args, gpus_per_node) -> list:
     if gpus_per_node > 0 and "--device" not in words and not any(w.startswith("--device=") for w in words):
         words += ["--device", "cuda"]
     return words
+
+
+# TrainConfig fields that hold paths, made absolute at render time (`init_from` where the trainer has it).
+_PATH_FIELDS = ("data", "checkpoint_dir", "out_dir", "metrics_path", "trace", "resume_from", "init_from")
+
+
+def _absolute(path, workdir):
+    return os.path.normpath(os.path.join(workdir, os.path.expanduser(str(path))))
+
+
+def _absolute_paths(cfg, workdir) -> None:
+    """The path settings of ``cfg`` resolved against ``workdir`` (in place); ``resume_from=step-N`` stays a step."""
+    for name in _PATH_FIELDS:
+        value = getattr(cfg, name, None)
+        if value is None or (name == "resume_from" and _step_spec(value) is not None):
+            continue
+        setattr(cfg, name, _absolute(value, workdir))
+
+
+def _site_setup(setup) -> str:
+    """The script's lines for ``--setup`` (each one as given), checked with `bash -n`; "" without any."""
+    lines = [setup] if isinstance(setup, str) else list(setup or ())
+    for line in lines:
+        if not isinstance(line, str) or not line.strip() or "\0" in line:
+            raise ConfigError(f"setup={line!r}: expected shell commands, e.g. 'module load mpich; source venv/bin/activate'")
+    if not lines:
+        return ""
+    text = "\n".join(line.strip() for line in lines)
+    bash = shutil.which("bash")
+    if bash is not None:
+        res = subprocess.run([bash, "-n"], input=text, text=True, capture_output=True, timeout=30)
+        if res.returncode != 0:
+            err = " ".join(res.stderr.replace("bash: ", "").split())
+            raise ConfigError(f"setup={text!r}: not valid bash ({err})")
+    # Lmod's `module` and some activate scripts read unset variables: -u is off while they run.
+    return ("# Site setup (hpcfsdp slurm render --setup), before the launch:\n"
+            f"set +u\n{text}\nset -u\n")
+
+
+# [Note: The MPICH wheel needs srun --mpi=pmi2]
+# The `mpich` wheel from PyPI (the [mpich] extra) has no Slurm PMI of its own: srun must start it through
+# its pmi2 plugin, or each task initialises a one-rank MPI (train then refuses to run, naming the fix). A
+# script rendered with `--mpi default` leaves the plugin to the site's MpiDefault, so `slurm render` warns
+# when mpi4py here would load that wheel's libmpi and the slurm.conf it can read does not say pmi2. What
+# mpi4py loads is found as mpi4py finds it (MPI4PY_LIBMPI, else libmpi under the environment's prefixes),
+# without loading or initialising MPI.
+
+_LIBMPI_NAMES = ("libmpi.so", "libmpi.so.12", "libmpi.so.40")
+
+
+def _wheel_libmpi() -> set:
+    """Real paths of the libmpi files the installed `mpich` wheel holds (empty without it)."""
+    try:
+        dist = importlib.metadata.distribution("mpich")
+    except importlib.metadata.PackageNotFoundError:
+        return set()
+    return {os.path.realpath(dist.locate_file(f)) for f in (dist.files or ())
+            if os.path.basename(str(f)).startswith("libmpi.so")}
+
+
+def _mpi4py_libmpi(prefixes, environ) -> str | None:
+    """The libmpi mpi4py would load (its MPI4PY_LIBMPI, else the first under ``prefixes``/lib), or None."""
+    given = environ.get("MPI4PY_LIBMPI")
+    candidates = given.split(os.pathsep) if given else [os.path.join(p, "lib", n) for p in prefixes
+                                                        for n in _LIBMPI_NAMES]
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def _site_mpi_default(environ) -> str | None:
+    """MpiDefault of the slurm.conf this machine's Slurm commands read (SLURM_CONF), or None if unreadable."""
+    path = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.findall(r"^\s*MpiDefault\s*=\s*(\S+)", text, flags=re.IGNORECASE | re.MULTILINE)
+    return found[-1].lower() if found else "none"  # slurm.conf(5): MpiDefault defaults to none
+
+
+def mpi_needs_pmi2(prefixes=None, environ=None) -> str | None:
+    """Why a job run from this environment needs ``srun --mpi=pmi2`` (mpi4py loads the MPICH wheel), or None.
+
+    ``prefixes`` are where mpi4py looks for libmpi (default: this environment's, as mpi4py's own list);
+    see [Note: The MPICH wheel needs srun --mpi=pmi2]."""
+    environ = os.environ if environ is None else environ
+    if environ.get("MPI4PY_MPIABI", "mpich").lower() not in ("mpich", "impi"):
+        return None
+    if prefixes is None:
+        import site
+
+        prefixes = list(dict.fromkeys([sys.exec_prefix, getattr(site, "USER_BASE", None) or sys.exec_prefix,
+                                       sys.base_exec_prefix]))
+    lib = _mpi4py_libmpi(prefixes, environ)
+    if lib is None or os.path.realpath(lib) not in _wheel_libmpi():
+        return None
+    return f"mpi4py here loads the MPICH wheel ({lib}, pip package mpich)"
+
+
+def _pmi2_warning(mpi, launcher, environ=None) -> str | None:
+    """The one-line warning `slurm render` prints for a srun job left to the site's MpiDefault, or None."""
+    if launcher != "srun" or mpi != "default":
+        return None
+    environ = os.environ if environ is None else environ
+    why = mpi_needs_pmi2(environ=environ)
+    if why is None:
+        return None
+    site = _site_mpi_default(environ)
+    if site == "pmi2":
+        return None
+    where = f"MpiDefault={site} in this machine's slurm.conf" if site else "which may differ; not readable here"
+    return (f"hpcfsdp slurm render: warning: {why}, which srun starts only with --mpi=pmi2; the script leaves "
+            f"srun's --mpi to the site's MpiDefault ({where}): render with --mpi pmi2")
 
 
 def _positive_int(value) -> bool:
@@ -354,13 +496,17 @@ def _launch_words(launcher, mpi, nodes, ntasks_per_node, template, mpiexec="mpie
     return [mpiexec, "-n", str(nodes * ntasks_per_node), "-ppn", str(ntasks_per_node)]
 
 
+EXAMPLE_WORKDIR = "/path/to/workdir"  # where the examples in slurm/ were rendered (their paths' base)
+
+
 def render_examples() -> dict:
     """The scripts kept in the repository's slurm/ directory: file name -> text."""
+    kw = dict(gpus_per_node=4, workdir=EXAMPLE_WORKDIR)
     return {
-        "single_node.sbatch": render_script("single-node", nodes=1, gpus_per_node=4),
-        "multi_node_fsdp.sbatch": render_script("multi-node", nodes=2, gpus_per_node=4),
-        "multi_node_hsdp.sbatch": render_script("hsdp", nodes=2, gpus_per_node=4),
-        "bench_comm.sbatch": render_script("bench-comm", nodes=2, gpus_per_node=4),
+        "single_node.sbatch": render_script("single-node", nodes=1, **kw),
+        "multi_node_fsdp.sbatch": render_script("multi-node", nodes=2, **kw),
+        "multi_node_hsdp.sbatch": render_script("hsdp", nodes=2, **kw),
+        "bench_comm.sbatch": render_script("bench-comm", nodes=2, **kw),
     }
 
 
@@ -414,6 +560,9 @@ def add_parser(subparsers):
                    help="Slurm sends USR1 this long before the time limit; the job checkpoints and stops "
                    "(--requeue: and is requeued) (default: 120)")
     j.add_argument("--bench-args", default="", help="arguments for `hpcfsdp bench comm` (bench-comm template)")
+    j.add_argument("--setup", action="append", default=[], metavar="COMMANDS",
+                   help="site setup run in the batch script before the launch, e.g. \"module load mpich; source "
+                   "~/venv/bin/activate\" (repeatable: one line each; checked with bash -n)")
     # The `hpcfsdp train` flags, in their groups; here --mesh also takes 'auto'.
     add_config_arguments(r)
     r.set_defaults(func=_run_render)
@@ -444,9 +593,12 @@ def _run_render(args) -> int:
             output=args.sbatch_output, cpus_per_task=args.cpus_per_task, exclusive=args.exclusive,
             qos=args.qos, constraint=args.constraint, mpi=args.mpi, launcher=args.launcher, entry=args.entry,
             cuda_aware=args.cuda_aware, bench_args=args.bench_args, python=sys.executable,
-            signal_seconds=args.signal_seconds,
+            signal_seconds=args.signal_seconds, setup=args.setup,
         )
     except ConfigError as err:
         return exit_with_config_error(err, prog)
+    warning = _pmi2_warning(args.mpi, args.launcher)
+    if warning:
+        print(warning, file=sys.stderr)
     sys.stdout.write(text)
     return 0
