@@ -154,3 +154,74 @@ def test_fsdp_trains_with_quantized_weights_and_gradients_close_to_unquantized(m
     assert q_losses != plain_losses  # the weights really went through int8
     for name in plain:
         np.testing.assert_allclose(q[name], plain[name], atol=3e-3, err_msg=name)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_replicate_all_reduce_is_quantized_and_leaves_the_replicas_equal(kind):
+    g = _group()
+    n, r, k = g.size(), g.rank(), 1001
+    comm = QuantizedReduceScatter(kind, block_size=64, error_feedback=False)
+    mine = _shard(k, 40 + r)
+    arr = mine.copy()
+    reset_collective_counts()
+    comm.all_reduce(arr, g, ReduceOp.SUM).wait()
+    sent = collective_bytes()
+    c = -(-k // n)
+    assert sent == {"all_to_all": n * Q.payload_bytes(kind, c, 64), "all_gather": Q.payload_bytes(kind, c, 64)}, sent
+    everyone = np.empty(n * k, np.float32)
+    g.all_gather_into(everyone, arr)
+    for other in everyone.reshape(n, k):
+        np.testing.assert_array_equal(other, arr)  # replicas stay equal
+    parts = [_shard(k, 40 + src).astype(np.float64) for src in range(n)]
+    true = sum(parts)
+    pad = lambda x: np.concatenate([x, np.zeros(n * c - k)]).reshape(n, c)  # noqa: E731
+    first = sum(pad(p) for p in parts)  # the sums (their blocks' scales bound the second rounding)
+    bound_rows = sum(np.stack([Q.step_bound(row.astype(np.float32), kind, 64) for row in pad(p)]) for p in parts)
+    bound_sum = np.stack([Q.step_bound((row * (1 + 1e-3)).astype(np.float32), kind, 64) for row in first]) + bound_rows
+    bound = (bound_rows + bound_sum).reshape(-1)[:k]
+    assert np.all(np.abs(arr - true) <= bound * 1.01 + 1e-5 * np.abs(true)), (np.abs(arr - true) / bound).max()
+    avg = mine.copy()
+    comm.all_reduce(avg, g, ReduceOp.AVG)
+    np.testing.assert_allclose(avg, arr / n, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.timeout(120)
+def test_hsdp_trains_with_the_quantized_replicate_hop_close_to_unquantized():
+    from hpcfsdp.distributed.device_mesh import init_device_mesh
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("replicate", "shard"))
+
+    def run(quantized):
+        model = _Net()
+        comms = []
+        for m in (model.a, model.b, model):
+            fully_shard(m, mesh=mesh)
+            if quantized:
+                comms.append(QuantizedReduceScatter("int8", block_size=64))
+                m.set_custom_reduce_scatter(comms[-1])
+        opt = hp.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for t in range(6):
+            rng = np.random.default_rng(50 * t + r)
+            x = hp.tensor(rng.standard_normal((4, 16)).astype(np.float32))
+            loss = ((model(x) - x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        # the units holding parameters (the root holds none) sent their replicate hop quantized
+        assert not quantized or all(any(key[0] == "ar" for key in c.residuals) for c in comms[:2])
+        return losses, {k: v.full_tensor().numpy() for k, v in model.state_dict().items()}
+
+    plain_losses, plain = run(False)
+    q_losses, q = run(True)
+    np.testing.assert_allclose(q_losses, plain_losses, rtol=2e-2)
+    for name in plain:
+        np.testing.assert_allclose(q[name], plain[name], atol=3e-3, err_msg=name)
+        everyone = np.empty((n,) + q[name].shape, np.float32)
+        dist.group.WORLD.all_gather_into(everyone.reshape(-1), np.ascontiguousarray(q[name]).reshape(-1))
+        for other in everyone:
+            np.testing.assert_array_equal(other, q[name])  # every replica holds the same parameters

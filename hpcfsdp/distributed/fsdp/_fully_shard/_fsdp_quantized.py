@@ -15,8 +15,11 @@ quantized (int8, or int4 two per byte, a float32 scale per block) with one all-t
 payloads it receives in float32: the slow links carry codes and scales only. With ``error_feedback`` a rank
 keeps what its quantization rounded away (per unit: one instance belongs to one FSDP unit) and adds it to the
 next step's chunks, so the applied gradients' running sum follows the true one within one quantization step.
-A group on one host has no slow hop: its reduce-scatter stays in full precision. Both hops run when the call
-is made (the returned work is complete); HSDP's replicate all-reduce is not quantized yet.
+A group on one host has no slow hop: its reduce-scatter stays in full precision. HSDP's replicate all-reduce
+(across hosts) is quantized too (``all_reduce``): an all-to-all of the quantized chunks, float32 sums, and an
+all-gather of the quantized sums that every replica dequantizes alike (so the replicas stay equal), each of
+the two roundings with its own error feedback. The hops run when the call is made (the returned work is
+complete).
 """
 from __future__ import annotations
 
@@ -114,7 +117,7 @@ class QuantizedReduceScatter(ReduceScatter):
             raise ValueError(f"QuantizedReduceScatter: dtype={dtype!r}: expected 'int8' or 'int4'")
         self.dtype, self.block_size, self.error_feedback = dtype, _block(block_size), bool(error_feedback)
         self._topology = {}  # id(group) -> (group, local group, cross group, permutation) or (group, None, ...)
-        self.residuals = {}  # input size -> this rank's float32 residual of its cross-host chunks
+        self.residuals = {}  # (hop, size) -> this rank's float32 residual of what it quantized there
 
     def __repr__(self) -> str:
         return (f"QuantizedReduceScatter(dtype={self.dtype!r}, block_size={self.block_size}, "
@@ -174,24 +177,64 @@ class QuantizedReduceScatter(ReduceScatter):
         mid = xp.empty(hosts * k, inp.dtype)
         local.reduce_scatter_into(mid, xp.ascontiguousarray(inp.reshape(world, k)[order]).reshape(-1), ReduceOp.SUM)
         chunks = mid.reshape(hosts, k).astype(np.float32)
-        if self.error_feedback:
-            res = self.residuals.get(inp.size)
-            if res is not None:
-                chunks += res
-        kind, block = self.dtype, self.block_size
-        nbytes = Q.payload_bytes(kind, k, block)
-        send = xp.empty((hosts, nbytes), np.uint8)
-        for h in range(hosts):
-            Q.quantize(chunks[h], kind, block, out=send[h])
-        if self.error_feedback:
-            sent = xp.stack([Q.dequantize(send[h], kind, k, block, np.float32) for h in range(hosts)])
-            self.residuals[inp.size] = xp.where(xp.isfinite(sent), chunks - sent, np.float32(0.0))
-        recv = xp.empty((hosts, nbytes), np.uint8)
-        cross.all_to_all_into(recv.reshape(-1), send.reshape(-1))
-        total = xp.zeros(k, np.float32)
-        for h in range(hosts):
-            total += Q.dequantize(recv[h], kind, k, block, np.float32)
+        total = self._exchange(chunks, cross, ("rs", inp.size))
         if op is ReduceOp.AVG:
             total /= np.float32(world)
         out[...] = total.astype(out.dtype).reshape(out.shape)
+        return _Done(None, None)
+
+    def _quantize_rows(self, rows, key):
+        """Payloads of the rows of float32 ``rows`` (error feedback: the residual of ``key`` added first, the new
+        one kept)."""
+        xp = _backend.array_module(rows)
+        kind, block = self.dtype, self.block_size
+        k = rows.shape[1]
+        if self.error_feedback:
+            res = self.residuals.get(key)
+            if res is not None:
+                rows = rows + res
+        send = xp.empty((rows.shape[0], Q.payload_bytes(kind, k, block)), np.uint8)
+        for i in range(rows.shape[0]):
+            Q.quantize(rows[i], kind, block, out=send[i])
+        if self.error_feedback:
+            sent = xp.stack([Q.dequantize(send[i], kind, k, block, np.float32) for i in range(rows.shape[0])])
+            self.residuals[key] = xp.where(xp.isfinite(sent), rows - sent, np.float32(0.0))
+        return send
+
+    def _exchange(self, chunks, cross, key):
+        """Row h of float32 ``chunks`` to rank h of ``cross``, quantized; the float32 sum of the rows received."""
+        xp = _backend.array_module(chunks)
+        kind, block = self.dtype, self.block_size
+        k = chunks.shape[1]
+        send = self._quantize_rows(chunks, key)
+        recv = xp.empty_like(send)
+        cross.all_to_all_into(recv.reshape(-1), send.reshape(-1))
+        total = xp.zeros(k, np.float32)
+        for h in range(recv.shape[0]):
+            total += Q.dequantize(recv[h], kind, k, block, np.float32)
+        return total
+
+    def all_reduce(self, arr, group, op=ReduceOp.SUM):
+        """HSDP's replicate all-reduce of ``arr`` in place, quantized (See [Note: Quantized gradient reduction])."""
+        g = _group(group)
+        n = g.size()
+        if op not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"QuantizedReduceScatter.all_reduce: op {op!r}: quantized reductions sum (SUM, AVG)")
+        if n == 1:
+            return _Done(None, None)
+        xp = _backend.array_module(arr)
+        flat = arr.reshape(-1)
+        c = -(-flat.size // n)  # chunk per rank, the last ones padded with zeros
+        rows = xp.zeros((n, c), np.float32)
+        rows.reshape(-1)[:flat.size] = flat
+        mine = self._exchange(rows, g, ("ar", flat.size))
+        payload = self._quantize_rows(mine.reshape(1, c), ("ar-sum", flat.size))
+        gathered = xp.empty((n, payload.shape[1]), np.uint8)
+        g.all_gather_into(gathered.reshape(-1), payload.reshape(-1))
+        whole = xp.empty((n, c), np.float32)
+        for r in range(n):
+            Q.dequantize(gathered[r], self.dtype, c, self.block_size, np.float32, out=whole[r])
+        if op is ReduceOp.AVG:
+            whole /= np.float32(n)
+        flat[...] = whole.reshape(-1)[:flat.size].astype(flat.dtype)
         return _Done(None, None)
