@@ -66,7 +66,8 @@ def test_nothing_differs():
 @pytest.mark.timeout(240)
 def test_all_ranks_under_mpi_prints_each_common_item_once_and_groups_the_rest():
     """4 ranks as 2 simulated nodes of 2: the text against the same job's --json reports."""
-    env = dict({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")},
+    stale = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")
+    env = dict({k: v for k, v in os.environ.items() if k not in stale},
                PYTHONPATH=os.pathsep.join(sys.path), HPCFSDP_RANKS_PER_NODE="2")
     runs = {}
     for flags in (["--json"], []):

@@ -17,7 +17,7 @@ MODEL = {"vocab_size": 256, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd
 
 
 def _env():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCFSDP_RANK_ENV_PID")}
     return dict(env, PYTHONPATH=os.pathsep.join(sys.path))
 
 
