@@ -191,7 +191,6 @@ class TrainConfig:
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{name}={value}: expected an integer >= 0")
-        self._validate_model()
         if self.data is None and self.vocab_size < 256:
             raise ConfigError(
                 f"vocab_size={self.vocab_size}: the shipped byte-level corpus needs vocab_size >= 256"
@@ -215,6 +214,7 @@ class TrainConfig:
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("fsdp_units", self.fsdp_units, FSDP_UNITS)
         _choice("device", self.device, DEVICES)
+        self._validate_model()
         self._validate_tp(world_size)
         self._validate_mesh(world_size // self.tp if self.tp >= 1 and world_size % self.tp == 0 else world_size)
         if self.checkpoint_interval > 0 and not self.checkpoint_dir:

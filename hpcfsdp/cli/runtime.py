@@ -267,7 +267,7 @@ class Session:
         from hpcfsdp.data.tokenizer_spec import tokenizer_spec
 
         from ._common import make_optimizer, shard_gpt
-        from ._model import build_model, saved_model_config
+        from ._model import build_model, hf_kind, saved_model_config
 
         self.cfg, self.ctx = cfg, ctx
 
@@ -280,6 +280,7 @@ class Session:
         self.model = guarded(ctx.comm, what, lambda: build_model(cfg, ctx.device, shard))
         # saved with every checkpoint: See [Note: Tokenizer with the checkpoint] and [Note: Model keys]
         self.model_config = saved_model_config(self.model)
+        self.hf_config = hf_kind(cfg.init_from)[1] if cfg.init_from else None  # config.json fields export keeps
         self.tokenizer = guarded(ctx.comm, f"data={cfg.data!r}", lambda: tokenizer_spec(cfg.data))
         self.optim = make_optimizer(cfg, self.model.parameters())
         self.sampler = DistributedSampler(len(ctx.train_set), ctx.data_world, ctx.data_rank, shuffle=True,
@@ -293,7 +294,7 @@ class Session:
         return {"model": dcp.get_model_state_dict(self.model),
                 "optim": dcp.get_optimizer_state_dict(self.model, self.optim),
                 "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
-                "model_config": dict(self.model_config), "tokenizer": self.tokenizer}
+                "model_config": dict(self.model_config), "tokenizer": self.tokenizer, "hf_config": self.hf_config}
 
     def save(self, path, asynchronous: bool = False):
         """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save).
@@ -312,7 +313,8 @@ class Session:
         from hpcfsdp.distributed import checkpoint as dcp
 
         state = self.state_dict()
-        del state["tokenizer"], state["model_config"]  # this run's own (checked against the checkpoint's on resume)
+        for key in ("tokenizer", "model_config", "hf_config"):  # this run's own (checked against the checkpoint's)
+            del state[key]
         dcp.load(state, checkpoint_id=path)
         dcp.set_model_state_dict(self.model, state["model"])
         dcp.set_optimizer_state_dict(self.model, self.optim, state["optim"])
