@@ -11,7 +11,7 @@ __all__ = ["add_parser", "run_inspect", "run_verify", "run_consolidate", "run_ex
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "checkpoint",
-        help="inspect, verify or consolidate a sharded checkpoint",
+        help="inspect, verify, consolidate or export (Hugging Face layout) a sharded checkpoint",
         description="Work on a checkpoint directory written by hpcfsdp.distributed.checkpoint "
         "(metadata.json + one safetensors file per rank). No MPI needed.",
     )

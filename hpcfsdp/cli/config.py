@@ -619,14 +619,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help=_help("tie_weights", "share token embedding and output head; unset = the model's"))
     g.add_argument("--gelu-approximate", choices=("none", "tanh"), default=S,
                    help=_help("gelu_approximate", "gpt: MLP GELU (tanh = GPT-2's gelu_new)"))
-    g.add_argument("--layer-norm-eps", type=float, default=S, help=_help("layer_norm_eps", "gpt: LayerNorm epsilon"))
-    g.add_argument("--n-kv-head", type=int, default=S,
+    g.add_argument("--layer-norm-eps", type=_or_none(float), default=S, help=_help("layer_norm_eps", "gpt: LayerNorm epsilon"))
+    g.add_argument("--n-kv-head", type=_or_none(int), default=S,
                    help=_help("n_kv_head", "llama: key/value heads (grouped-query attention; must divide --n-head)"))
-    g.add_argument("--intermediate-size", type=int, default=S, help=_help("intermediate_size", "llama: SwiGLU width"))
-    g.add_argument("--head-dim", type=int, default=S, help=_help("head_dim", "llama: width of one attention head"))
-    g.add_argument("--rms-norm-eps", type=float, default=S, help=_help("rms_norm_eps", "llama: RMSNorm epsilon"))
-    g.add_argument("--rope-theta", type=float, default=S, help=_help("rope_theta", "llama: rotary embedding base"))
-    g.add_argument("--init-std", type=float, default=S, help=_help("init_std", "llama: std of the initial weights"))
+    g.add_argument("--intermediate-size", type=_or_none(int), default=S, help=_help("intermediate_size", "llama: SwiGLU width"))
+    g.add_argument("--head-dim", type=_or_none(int), default=S, help=_help("head_dim", "llama: width of one attention head"))
+    g.add_argument("--rms-norm-eps", type=_or_none(float), default=S, help=_help("rms_norm_eps", "llama: RMSNorm epsilon"))
+    g.add_argument("--rope-theta", type=_or_none(float), default=S, help=_help("rope_theta", "llama: rotary embedding base"))
+    g.add_argument("--init-std", type=_or_none(float), default=S, help=_help("init_std", "llama: std of the initial weights"))
     g = parser.add_argument_group("data and batch")
     g.add_argument("--data", metavar="PATH", default=S, help=_help("data", "token file or directory of shards (hpcfsdp data prepare); 'none' = the shipped corpus"))
     g.add_argument("--data-dtype", choices=DATA_DTYPES, default=S, help=_help("data_dtype", "element type of the token file; auto = from its .json sidecar"))
@@ -698,6 +698,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _or_none(kind):
+    """argparse type of a nullable number flag: 'none' is None (the model's default), as `to_args` writes it."""
+    def parse(text):
+        return None if text.strip().lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error: "invalid int value: 'x'"
+    return parse
 
 
 class _LogLevel(argparse.Action):

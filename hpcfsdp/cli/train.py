@@ -1,4 +1,4 @@
-"""`hpcfsdp train`: train the reference GPT with FSDP on the ranks this job was launched on.
+"""`hpcfsdp train`: train GPT or Llama (--model, --init-from) with FSDP on the ranks this job was launched on.
 
 [Note: Exact resume]
 A checkpoint holds everything the next step depends on: the sharded model and optimizer state
@@ -44,7 +44,8 @@ output (rank 0):
   step and val_loss per evaluation; OUT_DIR/config.toml, the resolved configuration.
 
 checkpoints:
-  CHECKPOINT_DIR/latest is replaced atomically every --checkpoint-interval steps and at the end.
+  CHECKPOINT_DIR/latest is replaced atomically every --checkpoint-interval steps and at the end. Each holds
+  the model's config and the data's tokenizer (`hpcfsdp generate CKPT`, `hpcfsdp checkpoint export --hf`).
   --resume continues from it at the step it holds, with the same data order: at the same world
   size the losses equal those of an uninterrupted run. A finished run resumes to nothing and exits 0.
 
@@ -82,8 +83,9 @@ def add_parser(subparsers):
 
     p = subparsers.add_parser(
         "train",
-        help="train a GPT with FSDP on the ranks of this job",
-        description="Train hpcfsdp.models.GPT with fully sharded data parallelism on the MPI ranks this command "
+        help="train a GPT or Llama with FSDP on the ranks of this job",
+        description="Train hpcfsdp.models.GPT or Llama (--model; --init-from a Hugging Face directory) with fully "
+        "sharded data parallelism on the MPI ranks this command "
         "runs on (start it with `hpcfsdp launch -n N -- hpcfsdp train ...`, mpiexec or srun). Configuration "
         "comes from --config FILE (TOML or JSON) and flags; flags win.",
         epilog=_EPILOG,
