@@ -224,3 +224,22 @@ def test_fresh_llama_trains_and_exports_with_its_tokenizer(tmp_path):
     for (n, p), (_, q) in zip(trained.named_parameters(), again.named_parameters()):
         assert p.detach().numpy().tobytes() == q.detach().numpy().tobytes(), n
     assert tok.vocab_size == 300
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_from_before_model_config_rebuild_a_gpt_and_others_are_refused(tmp_path, capsys):
+    from mpi4py import MPI
+
+    from hpcfsdp.cli._model import model_from_saved
+    from hpcfsdp.cli.main import main
+    from hpcfsdp.distributed.checkpoint import _format as F
+
+    old = {"vocab_size": 256, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1,
+           "bias": True, "tie_weights": False, "seed": 1}  # a config saved before `model` and `model_config`
+    m = model_from_saved({"config": old})
+    assert isinstance(m, GPT) and (m.config.n_embd, m.config.tie_weights, m.config.dropout) == (16, False, 0.0)
+    w = np.ones((2, 2), np.float32)
+    F.save_pieces(str(tmp_path / "ck"), {"w": F.Piece(w.shape, w.dtype, (0, 0), w)}, comm=MPI.COMM_SELF)
+    assert main(["checkpoint", "export", "--hf", str(tmp_path / "hf"), str(tmp_path / "ck")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no training configuration" in err and not (tmp_path / "hf").exists()
