@@ -104,3 +104,18 @@ def test_the_saved_tokenizer_refuses_ids_beyond_its_vocabulary(prepared):
     assert byte.decode(byte.encode("héllo")) == "héllo"
     with pytest.raises(ValueError, match="token id -1 is outside the tokenizer"):
         byte.decode([-1])
+
+
+@pytest.mark.timeout(300)
+def test_resume_refuses_data_of_another_tokenizer(prepared, tmp_path):
+    assert main(["data", "prepare", default_corpus(), "--out", str(tmp_path / "bytes"), "--tokenizer", "byte",
+                 "--no-progress"]) == 0
+    shutil.copytree(os.path.realpath(prepared / "run" / "ckpt" / "latest"), tmp_path / "ckpt" / "latest")
+    res = subprocess.run(HPC + ["launch", "-n", "2", "--timeout", "200", "--", sys.executable, "-m",
+                                "hpcfsdp.cli.main", "train", *TINY, "--steps", "6", "--data", "bytes", "--vocab-size",
+                                str(VOCAB), "--out-dir", "run", "--checkpoint-dir", "ckpt", "--resume"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-3000:]
+    assert res.stderr.count("was written with another tokenizer (byte, vocabulary 256) than the checkpoint") == 1, \
+        res.stderr
+    assert f"(bpe, vocabulary {VOCAB})" in res.stderr

@@ -280,7 +280,7 @@ class Session:
         self.model = guarded(ctx.comm, what, lambda: build_model(cfg, ctx.device, shard))
         # saved with every checkpoint: See [Note: Tokenizer with the checkpoint] and [Note: Model keys]
         self.model_config = saved_model_config(self.model)
-        self.hf_config = hf_kind(cfg.init_from)[1] if cfg.init_from else None  # config.json fields export keeps
+        self.hf_config = guarded(ctx.comm, what, lambda: hf_kind(cfg.init_from)[1]) if cfg.init_from else None
         self.tokenizer = guarded(ctx.comm, f"data={cfg.data!r}", lambda: tokenizer_spec(cfg.data))
         self.optim = make_optimizer(cfg, self.model.parameters())
         self.sampler = DistributedSampler(len(ctx.train_set), ctx.data_world, ctx.data_rank, shuffle=True,
