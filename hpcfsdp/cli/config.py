@@ -5,8 +5,10 @@ A run's configuration is built in three layers: the dataclass defaults below, th
 `--config FILE` (TOML or JSON, one flat table whose keys are the field names), then the flags given
 explicitly on the command line. Every flag is registered with `default=argparse.SUPPRESS`, so the
 parsed namespace holds only what the user typed and a flag never overwrites a file value with its
-default. `hpcfsdp slurm render` reads the same flags and writes the resolved configuration back
-as flags (`TrainConfig.to_args`) so that a job script is self-contained.
+default. With `init_from`, the model keys set by neither come from that directory's config.json,
+and those set must agree with it (See [Note: Model keys] in hpcfsdp/cli/_model.py). `hpcfsdp slurm
+render` reads the same flags and writes the resolved configuration back as flags
+(`TrainConfig.to_args`) so that a job script is self-contained.
 
 [Note: Config validation is rank-local and deterministic]
 `TrainConfig.validate(world_size)` looks only at the configuration and the world size, never at
