@@ -115,7 +115,7 @@ def test_model_keys_of_other_trainers_get_a_hint(tmp_path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["llama", "gpt"])
-def test_trainers_model_at_step_0_reproduces_transformers_logits(kind, tmp_path):
+def test_trainers_model_at_step_0_reproduces_transformers_logits(kind, tmp_path, monkeypatch):
     """The model `hpcfsdp train --model K --init-from FIXTURE` builds (sharded over the ranks, each rank reading
     only its slices) computes transformers' logits."""
     from hpcfsdp.cli.runtime import Context, Session
@@ -128,9 +128,22 @@ def test_trainers_model_at_step_0_reproduces_transformers_logits(kind, tmp_path)
 
     if dist.is_initialized():  # Context starts the default group, as the trainer does
         dist.destroy_process_group()
+    reads, orig = [], _hf.HFCheckpoint.read
+
+    def spy(self, tname, bounds=None):
+        arr = orig(self, tname, bounds)
+        reads.append((self.shape(tname), arr.shape))
+        return arr
+
+    monkeypatch.setattr(_hf.HFCheckpoint, "read", spy)
     try:
         ctx = Context(cfg)
         session = Session(cfg, ctx)
+        monkeypatch.undo()
+        # streamed into the shards: about 1/world of the weights read here, no tensor whole
+        total, got = sum(int(np.prod(full)) for full, _ in reads), sum(int(np.prod(piece)) for _, piece in reads)
+        assert got <= -(-total // ctx.world) + 64 * len(reads), (got, total)
+        assert all(np.prod(piece) < np.prod(full) for full, piece in reads if max(full) >= ctx.world), reads
         model = session.model.eval()
         assert isinstance(model, cls) and all(isinstance(p, DTensor) for p in model.parameters())
         with hp.no_grad():
