@@ -40,8 +40,9 @@ def build_gpt(cfg, device: str = "cpu") -> GPT:
     """The same GPT on every rank: initialised from ``cfg.seed``."""
     hp.manual_seed(cfg.seed)
     model = GPT(GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
-                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias,
-                          tie_weights=cfg.tie_weights))
+                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout,
+                          bias=True if cfg.bias is None else cfg.bias,  # None: the model's default
+                          tie_weights=True if cfg.tie_weights is None else cfg.tie_weights))
     return model.to(device) if device != "cpu" else model
 
 

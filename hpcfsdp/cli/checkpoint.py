@@ -1,17 +1,17 @@
-"""`hpcfsdp checkpoint`: inspect, verify and consolidate sharded checkpoint directories."""
+"""`hpcfsdp checkpoint`: inspect, verify, consolidate and export (Hugging Face layout) sharded checkpoint directories."""
 
 import argparse
 import json
 import os
 import sys
 
-__all__ = ["add_parser", "run_inspect", "run_verify", "run_consolidate", "main"]
+__all__ = ["add_parser", "run_inspect", "run_verify", "run_consolidate", "run_export", "export_hf", "main"]
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
         "checkpoint",
-        help="inspect, verify or consolidate a sharded checkpoint",
+        help="inspect, verify, consolidate or export (Hugging Face layout) a sharded checkpoint",
         description="Work on a checkpoint directory written by hpcfsdp.distributed.checkpoint "
         "(metadata.json + one safetensors file per rank). No MPI needed.",
     )
@@ -39,6 +39,15 @@ def add_parser(subparsers):
     q.add_argument("out", metavar="OUT.safetensors", help="output file (the model weights)")
     q.add_argument("--optim-out", metavar="FILE", default=None, help="output file for the optimizer state")
     q.set_defaults(func=run_consolidate)
+    q = sub.add_parser("export", help="write an `hpcfsdp train` checkpoint as a Hugging Face model directory",
+                       description="Assemble the model of a training checkpoint (GPT or Llama, any world size) and "
+                       "write it in Hugging Face layout with the model's save_pretrained: config.json and "
+                       "model.safetensors under transformers' names (GPT2LMHeadModel / LlamaForCausalLM), plus "
+                       "tokenizer.json when the checkpoint carries a BPE tokenizer. config.json keeps the fields of "
+                       "the --init-from directory's that the model does not define (token ids, use_cache...).")
+    q.add_argument("--hf", required=True, metavar="OUT_DIR", help="the Hugging Face directory to write")
+    q.add_argument("dir", metavar="CKPT", help="checkpoint directory (CHECKPOINT_DIR/latest or a step)")
+    q.set_defaults(func=run_export)
     return p
 
 
@@ -118,6 +127,45 @@ def run_consolidate(args) -> int:
         return _fail("consolidate", e)
     print("wrote " + ", ".join(written))
     return 0
+
+
+def run_export(args) -> int:
+    from hpcfsdp.distributed.checkpoint import _format
+
+    from .generate import load_checkpoint
+
+    try:
+        skeleton = (_format.read_metadata(args.dir).extras or {}).get("skeleton") or {}
+        model, _, _ = load_checkpoint(args.dir)
+        written = export_hf(model, skeleton, args.hf)
+    except (ValueError, TypeError, KeyError, OSError) as e:
+        return _fail("export", e)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"wrote {', '.join(written)} ({type(model).__name__}, {n} parameters)")
+    return 0
+
+
+def export_hf(model, skeleton, out) -> list:
+    """Write ``model`` to Hugging Face directory ``out``: save_pretrained, then config.json merged over the
+    fields of the --init-from config.json the checkpoint kept, and the checkpoint's BPE tokenizer.json."""
+    model.save_pretrained(out)
+    cfg_file = os.path.join(out, "config.json")
+    with open(cfg_file) as f:
+        config = json.load(f)
+    tok = skeleton.get("tokenizer")
+    base = dict(skeleton.get("hf_config") or {})
+    if isinstance(tok, dict) and tok.get("eot_id") is not None:  # GPT-2's convention: <|endoftext|> begins and ends
+        base.setdefault("bos_token_id", tok["eot_id"])
+        base.setdefault("eos_token_id", tok["eot_id"])
+    with open(cfg_file, "w") as f:
+        json.dump({**base, **config}, f, indent=2, sort_keys=True)
+        f.write("\n")
+    written = [cfg_file, os.path.join(out, "model.safetensors")]
+    if isinstance(tok, dict) and tok.get("type") == "bpe" and isinstance(tok.get("json"), str):
+        written.append(os.path.join(out, "tokenizer.json"))
+        with open(written[-1], "w", encoding="utf-8") as f:
+            f.write(tok["json"])
+    return written
 
 
 def main(argv=None) -> int:

@@ -5,8 +5,10 @@ A run's configuration is built in three layers: the dataclass defaults below, th
 `--config FILE` (TOML or JSON, one flat table whose keys are the field names), then the flags given
 explicitly on the command line. Every flag is registered with `default=argparse.SUPPRESS`, so the
 parsed namespace holds only what the user typed and a flag never overwrites a file value with its
-default. `hpcfsdp slurm render` reads the same flags and writes the resolved configuration back
-as flags (`TrainConfig.to_args`) so that a job script is self-contained.
+default. With `init_from`, the model keys set by neither come from that directory's config.json,
+and those set must agree with it (See [Note: Model keys] in hpcfsdp/cli/_model.py). `hpcfsdp slurm
+render` reads the same flags and writes the resolved configuration back as flags
+(`TrainConfig.to_args`) so that a job script is self-contained.
 
 [Note: Config validation is rank-local and deterministic]
 `TrainConfig.validate(world_size)` looks only at the configuration and the world size, never at
@@ -55,6 +57,7 @@ DEVICES = ("cpu", "cuda")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DATA_DTYPES = ("auto", "uint8", "uint16", "uint32")
+_MODELS = ("gpt", "llama")  # hpcfsdp/cli/_model.py's MODELS, for argparse without importing the models
 
 # Keys of one record of the JSONL metrics log the trainer writes on rank 0 (`hpcfsdp plot` reads
 # `step`, `loss`, `tokens_per_s`; `val_loss` where an eval ran). `peak_mem_bytes` is a list, one
@@ -70,15 +73,25 @@ class ConfigError(ValueError):
 
 @dataclass
 class TrainConfig:
-    # model (hpcfsdp.models.GPTConfig)
+    # model: GPTConfig's or LlamaConfig's keys; See [Note: Model keys] in hpcfsdp/cli/_model.py
+    model: str = "gpt"  # gpt (hpcfsdp.models.GPT) | llama (hpcfsdp.models.Llama)
+    init_from: Optional[str] = None  # Hugging Face directory (config.json + safetensors) to start from
     vocab_size: int = 256  # 256 = the byte-level tokenizer of the shipped corpus
     block_size: int = 64  # context length in tokens
     n_layer: int = 4  # transformer blocks (the fully_shard units)
     n_head: int = 4  # attention heads; must divide n_embd
     n_embd: int = 128  # embedding width
     dropout: float = 0.0  # 0 for pretraining, 0.1+ for finetuning
-    bias: bool = True  # bias in Linear and LayerNorm layers
-    tie_weights: bool = True  # share the token embedding with the output head
+    bias: Optional[bool] = None  # bias in Linear and norm layers; None = the model's (gpt: True, llama: False)
+    tie_weights: Optional[bool] = None  # share the token embedding with the head; None = the model's (gpt: True, llama: False)
+    gelu_approximate: Optional[str] = None  # gpt: MLP GELU, none | tanh (GPT-2's gelu_new); None = none
+    layer_norm_eps: Optional[float] = None  # gpt: LayerNorm epsilon; None = 1e-5
+    n_kv_head: Optional[int] = None  # llama: key/value heads (grouped-query attention); None = n_head
+    intermediate_size: Optional[int] = None  # llama: SwiGLU width; None = Llama's rule from 8/3 * n_embd
+    head_dim: Optional[int] = None  # llama: width of one head; None = n_embd / n_head
+    rms_norm_eps: Optional[float] = None  # llama: RMSNorm epsilon; None = 1e-5
+    rope_theta: Optional[float] = None  # llama: rotary embedding base; None = 10000
+    init_std: Optional[float] = None  # llama: std of the initial weights; None = 0.02
     # data
     data: Optional[str] = None  # path of a flat token file; None = the shipped text corpus (bytes)
     data_dtype: str = "auto"  # element type of the token file: auto (from its .json sidecar) | uint8 | uint16 | uint32
@@ -181,11 +194,6 @@ class TrainConfig:
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"{name}={value}: expected an integer >= 0")
-        if self.n_embd % self.n_head != 0:
-            raise ConfigError(
-                f"n_embd={self.n_embd}: expected a multiple of n_head={self.n_head} "
-                f"(head size n_embd/n_head must be an integer)"
-            )
         if self.data is None and self.vocab_size < 256:
             raise ConfigError(
                 f"vocab_size={self.vocab_size}: the shipped byte-level corpus needs vocab_size >= 256"
@@ -209,6 +217,7 @@ class TrainConfig:
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("fsdp_units", self.fsdp_units, FSDP_UNITS)
         _choice("device", self.device, DEVICES)
+        self._validate_model()
         self._validate_tp(world_size)
         self._validate_mesh(world_size // self.tp if self.tp >= 1 and world_size % self.tp == 0 else world_size)
         if self.checkpoint_interval > 0 and not self.checkpoint_dir:
@@ -242,6 +251,40 @@ class TrainConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def _validate_model(self) -> None:
+        """The model's keys (See [Note: Model keys] in hpcfsdp/cli/_model.py)."""
+        from ._model import MODEL_KEYS, MODELS, model_config
+
+        _choice("model", self.model, MODELS)
+        other = [k for name, keys in MODEL_KEYS.items() if name != self.model for k in keys
+                 if k not in MODEL_KEYS[self.model] and getattr(self, k) is not None]
+        if other:
+            owner = next(n for n, keys in MODEL_KEYS.items() if other[0] in keys)
+            raise ConfigError(f"{other[0]}={getattr(self, other[0])!r}: a setting of model {owner!r}, but "
+                              f"model={self.model!r} (--model {owner} to train one, or drop {other[0]})")
+        if self.init_from is not None and not str(self.init_from).strip():
+            raise ConfigError(f"init_from={self.init_from!r}: expected a Hugging Face model directory")
+        if self.n_embd % self.n_head != 0 and self.head_dim is None:
+            raise ConfigError(
+                f"n_embd={self.n_embd}: expected a multiple of n_head={self.n_head} "
+                f"(head size n_embd/n_head must be an integer)"
+            )
+        for name in ("layer_norm_eps", "rms_norm_eps", "rope_theta", "init_std"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name}={value}: expected a finite number > 0")
+        if self.gelu_approximate is not None:
+            _choice("gelu_approximate", self.gelu_approximate, ("none", "tanh"))
+        try:
+            model_config(self)
+        except ValueError as e:
+            raise ConfigError(f"model={self.model!r}: {e}") from None
+
+    def _mlp_width(self) -> int:
+        from ._model import model_config
+
+        return model_config(self).intermediate_size if self.model == "llama" else 4 * self.n_embd
+
     def _validate_tp(self, world_size: int) -> None:
         tp = self.tp
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
@@ -254,10 +297,13 @@ class TrainConfig:
             raise ConfigError(f"sequence_parallel=True with tp={tp}: tp must divide block_size={self.block_size}")
         if world_size % tp:
             raise ConfigError(f"tp={tp}: must divide the world size {world_size}")
-        if (4 * self.n_embd) % tp:
-            raise ConfigError(f"tp={tp}: must divide the MLP width 4*n_embd={4 * self.n_embd}")
+        if self._mlp_width() % tp:
+            what = "intermediate_size" if self.model == "llama" else "4*n_embd"
+            raise ConfigError(f"tp={tp}: must divide the MLP width {what}={self._mlp_width()}")
         if self.n_head % tp:
             raise ConfigError(f"tp={tp}: must divide n_head={self.n_head} (attention is split by heads)")
+        if self.model == "llama" and (self.n_kv_head or self.n_head) % tp:
+            raise ConfigError(f"tp={tp}: must divide n_kv_head={self.n_kv_head} (key/value heads are split too)")
         if self.strategy == "NO_SHARD":
             raise ConfigError(f"tp={tp}: strategy NO_SHARD is not supported with tensor parallelism")
 
@@ -343,7 +389,9 @@ class TrainConfig:
 # -------------------------------------------------------------------- field kinds and checks
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path", "trace", "resume_from"}
+_NULLABLE = {"data", "mesh", "reshard_after_forward", "checkpoint_dir", "metrics_path", "trace", "resume_from",
+             "init_from", "bias", "tie_weights", "gelu_approximate", "layer_norm_eps", "n_kv_head", "intermediate_size",
+             "head_dim", "rms_norm_eps", "rope_theta", "init_std"}
 
 
 def _step_spec(value) -> int | None:
@@ -395,6 +443,13 @@ SYNONYMS = {
     "max_seq_len": "block_size", "context_length": "block_size", "n_layers": "n_layer", "num_layers": "n_layer",
     "n_heads": "n_head", "num_heads": "n_head", "dim": "n_embd", "hidden_size": "n_embd", "d_model": "n_embd",
     "adam_beta1": "betas", "adam_beta2": "betas", "adam_epsilon": "eps", "fsdp": "strategy",
+    # the model's keys under Hugging Face's and torchtitan's names
+    "model_name": "model", "model_type": "model", "name": "model", "initial_load_path": "init_from",
+    "pretrained": "init_from", "pretrained_model_name_or_path": "init_from", "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head", "n_kv_heads": "n_kv_head",
+    "max_position_embeddings": "block_size", "n_positions": "block_size", "ffn_dim": "intermediate_size",
+    "ffn_hidden_size": "intermediate_size", "norm_eps": "rms_norm_eps", "layer_norm_epsilon": "layer_norm_eps",
+    "tie_word_embeddings": "tie_weights", "initializer_range": "init_std", "attention_bias": "bias",
 }
 
 
@@ -555,16 +610,32 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     S = argparse.SUPPRESS
     parser.add_argument("--config", metavar="FILE", default=S,
                         help="TOML or JSON file of settings (flat keys named as the fields); flags override it")
-    g = parser.add_argument_group("model")
+    g = parser.add_argument_group("model", "GPTConfig's or LlamaConfig's keys; unset ones take the model's default")
+    g.add_argument("--model", choices=_MODELS, default=S, help=_help("model", "model class: hpcfsdp.models.GPT or Llama"))
+    g.add_argument("--init-from", metavar="DIR", default=S,
+                   help=_help("init_from", "start from the weights of this Hugging Face directory (config.json + "
+                              "safetensors, GPT-2 or Llama; streamed into the shards); the model keys come from "
+                              "its config.json"))
     g.add_argument("--vocab-size", type=int, default=S, help=_help("vocab_size", "vocabulary size; 256 for the byte tokenizer"))
     g.add_argument("--block-size", type=int, default=S, help=_help("block_size", "sequence length in tokens"))
     g.add_argument("--n-layer", type=int, default=S, help=_help("n_layer", "transformer blocks"))
     g.add_argument("--n-head", type=int, default=S, help=_help("n_head", "attention heads (must divide --n-embd)"))
     g.add_argument("--n-embd", type=int, default=S, help=_help("n_embd", "embedding width"))
     g.add_argument("--dropout", type=float, default=S, help=_help("dropout", "dropout probability"))
-    g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=S, help=_help("bias", "bias in Linear and LayerNorm"))
+    g.add_argument("--bias", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("bias", "bias in Linear and norm layers; unset = the model's (gpt: yes, llama: no)"))
     g.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=S,
-                   help=_help("tie_weights", "share token embedding and output head"))
+                   help=_help("tie_weights", "share token embedding and output head; unset = the model's"))
+    g.add_argument("--gelu-approximate", choices=("none", "tanh"), default=S,
+                   help=_help("gelu_approximate", "gpt: MLP GELU (tanh = GPT-2's gelu_new)"))
+    g.add_argument("--layer-norm-eps", type=_or_none(float), default=S, help=_help("layer_norm_eps", "gpt: LayerNorm epsilon"))
+    g.add_argument("--n-kv-head", type=_or_none(int), default=S,
+                   help=_help("n_kv_head", "llama: key/value heads (grouped-query attention; must divide --n-head)"))
+    g.add_argument("--intermediate-size", type=_or_none(int), default=S, help=_help("intermediate_size", "llama: SwiGLU width"))
+    g.add_argument("--head-dim", type=_or_none(int), default=S, help=_help("head_dim", "llama: width of one attention head"))
+    g.add_argument("--rms-norm-eps", type=_or_none(float), default=S, help=_help("rms_norm_eps", "llama: RMSNorm epsilon"))
+    g.add_argument("--rope-theta", type=_or_none(float), default=S, help=_help("rope_theta", "llama: rotary embedding base"))
+    g.add_argument("--init-std", type=_or_none(float), default=S, help=_help("init_std", "llama: std of the initial weights"))
     g = parser.add_argument_group("data and batch")
     g.add_argument("--data", metavar="PATH", default=S, help=_help("data", "token file or directory of shards (hpcfsdp data prepare); 'none' = the shipped corpus"))
     g.add_argument("--data-dtype", choices=DATA_DTYPES, default=S, help=_help("data_dtype", "element type of the token file; auto = from its .json sidecar"))
@@ -641,6 +712,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+def _or_none(kind):
+    """argparse type of a nullable number flag: 'none' is None (the model's default), as `to_args` writes it."""
+    def parse(text):
+        return None if text.strip().lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error: "invalid int value: 'x'"
+    return parse
+
+
 class _LogLevel(argparse.Action):
     """--log-level: set the hpcfsdp logger's level as soon as the flag is parsed (not a TrainConfig field)."""
 
@@ -653,14 +733,19 @@ class _LogLevel(argparse.Action):
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then `--config FILE`, then the flags given explicitly; raises ConfigError."""
-    values = {}
+    from ._model import apply_init_from
+
+    values, explicit = {}, set()
     path = getattr(args, "config", None)
     if path:
-        values.update(TrainConfig.from_dict(load_config_file(path), source=f"config {path!r}").__dict__)
+        table = load_config_file(path)
+        values.update(TrainConfig.from_dict(table, source=f"config {path!r}").__dict__)
+        explicit.update(table)
     given = vars(args)
     for name in _FIELDS:
         if name not in given:
             continue
+        explicit.add(name)
         value = given[name]
         if name in _NULLABLE and isinstance(value, str) and value.strip().lower() == "none":
             value = None
@@ -669,6 +754,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         elif name == "betas":
             value = tuple(value)
         values[name] = value
+    if values.get("init_from"):  # See [Note: Model keys] in hpcfsdp/cli/_model.py
+        values = apply_init_from({**TrainConfig().__dict__, **values}, explicit, TrainConfig.block_size, ConfigError)
     return TrainConfig(**values)
 
 

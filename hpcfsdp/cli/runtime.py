@@ -265,18 +265,24 @@ class Session:
         from hpcfsdp.data import DistributedSampler
         from hpcfsdp.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_block_checkpointing
 
-        from ._common import build_gpt, make_optimizer, shard_gpt
+        from hpcfsdp.data.tokenizer_spec import tokenizer_spec
+
+        from ._common import make_optimizer, shard_gpt
+        from ._model import build_model, hf_kind, saved_model_config
 
         self.cfg, self.ctx = cfg, ctx
 
-        def build():
-            model = build_gpt(cfg, ctx.device)
+        def shard(model):
             if cfg.activation_checkpointing:
                 apply_block_checkpointing(model)
             shard_gpt(model, cfg, "cuda" if ctx.device.startswith("cuda") else "cpu")
-            return model
 
-        self.model = guarded(ctx.comm, f"strategy={cfg.strategy!r}", build)
+        what = f"init_from={cfg.init_from!r}" if cfg.init_from else f"strategy={cfg.strategy!r}"
+        self.model = guarded(ctx.comm, what, lambda: build_model(cfg, ctx.device, shard))
+        # saved with every checkpoint: See [Note: Tokenizer with the checkpoint] and [Note: Model keys]
+        self.model_config = saved_model_config(self.model)
+        self.hf_config = guarded(ctx.comm, what, lambda: hf_kind(cfg.init_from)[1]) if cfg.init_from else None
+        self.tokenizer = guarded(ctx.comm, f"data={cfg.data!r}", lambda: tokenizer_spec(cfg.data))
         self.optim = make_optimizer(cfg, self.model.parameters())
         self.sampler = DistributedSampler(len(ctx.train_set), ctx.data_world, ctx.data_rank, shuffle=True,
                                           seed=cfg.seed)
@@ -288,7 +294,8 @@ class Session:
 
         return {"model": dcp.get_model_state_dict(self.model),
                 "optim": dcp.get_optimizer_state_dict(self.model, self.optim),
-                "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict()}
+                "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
+                "model_config": dict(self.model_config), "tokenizer": self.tokenizer, "hf_config": self.hf_config}
 
     def save(self, path, asynchronous: bool = False):
         """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save).
@@ -307,6 +314,8 @@ class Session:
         from hpcfsdp.distributed import checkpoint as dcp
 
         state = self.state_dict()
+        for key in ("tokenizer", "model_config", "hf_config"):  # this run's own (checked against the checkpoint's)
+            del state[key]
         dcp.load(state, checkpoint_id=path)
         dcp.set_model_state_dict(self.model, state["model"])
         dcp.set_optimizer_state_dict(self.model, self.optim, state["optim"])

@@ -1,4 +1,4 @@
-"""`hpcfsdp train`: train the reference GPT with FSDP on the ranks this job was launched on.
+"""`hpcfsdp train`: train GPT or Llama (--model, --init-from) with FSDP on the ranks this job was launched on.
 
 [Note: Exact resume]
 A checkpoint holds everything the next step depends on: the sharded model and optimizer state
@@ -44,7 +44,8 @@ output (rank 0):
   step and val_loss per evaluation; OUT_DIR/config.toml, the resolved configuration.
 
 checkpoints:
-  CHECKPOINT_DIR/latest is replaced atomically every --checkpoint-interval steps and at the end.
+  CHECKPOINT_DIR/latest is replaced atomically every --checkpoint-interval steps and at the end. Each holds
+  the model's config and the data's tokenizer (`hpcfsdp generate CKPT`, `hpcfsdp checkpoint export --hf`).
   --resume continues from it at the step it holds, with the same data order: at the same world
   size the losses equal those of an uninterrupted run. A finished run resumes to nothing and exits 0.
 
@@ -82,8 +83,9 @@ def add_parser(subparsers):
 
     p = subparsers.add_parser(
         "train",
-        help="train a GPT with FSDP on the ranks of this job",
-        description="Train hpcfsdp.models.GPT with fully sharded data parallelism on the MPI ranks this command "
+        help="train a GPT or Llama with FSDP on the ranks of this job",
+        description="Train hpcfsdp.models.GPT or Llama (--model; --init-from a Hugging Face directory) with fully "
+        "sharded data parallelism on the MPI ranks this command "
         "runs on (start it with `hpcfsdp launch -n N -- hpcfsdp train ...`, mpiexec or srun). Configuration "
         "comes from --config FILE (TOML or JSON) and flags; flags win.",
         epilog=_EPILOG,
@@ -166,22 +168,36 @@ def check_slurm_world(world, environ=None):
 # ----------------------------------------------------------------------------------- resume
 
 
-_SAME_ON_RESUME = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_weights", "seed")
+_SAME_ON_RESUME = ("seed",)  # and the model's keys, resolved (See [Note: Model keys] in _model.py), and the tokenizer
 
 
-def _check_resumable(cfg, path):
+def _check_resumable(cfg, path, tokenizer=None):
     """The checkpoint at `path` was written for this model and this data; raise ValueError if not."""
+    import dataclasses
+
     from hpcfsdp.distributed import checkpoint as dcp
 
+    from ._model import model_config, model_config_of
+
     md = dcp.read_metadata(path)
-    saved = ((md.extras or {}).get("skeleton") or {}).get("config")
+    skeleton = (md.extras or {}).get("skeleton") or {}
+    saved = skeleton.get("config")
     if not isinstance(saved, dict):
         raise ValueError(f"{path} holds no training configuration: not written by hpcfsdp train")
     mine = cfg.to_dict()
-    for name in _SAME_ON_RESUME:
-        if name in saved and saved[name] != mine[name]:
-            raise ValueError(f"{name}={mine[name]!r}, but the checkpoint {path} was written with "
-                             f"{name}={saved[name]!r}; resume with the same model, data and seed")
+    theirs = {"model": saved.get("model") or "gpt", **dataclasses.asdict(model_config_of({**saved, "dropout": None}))}
+    ours = {"model": cfg.model, **dataclasses.asdict(model_config(dataclasses.replace(cfg, dropout=0.0)))}
+    for name in list(theirs) + list(_SAME_ON_RESUME):
+        a, b = (ours.get(name), theirs.get(name)) if name in theirs else (mine[name], saved.get(name, mine[name]))
+        if a != b:
+            raise ValueError(f"{name}={a!r}, but the checkpoint {path} was written with "
+                             f"{name}={b!r}; resume with the same model, data and seed")
+    had = skeleton.get("tokenizer")
+    if isinstance(had, dict) and isinstance(tokenizer, dict) and (had.get("type"), had.get("json")) != (
+            tokenizer.get("type"), tokenizer.get("json")):
+        raise ValueError(f"data={cfg.data!r} was written with another tokenizer ({tokenizer.get('type')}, vocabulary "
+                         f"{tokenizer.get('vocab_size')}) than the checkpoint {path} ({had.get('type')}, vocabulary "
+                         f"{had.get('vocab_size')}); resume with the same model, data and seed")
 
 
 def _resume(cfg, ctx, session, ckpt):
@@ -202,7 +218,7 @@ def _resume(cfg, ctx, session, ckpt):
             f"; {cfg.checkpoint_dir} does not exist (a mistyped --checkpoint-dir?)" if cfg.checkpoint_dir else "")
         raise Agreed(f"resume: no checkpoint at {ckpt}{what}; --resume-if-exists starts from step 0 when there is "
                      "none")
-    guarded(ctx.comm, "resume", lambda: _check_resumable(cfg, ckpt))
+    guarded(ctx.comm, "resume", lambda: _check_resumable(cfg, ckpt, session.tokenizer))
     guarded(ctx.comm, f"resume from {ckpt}", lambda: session.load(ckpt))
     if ctx.rank == 0:
         print(f"resumed from {ckpt} at step {session.step}", flush=True)

@@ -236,7 +236,8 @@ def gpt2_hf_config(c) -> dict:
             "n_inner": None, "activation_function": "gelu_new" if c.gelu_approximate == "tanh" else "gelu",
             "layer_norm_epsilon": c.layer_norm_eps, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout,
             "attn_pdrop": c.dropout, "tie_word_embeddings": c.tie_weights, "scale_attn_weights": True,
-            "torch_dtype": "float32"}
+            "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "add_cross_attention": False,
+            "initializer_range": 0.02, "use_cache": True, "dtype": "float32"}
 
 
 def gpt2_names(key):
@@ -291,7 +292,8 @@ def llama_hf_config(c) -> dict:
             "intermediate_size": c.intermediate_size, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
             "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta}, "rope_theta": c.rope_theta,
             "attention_bias": c.bias, "mlp_bias": c.bias, "attention_dropout": c.dropout, "hidden_act": "silu",
-            "tie_word_embeddings": c.tie_weights, "initializer_range": c.init_std, "torch_dtype": "float32"}
+            "tie_word_embeddings": c.tie_weights, "initializer_range": c.init_std, "pretraining_tp": 1,
+            "use_cache": True, "dtype": "float32"}
 
 
 def llama_names(key):
