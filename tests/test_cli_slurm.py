@@ -147,8 +147,9 @@ def test_render_variants(nodes):
         time="1-00:00:00", job_name="big-run", cpus_per_task=7, exclusive=True, qos="normal",
         constraint="a100&nvlink", mpi="pmix", launcher="srun", entry="script", cuda_aware="1")
     got = _check_script(text, nodes=nodes, ntasks_per_node=4, gpus_per_node=8)
-    # a requeued job continues; paths are absolute, against the directory render ran in
-    expected = TrainConfig(**{**vars(cfg), "device": "cuda", "resume_if_exists": True,
+    # a requeued job continues; paths are absolute, against the directory render ran in; the model's choices
+    # (bias, tie_weights: None) are written as GPT's
+    expected = TrainConfig(**{**vars(cfg), "device": "cuda", "resume_if_exists": True, "bias": True, "tie_weights": True,
                               "checkpoint_dir": os.path.join(os.getcwd(), "ckpt", "run 1"),
                               "out_dir": os.path.join(os.getcwd(), "runs", "hpcfsdp")})
     assert got == expected
@@ -244,6 +245,7 @@ def test_cli_render_hsdp_with_config_file(tmp_path, capsys):
     cfg = _check_script(out, nodes=16, ntasks_per_node=4, gpus_per_node=4)
     assert cfg == TrainConfig(n_layer=6, strategy="HYBRID_SHARD", steps=70, mesh=(16, 4), device="cuda",
                               checkpoint_dir=os.path.join(os.getcwd(), "checkpoints"), resume_if_exists=True,
+                              bias=True, tie_weights=True,
                               out_dir=os.path.join(os.getcwd(), "runs", "hpcfsdp"))
     assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in out and f"# Interpreter: {sys.executable}" in out
     assert "HYBRID_SHARD (HSDP)" in out

@@ -105,9 +105,22 @@ def test_every_setting_is_written_so_later_defaults_cannot_change_the_job(tmp_pa
     # reshard_after_forward unset means "by strategy" (FSDP2's root rule differs from an explicit value)
     assert fields - {"reshard_after_forward"} <= set(given), sorted(fields - set(given))
     # so the job is what render resolved, whatever defaults the TrainConfig that reads it has
+    # (bias and tie_weights, None = the model's choice, are written as that choice: GPT's True)
     expected = TrainConfig(n_layer=2, device="cpu", checkpoint_dir=str(tmp_path / "checkpoints"),
-                           out_dir=str(tmp_path / "runs" / "hpcfsdp"), resume_if_exists=True)
+                           out_dir=str(tmp_path / "runs" / "hpcfsdp"), resume_if_exists=True, bias=True,
+                           tie_weights=True)
     assert config_from_args(argparse.Namespace(**given)) == expected
+
+
+@pytest.mark.timeout(120)
+def test_the_models_own_choices_are_written_as_that_models(tmp_path):
+    """bias / tie_weights unset mean the model's default (GPT: on, Llama: off); a flag cannot say "unset", so
+    render writes the model's choice."""
+    for model, want in (("gpt", True), ("llama", False)):
+        res = _render(["--model", model], cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        given = _given(_train_words(res.stdout))
+        assert given["model"] == model and given["bias"] is want and given["tie_weights"] is want, given
 
 
 def _loaded_libmpi():

@@ -16,6 +16,7 @@ holds the templates rendered with example settings (`render_examples`); a test k
 """
 
 import argparse
+import dataclasses
 import importlib.metadata
 import importlib.resources
 import os
@@ -210,7 +211,7 @@ def render_script(
         "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware, python)),
         "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, _mpiexec_of(python))),
         "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
-        "train_args": _format_args(cfg.to_args(only_changed=False)) + " &",
+        "train_args": _format_args(_resolved(cfg).to_args(only_changed=False)) + " &",
         "bench_args": "".join(" " + shlex.quote(t) for t in (_bench_words(bench_args, gpus_per_node))) + " &",
         "wait_step": _RUN_STEP.format(stopped=STOPPED_EXIT, requeue=1 if requeue else 0),
     }
@@ -259,6 +260,16 @@ def _bench_words(bench_args, gpus_per_node) -> list:
     if gpus_per_node > 0 and "--device" not in words and not any(w.startswith("--device=") for w in words):
         words += ["--device", "cuda"]
     return words
+
+
+def _resolved(cfg):
+    """``cfg`` with the switches that default to the model's choice (bias, tie_weights: None) written as that choice,
+    so the job keeps them whatever a later version's defaults (a flag cannot say None)."""
+    from hpcfsdp.models import GPTConfig, LlamaConfig
+
+    model = {"gpt": GPTConfig, "llama": LlamaConfig}[cfg.model]
+    own = {f.name: f.default for f in dataclasses.fields(model)}
+    return dataclasses.replace(cfg, **{k: own[k] for k in ("bias", "tie_weights") if getattr(cfg, k) is None})
 
 
 # TrainConfig fields that hold paths, made absolute at render time (`init_from` where the trainer has it).
