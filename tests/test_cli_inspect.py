@@ -52,7 +52,7 @@ def test_header_first_entries_only_on_request(trained):
     fields = dict(ln.split(": ", 1) for ln in lines)
     assert fields["step"] == "3"
     assert fields["world size"].startswith("2 rank(s)")
-    assert fields["model"].startswith(" ".join(f"{k}={v}" for k, v in MODEL.items()))
+    assert fields["model"].startswith("model=gpt " + " ".join(f"{k}={v}" for k, v in MODEL.items()))
     saved = datetime.datetime.strptime(fields["saved"].rsplit(" ", 1)[0], "%Y-%m-%d %H:%M:%S")
     assert before - 1 <= saved.timestamp() <= after + 1  # local time, as printed
     on_disk = sum(os.path.getsize(os.path.join(md.path, f)) for f in os.listdir(md.path))
@@ -75,7 +75,8 @@ def test_json_keeps_the_metadata_and_adds_the_header(trained):
     doc = json.loads(_inspect(path, "--json"))
     assert doc["entries"].keys() == md.entries.keys() and doc["world_size"] == 2  # the metadata, as before
     s = doc["summary"]
-    assert s["step"] == 3 and s["world_size"] == 2 and s["model"] == MODEL
+    assert s["step"] == 3 and s["world_size"] == 2 and s["model"]["model"] == "gpt"
+    assert {k: s["model"][k] for k in MODEL} == MODEL  # the built model's config, every field resolved
     assert before - 1 <= datetime.datetime.fromisoformat(s["saved"]).timestamp() <= after + 1
     assert s["size_on_disk_bytes"] == sum(os.path.getsize(os.path.join(md.path, f)) for f in os.listdir(md.path))
     n = sum(int(__import__("math").prod(e.shape)) for k, e in md.entries.items() if k.startswith("model."))

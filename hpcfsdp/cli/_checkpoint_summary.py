@@ -7,6 +7,7 @@ when it commits; the size on disk counts every file in the checkpoint's director
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -57,8 +58,16 @@ def summary(md, given_path: str) -> dict:
     skeleton = _saved_config(md)
     config = skeleton.get("config") if skeleton and isinstance(skeleton.get("config"), dict) else None
     model = None
-    if config is not None:
-        keys = [k for k in ("model", *model_fields()) if k in config]
+    built = skeleton.get("model_config") if skeleton else None
+    if isinstance(built, dict):  # the built model's own config (every field resolved), as the checkpoint keeps it
+        from hpcfsdp.models import GPTConfig, LlamaConfig
+
+        cls = LlamaConfig if built.get("model") == "llama" else GPTConfig
+        order = ["model", *(f.name for f in dataclasses.fields(cls))]  # the metadata's keys come back sorted
+        model = {k: built[k] for k in order if k in built}
+        model.update({k: v for k, v in built.items() if k not in model})
+    elif config is not None:  # older checkpoints: the training config's model flags that were set
+        keys = [k for k in ("model", *model_fields()) if k in config and config[k] is not None]
         model = {k: config[k] for k in keys}
     params = [e for n, e in md.entries.items() if n.startswith("model.")]
     mtime = os.stat(os.path.join(md.path, "metadata.json")).st_mtime

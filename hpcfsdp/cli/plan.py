@@ -181,7 +181,7 @@ def _from_config(path) -> dict:
         print(f"hpcfsdp plan: note: config {path!r}: the model leaves out {', '.join(unmodelled)} "
               "(it predicts one micro-batch, no tensor parallelism, no offload or recomputation)", file=sys.stderr)
     return {"vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
-            "batch_size": cfg.batch_size, "tie": cfg.tie_weights,
+            "batch_size": cfg.batch_size, "tie": True if cfg.tie_weights is None else cfg.tie_weights,  # None: GPT's
             "precision": "fp32" if cfg.mixed_precision == "none" else cfg.mixed_precision, "strategies": cfg.strategy}
 
 
