@@ -60,7 +60,21 @@ def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
                                      else ("shard",))
     mesh, dims = strategy_mesh(strategy, device_type, user_mesh)
     _fully_shard_units(model, cfg, mesh, dims)
+    quantize_units(model, getattr(cfg, "quantize_weights", "none"), getattr(cfg, "quantize_grads", "none"),
+                   getattr(cfg, "quantize_block", 256))
     return mesh
+
+
+def quantize_units(model, weights: str, grads: str, block: int) -> None:
+    """Give every FSDP unit of ``model`` the quantized all-gather / reduce-scatter asked for ("none": keep)."""
+    from hpcfsdp.distributed.fsdp import FSDPModule, QuantizedAllGather, QuantizedReduceScatter
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            if weights != "none":
+                m.set_custom_all_gather(QuantizedAllGather(weights, block_size=block))
+            if grads != "none":
+                m.set_custom_reduce_scatter(QuantizedReduceScatter(grads, block_size=block))
 
 
 def _fully_shard_units(model: GPT, cfg, mesh, dims):

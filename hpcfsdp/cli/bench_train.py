@@ -119,7 +119,8 @@ def _config(args):
                        mesh=parse_mesh(args.mesh) if args.mesh else None, mixed_precision=args.mixed_precision,
                        device=args.device, tie_weights=args.tie_weights, dropout=0.0, weight_decay=0.1,
                        reshard_after_forward={"auto": None, "true": True, "false": False}[args.reshard_after_forward],
-                       fsdp_units=args.fsdp_units, tp=args.tp)
+                       fsdp_units=args.fsdp_units, tp=args.tp, quantize_weights=args.quantize_weights,
+                       quantize_grads=args.quantize_grads, quantize_block=args.quantize_block)
 
 
 def _state_bytes(model, optim) -> int:
@@ -144,18 +145,6 @@ def _unit_numels(model, cfg):
     root_twice = cfg.reshard_after_forward is True  # the root keeps its parameters unless told otherwise
     once = (0 if reshard else inner) + (0 if root_twice else total - inner)
     return once, total - once
-
-
-def quantize_units(model, weights: str, grads: str, block: int) -> None:
-    """Give every FSDP unit of ``model`` the quantized all-gather / reduce-scatter asked for ("none": keep)."""
-    from hpcfsdp.distributed.fsdp import FSDPModule, QuantizedAllGather, QuantizedReduceScatter
-
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            if weights != "none":
-                m.set_custom_all_gather(QuantizedAllGather(weights, block_size=block))
-            if grads != "none":
-                m.set_custom_reduce_scatter(QuantizedReduceScatter(grads, block_size=block))
 
 
 def quantized_itemsize(kind: str, block: int, full: float) -> float:
@@ -339,7 +328,6 @@ def bench_train(args) -> dict:
         apply_block_checkpointing(model)
     if not unsharded:
         shard_gpt(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
-        quantize_units(model, args.quantize_weights, args.quantize_grads, args.quantize_block)
     if args.meta_init:
         model.to_empty(device=device)
         hp.manual_seed(cfg.seed)

@@ -53,6 +53,8 @@ __all__ = [
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 MIXED_PRECISIONS = ("bf16", "fp16", "none")
 FSDP_UNITS = ("block", "sublayer")
+QUANTIZE_WEIGHTS = ("none", "int8", "fp8")
+QUANTIZE_GRADS = ("none", "int8", "int4")
 DEVICES = ("cpu", "cuda")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -121,6 +123,9 @@ class TrainConfig:
     reshard_after_forward: Optional[bool] = None  # None = by strategy (FULL_SHARD/HYBRID yes, SHARD_GRAD_OP no)
     activation_checkpointing: bool = False  # recompute each block's forward in backward instead of keeping it
     fsdp_units: str = "block"  # block: one FSDP unit per block; sublayer: each block's MLP also a unit (earlier first reduction)
+    quantize_weights: str = "none"  # none | int8 | fp8: all-gather block-quantized weights (QuantizedAllGather)
+    quantize_grads: str = "none"  # none | int8 | int4: the reduction's cross-host hop quantized (QuantizedReduceScatter)
+    quantize_block: int = 256  # elements per quantization scale
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
@@ -216,6 +221,11 @@ class TrainConfig:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("fsdp_units", self.fsdp_units, FSDP_UNITS)
+        _choice("quantize_weights", self.quantize_weights, QUANTIZE_WEIGHTS)
+        _choice("quantize_grads", self.quantize_grads, QUANTIZE_GRADS)
+        if isinstance(self.quantize_block, bool) or not isinstance(self.quantize_block, int) or \
+                self.quantize_block < 2 or self.quantize_block % 2:
+            raise ConfigError(f"quantize_block={self.quantize_block!r}: expected an even integer >= 2")
         _choice("device", self.device, DEVICES)
         self._validate_model()
         self._validate_tp(world_size)
@@ -293,6 +303,9 @@ class TrainConfig:
             raise ConfigError("sequence_parallel=True: needs tensor parallelism (--tp K with K > 1)")
         if tp == 1:
             return
+        if self.quantize_weights != "none" or self.quantize_grads != "none":
+            raise ConfigError(f"quantize_weights/quantize_grads with tp={tp}: quantized collectives are for data "
+                              "parallelism without tensor parallelism (not yet combined)")
         if self.sequence_parallel and self.block_size % tp:
             raise ConfigError(f"sequence_parallel=True with tp={tp}: tp must divide block_size={self.block_size}")
         if world_size % tp:
@@ -669,6 +682,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--fsdp-units", choices=FSDP_UNITS, default=S,
                    help=_help("fsdp_units", "FSDP unit per block, or also per block's MLP (sublayer: gradients start "
                               "reducing after half a block's backward; more, smaller collectives)"))
+    g.add_argument("--quantize-weights", choices=QUANTIZE_WEIGHTS, default=S,
+                   help=_help("quantize_weights", "all-gather block-quantized weights (the sharded copy stays full "
+                              "precision)"))
+    g.add_argument("--quantize-grads", choices=QUANTIZE_GRADS, default=S,
+                   help=_help("quantize_grads", "quantize the gradient reduction across hosts (error feedback on)"))
+    g.add_argument("--quantize-block", type=int, default=S, help=_help("quantize_block", "elements per quantization scale"))
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
