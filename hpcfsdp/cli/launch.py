@@ -20,10 +20,16 @@ environment and this launcher inherited are dropped.
 [Note: Signals]
 mpiexec runs in a session of its own (a terminal's Ctrl-C reaches the launcher only), so the launcher
 forwards SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 to it; Hydra passes them to every rank (through the
-rank wrapper), and `hpcfsdp train` answers SIGTERM and SIGUSR1 with a final checkpoint. After SIGTERM
-or SIGINT the job has --grace seconds to end; then, or at a second SIGTERM/SIGINT, the launcher
-SIGKILLs mpiexec's process group and every process below mpiexec (each rank has a process group of
-its own), so no rank outlives the launcher. The launcher does the same when mpiexec exits.
+rank wrapper), and `hpcfsdp train` answers SIGTERM, SIGUSR1 and SIGINT with a final checkpoint (see
+[Note: Ctrl-C] in runtime.py). After SIGTERM or SIGINT the job has --grace seconds to end; then, or at
+a second SIGTERM, the launcher SIGKILLs mpiexec's process group and every process below mpiexec (each
+rank has a process group of its own), so no rank outlives the launcher. The launcher does the same
+when mpiexec exits. A second SIGINT (Ctrl-C pressed again) is not given to Hydra, which would kill
+every rank at once ("Press Ctrl-C again to force abort"), but to this host's rank wrappers: `hpcfsdp
+train` then stops at once and says in one line which checkpoint it leaves; Hydra ends the ranks on
+other hosts when these exit, and the launcher kills what is left AGAIN_GRACE seconds later. Hydra's own
+lines about Ctrl-C are not passed on, nor its exit codes after a stop the ranks reported themselves
+(every rank 0, 75 or 130), nor the launcher's own status line then: one line says what happened.
 
 [Note: A rank lost across hosts]
 When a rank dies by a signal (kill -9, the OOM killer) its wrapper writes one line naming it and exits, and
@@ -56,6 +62,10 @@ __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 60.0  # seconds the job has to end after SIGTERM/SIGINT before it is killed
 LOST_RANK_GRACE = 5.0  # seconds mpiexec has to end the job after a rank was killed (see [Note: A rank lost ...])
+AGAIN_GRACE = 10.0  # seconds the ranks have to end after a second SIGINT before they are killed
+_STOPPED_CODES = {0, 75, 130}  # exit statuses of ranks that stopped on request (runtime.STOPPED_EXIT, INTERRUPTED_EXIT)
+# Hydra's lines when it forwards a Ctrl-C: the ranks say what they do about it
+_HYDRA_CTRL_C = (b"Sending Ctrl-C to processes as requested", b"Press Ctrl-C again to force abort")
 # the rank wrapper's line for a rank killed by a signal (rankwrap.main)
 _KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host [^\n]*, pid \d+\) killed by \S+ \(signal (\d+)\)")
 
@@ -177,6 +187,9 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
 
 
 def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
+    from hpcfsdp.distributed._mpi import check_library
+
+    check_library()  # no MPI library: one line now, not one traceback per rank (see [Note: No MPI library])
     exe = find_mpiexec(mpiexec)
     env = dict(os.environ)
     if ranks_per_node is not None:
@@ -185,25 +198,23 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
     relay = "-print-all-exitcodes" in argv
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
-                            stderr=subprocess.PIPE)
-    relays = []
-    if relay:
-        out = proc.stdout.fileno()
-        relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536), _fd_of(sys.stdout, 1)),
-                                       daemon=True))
-    killed = []  # (when, rank, signal) of ranks their wrappers reported killed
-    err = proc.stderr.fileno()
-    relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
-        lambda: os.read(err, 65536), _fd_of(sys.stderr, 2), lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
-    for t in relays:
-        t.start()
     received, stopped = [], []
+    again = []  # when a second SIGINT was passed to the rank wrappers
+    job, early = [], []  # mpiexec, once started; the signals that came before
 
     def forward(sig, frame):  # See [Note: Signals]
         received.append(sig)
+        if not job:  # not started yet: passed on once it is (before Popen: it never starts)
+            if sig in (signal.SIGINT, signal.SIGTERM):
+                stopped.append(time.monotonic())
+            early.append(sig)
+            return
+        proc = job[0]
         if sig in (signal.SIGINT, signal.SIGTERM):
             if stopped:
+                if sig == signal.SIGINT and not again and _signal_rank_wrappers(proc.pid, sig):
+                    again.append(time.monotonic())  # the ranks stop at once and say so
+                    return
                 _kill_tree(proc)  # asked twice: do not wait for the job
                 return
             stopped.append(time.monotonic())
@@ -212,13 +223,37 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         except ProcessLookupError:
             pass
 
-    old = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    old = {sig: signal.signal(sig, forward) for sig in _FORWARDED}  # before the job starts: no signal is lost
     try:
+        if stopped:
+            print(f"hpcfsdp launch: {signal.Signals(received[0]).name} before the job started: not started",
+                  file=sys.stderr)
+            return 128 + received[0]
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
+                                stderr=subprocess.PIPE)
+        job.append(proc)
+        relays = []
+        if relay:
+            out = proc.stdout.fileno()
+            relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536),
+                                                                      _fd_of(sys.stdout, 1)),
+                                           kwargs={"stopping": lambda: bool(stopped)}, daemon=True))
+        killed = []  # (when, rank, signal) of ranks their wrappers reported killed
+        err = proc.stderr.fileno()
+        relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
+            lambda: os.read(err, 65536), _fd_of(sys.stderr, 2),
+            lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
+        for t in relays:
+            t.start()
+        for sig in dict.fromkeys(early):  # came while mpiexec was being started
+            os.kill(proc.pid, sig)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             limit = deadline
             if stopped:
                 limit = min(limit if limit is not None else float("inf"), stopped[0] + grace)
+            if again and time.monotonic() >= again[0] + AGAIN_GRACE:
+                _kill_tree(proc)
             try:
                 code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
                 break
@@ -241,11 +276,35 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     _kill_tree(proc)  # nothing of the job outlives mpiexec
     for t in relays:
         t.join(timeout=5)
-    if code != 0:
+    said = bool(stopped) and code in (75, 130) and code == _stop_status(received)  # the ranks said it ([Note: Signals])
+    if code != 0 and not said:
         print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
     if code < 0:
         return 128 - code
     return code
+
+
+def _stop_status(received) -> int:
+    """The exit status `hpcfsdp train` gives after the stop signals in ``received``: 130 once SIGINT came, else 75."""
+    return 130 if signal.SIGINT in received else 75
+
+
+def _signal_rank_wrappers(pid, sig) -> bool:
+    """Send ``sig`` to the rank wrappers below process ``pid`` (this host's); whether there were any."""
+    sent = False
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"hpcfsdp.cli.rankwrap" in argv:
+            try:
+                os.kill(child, sig)
+                sent = True
+            except ProcessLookupError:
+                pass
+    return sent
 
 
 # Hydra's summary line, e.g. "[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0".
@@ -306,10 +365,12 @@ def relay_stderr(read, fd: int, on_killed) -> None:
                 on_killed(int(m[1]), int(m[2]))
 
 
-def relay_stdout(read, fd: int) -> None:
+def relay_stdout(read, fd: int, stopping=None) -> None:
     """Copy mpiexec's stdout (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as
-    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report) and
-    translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes.
+    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report), or when
+    ``stopping()`` says a stop signal was forwarded and every rank exited 0, 75 or 130 (the ranks said why),
+    and translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes. Hydra's
+    lines about forwarding a Ctrl-C are dropped too (see [Note: Signals]).
 
     Bytes pass through unchanged and at once, except a line that begins like Hydra's own lines, which is
     held until its end so it can be checked."""
@@ -331,9 +392,16 @@ def relay_stdout(read, fd: int) -> None:
                 line, data = data[:end + 1], data[end + 1:]
                 m = _EXIT_CODES.fullmatch(line)
                 if m is None:
-                    out.append(line)
-                elif set(re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))) != {b"0"}:
-                    out.append(translate_exit_codes(m["codes"]))
+                    if not line.rstrip().endswith(_HYDRA_CTRL_C):
+                        out.append(line)
+                    continue
+                codes = {int(c) for c in re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))}
+                if codes == {0}:
+                    continue
+                if stopping is not None and stopping() and all(c & 0x7F == 0 and c >> 8 in _STOPPED_CODES
+                                                               for c in codes):
+                    continue
+                out.append(translate_exit_codes(m["codes"]))
                 continue
             end = data.find(b"\n")
             if end < 0:

@@ -2,10 +2,12 @@
 
 import argparse
 import importlib
+import os
 import sys
 
 from hpcfsdp._launcher_env import LauncherEnvError
 from hpcfsdp._version import __version__
+from hpcfsdp.distributed._mpi import MPILibraryError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -85,12 +87,30 @@ def main(argv=None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except LauncherEnvError as e:  # a stale RANK in the shell: one line for the job, not a traceback per rank
-        from .runtime import launch_rank
-
-        if launch_rank() == 0:
-            sys.stderr.write(f"hpcfsdp {args.command}: error: {e}\n")
+    except (LauncherEnvError, MPILibraryError) as e:
+        # a stale RANK in the shell, no MPI library (see [Note: No MPI library] in distributed/_mpi.py):
+        # one line for the job, not a traceback per rank
+        _say_once(f"hpcfsdp {args.command}: error: {e}\n")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a handler of the command's own (see [Note: Ctrl-C] in runtime.py)
+        from .runtime import INTERRUPTED_EXIT
+
+        _say_once(f"hpcfsdp {args.command}: interrupted (SIGINT); exit {INTERRUPTED_EXIT}\n")
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            # another rank may be inside a collective, so MPI cannot be finalized; `python -m mpi4py` would call
+            # MPI_Abort, one more line per rank
+            sys.stdout.flush()
+            os._exit(INTERRUPTED_EXIT)
+        return INTERRUPTED_EXIT
+
+
+def _say_once(line):
+    from .runtime import launch_rank
+
+    if launch_rank() == 0:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 A rank killed by SIGKILL (the OOM killer, a node failing, `kill -9`) or dying of a segfault writes no
 Python traceback, and mpiexec's own report names processes by exit code, not by rank, host and pid.
 `python -m hpcfsdp.cli.rankwrap [--ranks-per-node K] -- CMD ...` runs CMD as its child and, when the
-child ends by a signal, writes one line naming the rank, host, pid and signal, then exits with the
-shell's status for it (128 + signal), so the launcher ends the rest of the job. It forwards SIGTERM,
+child ends by a signal, writes one line naming the rank, host, pid and signal (not for a SIGINT it passed
+on: the user pressed Ctrl-C), then exits with the shell's status for it (128 + signal), so the launcher
+ends the rest of the job. It forwards SIGTERM,
 SIGINT, SIGUSR1 and SIGUSR2 to the child (mpiexec and srun signal the process they started: this
 one), and asks the kernel to SIGKILL the child if the wrapper itself dies, so no rank outlives its
 wrapper. Before starting the child it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
@@ -92,8 +93,10 @@ def main(argv=None) -> int:
     os.environ.update(rank_env(os.environ, args.ranks_per_node))
     child = None
     pending = []
+    forwarded = set()
 
     def forward(sig, frame):
+        forwarded.add(sig)
         if child is None:
             pending.append(sig)
         else:
@@ -119,6 +122,8 @@ def main(argv=None) -> int:
             continue
     if code < 0:
         sig = -code
+        if sig == signal.SIGINT and sig in forwarded:
+            return 128 + sig  # Ctrl-C, passed on: Python's KeyboardInterrupt ends by SIGINT after its own report
         sys.stderr.write(f"hpcfsdp: rank {_this_rank()} (host {socket.gethostname()}, pid {child.pid}) "
                          f"{describe_status(code)} without a Python traceback\n")
         sys.stderr.flush()

@@ -15,7 +15,8 @@ from hpcfsdp import _settings
 from hpcfsdp._launcher_env import launcher_rank
 
 __all__ = [
-    "PROGRESS_ENV", "VAL_FRACTION",
+    "PROGRESS_ENV", "VAL_FRACTION", "STOPPED_EXIT", "INTERRUPTED_EXIT", "STOP_SIGNALS", "StopRequest",
+    "stop_exit_status", "requeue_slurm_job",
     "launch_rank", "say_error", "Agreed", "exit_together", "agree", "guarded",
     "Windows", "train_val_datasets", "Batches", "Context", "step_seed", "Session", "Output", "trim_metrics",
     "gather_peaks",
@@ -97,26 +98,69 @@ def guarded(comm, what, fn):
 # SIGTERM (walltime, scancel, `hpcfsdp launch` forwarding a stop) and SIGUSR1 (Slurm's
 # `--signal=B:USR1@T` warning, forwarded by the batch script) only set a flag: the handler runs between
 # two Python bytecodes, possibly inside a collective, so it must not communicate. At every step boundary
-# the ranks combine their flags with one 4-byte allreduce (MAX), so a signal that reached some ranks
+# the ranks combine their flags with one small allreduce (MAX), so a signal that reached some ranks
 # only stops all of them at the same step; they write a final checkpoint and exit with STOPPED_EXIT.
+# The same allreduce says whether every rank's background checkpoint has finished (see
+# [Note: Keeping the last K] in _keep.py), so that all ranks act on it at the same step.
+#
+# [Note: Ctrl-C]
+# SIGINT (Ctrl-C; `hpcfsdp launch` forwards it to every rank) stops the same way, and wins over the
+# others: the ranks save, say once what was saved at which step and how to resume, and exit
+# INTERRUPTED_EXIT (130, the shell's status for Ctrl-C). A user stopped the job, so it is never
+# requeued (--requeue and the sbatch scripts requeue on STOPPED_EXIT only) and is no failure. A second
+# SIGINT stops at once: rank 0 writes one line (the checkpoint the run saved last, which is complete:
+# saves are atomic), and every rank leaves with os._exit(INTERRUPTED_EXIT), without a traceback and
+# without waiting for the save in progress (its temporary is removed by a later start).
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request after a final checkpoint; resume to continue
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: stopped by Ctrl-C (after a final checkpoint, unless pressed twice)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # ignored once training has ended (StopRequest.settle)
+
+
+def stop_exit_status(sig) -> int:
+    """The exit status of a job stopped by signal ``sig``: INTERRUPTED_EXIT for SIGINT, else STOPPED_EXIT."""
+    return INTERRUPTED_EXIT if sig == signal.SIGINT else STOPPED_EXIT
 
 
 class StopRequest:
-    """Flag set by SIGTERM/SIGUSR1; `agreed(comm)` (collective) says whether any rank got one."""
+    """Flag set by SIGTERM/SIGUSR1/SIGINT; `agreed(comm)` (collective) says whether any rank got one.
+
+    ``last_words`` (a callable returning a line) is what rank 0 writes when a second SIGINT ends the process
+    at once; see [Note: Ctrl-C]."""
 
     def __init__(self):
         self.signal = 0
+        self.interrupts = 0
+        self.last_words = lambda: "nothing saved yet"
         self._old = {}
 
     def install(self):
-        for sig in STOP_SIGNALS:
+        for sig in (*STOP_SIGNALS, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, sig, frame):
-        self.signal = self.signal or int(sig)
+        if sig == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                self._stop_now()
+            self.signal = int(sig)  # Ctrl-C wins: exit 130, no requeue
+        else:
+            self.signal = self.signal or int(sig)
+
+    def _stop_now(self):
+        if _job_rank() == 0:
+            try:
+                words = self.last_words()
+            except Exception as e:  # noqa: BLE001 (the process ends either way; say why the line is short)
+                words = f"(what was saved is unknown: {e})"
+            sys.stdout.write(f"SIGINT again: stopped at once, without a final checkpoint; {words}; "
+                             f"exit {INTERRUPTED_EXIT}\n")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(INTERRUPTED_EXIT)
 
     def restore(self):
         for sig, handler in self._old.items():
@@ -125,21 +169,30 @@ class StopRequest:
 
     def settle(self):
         """Training has ended (stopped on request, or trained to the end) and the process is about to exit:
-        ignore stop signals from now on, also after `restore`. srun (--kill-on-bad-exit) ends the step with
+        ignore SIGTERM/SIGUSR1 from now on, also after `restore`. srun (--kill-on-bad-exit) ends the step with
         SIGTERM as soon as the first rank exits STOPPED_EXIT, and Slurm's warning may come as a finished job
-        exits; a rank still saving or finalizing must not die of either (exit 143: no requeue, or FAILED)."""
+        exits; a rank still saving or finalizing must not die of either (exit 143: no requeue, or FAILED).
+        SIGINT keeps this handler, also after `restore`: a second Ctrl-C still ends the process at once, in one
+        line (see [Note: Ctrl-C])."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        self._old = dict.fromkeys(self._old, signal.SIG_IGN)
+            self._old[sig] = signal.SIG_IGN
+        signal.signal(signal.SIGINT, self._handle)
+        self._old[signal.SIGINT] = self._handle
 
     def agreed(self, comm) -> int:
-        """Collective: the signal number some rank received (the highest), 0 when none did."""
+        """Collective: the signal some rank received (SIGINT if any rank got one, else the highest), 0 when
+        none did."""
+        return self.poll(comm)[0]
+
+    def poll(self, comm, busy: bool = False) -> tuple:
+        """Collective: (the agreed signal as `agreed` returns it, whether ``busy`` is true on any rank)."""
         import numpy as np
 
-        mine = np.array([self.signal], dtype=np.int32)
-        out = np.zeros(1, dtype=np.int32)
+        mine = np.array([self.signal == signal.SIGINT, self.signal, busy], dtype=np.int32)
+        out = np.zeros(3, dtype=np.int32)
         comm.Allreduce(mine, out, op=_mpi_max())
-        return int(out[0])
+        return (int(signal.SIGINT) if out[0] else int(out[1])), bool(out[2])
 
 
 def _mpi_max():
@@ -290,7 +343,8 @@ class Session:
                 "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict()}
 
     def save(self, path, asynchronous: bool = False):
-        """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save).
+        """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save), with
+        the save's Future (its result() is None once committed); else return None once committed.
         The previous async save's error, if any, is raised here, at the next save."""
         from hpcfsdp.distributed import checkpoint as dcp
 
@@ -299,8 +353,9 @@ class Session:
             pending.result()
         if asynchronous:
             self._pending = dcp.async_save(self.state_dict(), checkpoint_id=path)
-        else:
-            dcp.save(self.state_dict(), checkpoint_id=path)
+            return self._pending
+        dcp.save(self.state_dict(), checkpoint_id=path)
+        return None
 
     def load(self, path):
         from hpcfsdp.distributed import checkpoint as dcp
