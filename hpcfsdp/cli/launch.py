@@ -201,6 +201,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     received, stopped = [], []
     again = []  # when a second SIGINT was passed to the rank wrappers
     job, early = [], []  # mpiexec, once started; the signals that came before
+    statuses = []  # the ranks' wait statuses, from Hydra's "Exit codes" line
 
     def forward(sig, frame):  # See [Note: Signals]
         received.append(sig)
@@ -237,7 +238,8 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
             out = proc.stdout.fileno()
             relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536),
                                                                       _fd_of(sys.stdout, 1)),
-                                           kwargs={"stopping": lambda: bool(stopped)}, daemon=True))
+                                           kwargs={"stopping": lambda: bool(stopped), "codes": statuses},
+                                           daemon=True))
         killed = []  # (when, rank, signal) of ranks their wrappers reported killed
         err = proc.stderr.fileno()
         relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
@@ -276,7 +278,14 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     _kill_tree(proc)  # nothing of the job outlives mpiexec
     for t in relays:
         t.join(timeout=5)
-    said = bool(stopped) and code in (75, 130) and code == _stop_status(received)  # the ranks said it ([Note: Signals])
+    said = False  # the ranks said why they stopped (see [Note: Signals])
+    if stopped and code != 0:
+        expected = _stop_status(received)
+        # Hydra kills every rank as soon as the first exits non-zero: those still on their way out end by SIGKILL
+        stopped_together = bool(statuses) and all(_stopped_status(c) for c in statuses) and any(
+            c == expected << 8 for c in statuses)
+        if code == expected or stopped_together or again:
+            code, said = expected, True
     if code != 0 and not said:
         print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
     if code < 0:
@@ -310,6 +319,13 @@ def _signal_rank_wrappers(pid, sig) -> bool:
 # Hydra's summary line, e.g. "[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0".
 _EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes:(?P<codes>( \[[^\]]*\] [0-9,]+)+)\s*")
 _PREFIX = b"[mpiexec@"
+# the lines of Hydra's report of a rank that ended badly (after a stop: one Hydra killed as another exited)
+_HYDRA_BANNER = re.compile(rb"=+|=   (BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES|PID \d+ RUNNING AT .*|"
+                           rb"EXIT CODE: \d+|CLEANING UP REMAINING PROCESSES|YOU CAN IGNORE THE BELOW CLEANUP MESSAGES)|"
+                           rb"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: .*|"
+                           rb"This typically refers to a problem with your application\.|"
+                           rb"Please see the FAQ page for debugging suggestions")
+_HYDRA_PREFIXES = (_PREFIX, b"=", b"YOUR APPLICATION TERMINATED", b"This typically refers", b"Please see the FAQ")
 
 
 def translate_exit_codes(codes: bytes) -> bytes:
@@ -365,15 +381,17 @@ def relay_stderr(read, fd: int, on_killed) -> None:
                 on_killed(int(m[1]), int(m[2]))
 
 
-def relay_stdout(read, fd: int, stopping=None) -> None:
+def relay_stdout(read, fd: int, stopping=None, codes=None) -> None:
     """Copy mpiexec's stdout (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as
-    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report), or when
-    ``stopping()`` says a stop signal was forwarded and every rank exited 0, 75 or 130 (the ranks said why),
-    and translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes. Hydra's
-    lines about forwarding a Ctrl-C are dropped too (see [Note: Signals]).
+    it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report) and
+    translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes; the wait
+    statuses are appended to the list ``codes``, if given. After a stop signal (``stopping()`` true, see
+    [Note: Signals]) Hydra's lines about forwarding a Ctrl-C, its banner about ranks it killed as the first
+    rank exited, and its exit codes when every rank stopped (0, 75, 130, or killed so) are dropped: the ranks
+    said what happened.
 
-    Bytes pass through unchanged and at once, except a line that begins like Hydra's own lines, which is
-    held until its end so it can be checked."""
+    Bytes pass through unchanged and at once, except a line that begins like one of Hydra's, which is held
+    until its end so it can be checked."""
     held = b""
     at_line_start = True
     while True:
@@ -384,24 +402,13 @@ def relay_stdout(read, fd: int, stopping=None) -> None:
         held = b""
         out = []
         while data:
-            if at_line_start and (data.startswith(_PREFIX) or _PREFIX.startswith(data)):
+            if at_line_start and any(data.startswith(p) or p.startswith(data) for p in _HYDRA_PREFIXES):
                 end = data.find(b"\n")
                 if end < 0:
                     held = data  # wait for the rest of this line
                     break
                 line, data = data[:end + 1], data[end + 1:]
-                m = _EXIT_CODES.fullmatch(line)
-                if m is None:
-                    if not line.rstrip().endswith(_HYDRA_CTRL_C):
-                        out.append(line)
-                    continue
-                codes = {int(c) for c in re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))}
-                if codes == {0}:
-                    continue
-                if stopping is not None and stopping() and all(c & 0x7F == 0 and c >> 8 in _STOPPED_CODES
-                                                               for c in codes):
-                    continue
-                out.append(translate_exit_codes(m["codes"]))
+                out.append(_hydra_line(line, stopping is not None and stopping(), codes))
                 continue
             end = data.find(b"\n")
             if end < 0:
@@ -413,6 +420,26 @@ def relay_stdout(read, fd: int, stopping=None) -> None:
             at_line_start = True
         _write_all(fd, b"".join(out))
     _write_all(fd, held)
+
+
+def _hydra_line(line: bytes, stopping: bool, codes) -> bytes:
+    """What relay_stdout passes on for a line that begins like one of Hydra's."""
+    m = _EXIT_CODES.fullmatch(line)
+    if m is None:
+        if stopping and (line.rstrip().endswith(_HYDRA_CTRL_C) or _HYDRA_BANNER.fullmatch(line.rstrip())):
+            return b""
+        return line
+    statuses = [int(c) for c in re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))]
+    if codes is not None:
+        codes.extend(statuses)
+    if set(statuses) == {0} or (stopping and all(_stopped_status(c) for c in statuses)):
+        return b""
+    return translate_exit_codes(m["codes"])
+
+
+def _stopped_status(status: int) -> bool:
+    """A rank's wait status after a stop: it exited 0, 75 or 130, or Hydra killed it once another had."""
+    return (status & 0x7F == 0 and status >> 8 in _STOPPED_CODES) or status & 0x7F == signal.SIGKILL
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -109,8 +109,10 @@ def guarded(comm, what, fn):
 # INTERRUPTED_EXIT (130, the shell's status for Ctrl-C). A user stopped the job, so it is never
 # requeued (--requeue and the sbatch scripts requeue on STOPPED_EXIT only) and is no failure. A second
 # SIGINT stops at once: rank 0 writes one line (the checkpoint the run saved last, which is complete:
-# saves are atomic), and every rank leaves with os._exit(INTERRUPTED_EXIT), without a traceback and
-# without waiting for the save in progress (its temporary is removed by a later start).
+# saves are atomic) and leaves with os._exit(INTERRUPTED_EXIT), without a traceback and without waiting
+# for the save in progress (its temporary is removed by a later start). The other ranks only point their
+# output at /dev/null and go on: rank 0 may be blocked in a collective (a Python handler runs only between
+# bytecodes), which must complete for its handler to run; mpiexec ends them once rank 0 has exited.
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request after a final checkpoint; resume to continue
 INTERRUPTED_EXIT = 130  # 128 + SIGINT: stopped by Ctrl-C (after a final checkpoint, unless pressed twice)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # ignored once training has ended (StopRequest.settle)
@@ -124,8 +126,8 @@ def stop_exit_status(sig) -> int:
 class StopRequest:
     """Flag set by SIGTERM/SIGUSR1/SIGINT; `agreed(comm)` (collective) says whether any rank got one.
 
-    ``last_words`` (a callable returning a line) is what rank 0 writes when a second SIGINT ends the process
-    at once; see [Note: Ctrl-C]."""
+    ``last_words`` (a callable returning a line; None once the run has said its last) is what rank 0 writes
+    when a second SIGINT ends the process at once; see [Note: Ctrl-C]."""
 
     def __init__(self):
         self.signal = 0
@@ -148,18 +150,24 @@ class StopRequest:
             self.signal = self.signal or int(sig)
 
     def _stop_now(self):
-        if _job_rank() == 0:
+        """The second Ctrl-C: rank 0 says what is left and leaves; the others only fall silent and go on, so that
+        a collective rank 0 is blocked in completes and its handler runs; mpiexec ends them once rank 0 has
+        exited (see [Note: Ctrl-C])."""
+        if _job_rank() != 0:
+            _silence()
+            return
+        words = self.last_words
+        if words is not None:  # None: the run has said its last line already
             try:
-                words = self.last_words()
+                line = f"SIGINT again: stopped at once, without a final checkpoint; {words()}; exit {INTERRUPTED_EXIT}"
             except Exception as e:  # noqa: BLE001 (the process ends either way; say why the line is short)
-                words = f"(what was saved is unknown: {e})"
-            sys.stdout.write(f"SIGINT again: stopped at once, without a final checkpoint; {words}; "
-                             f"exit {INTERRUPTED_EXIT}\n")
-        for stream in (sys.stdout, sys.stderr):
+                line = f"SIGINT again: stopped at once; what was saved is unknown ({e}); exit {INTERRUPTED_EXIT}"
             try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError, RuntimeError):  # RuntimeError: the main thread was inside a write
+                os.write(1, (line + "\n").encode())
+        _silence()
         os._exit(INTERRUPTED_EXIT)
 
     def restore(self):
@@ -193,6 +201,20 @@ class StopRequest:
         out = np.zeros(3, dtype=np.int32)
         comm.Allreduce(mine, out, op=_mpi_max())
         return (int(signal.SIGINT) if out[0] else int(out[1])), bool(out[2])
+
+
+def _silence():
+    """Point stdout and stderr at /dev/null: what a rank ended at once might still write (an MPI error about
+    rank 0 gone) is noise."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):
+            pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _mpi_max():

@@ -278,10 +278,11 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
                 ckpts.finish()  # every rank's background save has committed: link and prune now
             if got and done < cfg.steps:
                 stop.settle()
-                return _stop(cfg, ctx, session, out, ckpts, got)
+                return _stop(cfg, ctx, session, out, ckpts, got, stop)
         if ckpts is not None:
             ckpts.save(final=True)
         stop.settle()  # trained: a late stop signal (Slurm's warning) must not kill the ranks as they exit
+        stop.last_words = None  # trained and saved: a late second Ctrl-C has nothing to add
     finally:
         stop.restore()
         out.close()
@@ -298,7 +299,7 @@ def _saved(ckpts) -> str:
     return ckpts.describe()
 
 
-def _stop(cfg, ctx, session, out, ckpts, sig) -> int:
+def _stop(cfg, ctx, session, out, ckpts, sig, stop) -> int:
     """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT (SIGTERM,
     SIGUSR1) or INTERRUPTED_EXIT (SIGINT, never requeued); see [Note: Ctrl-C] in runtime.py."""
     import signal
@@ -308,10 +309,12 @@ def _stop(cfg, ctx, session, out, ckpts, sig) -> int:
     if ckpts is not None:
         ckpts.save(final=True)
     out.close()
+    stop.last_words = None  # said below: a second Ctrl-C from here on adds no line
     if ctx.rank == 0:
         print(f"{name}: stopped after step {session.step}/{cfg.steps}; {_saved(ckpts)}; exit {code}", flush=True)
         if cfg.requeue and code == STOPPED_EXIT:
             print(requeue_slurm_job(), flush=True)
+    ctx.comm.Barrier()  # no rank exits (and so has mpiexec end the others) before rank 0 has said it
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
