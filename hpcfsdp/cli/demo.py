@@ -41,8 +41,11 @@ def demo_train_args(steps: int, out_dir: str) -> list:
 
 
 def run(args) -> int:
+    from hpcfsdp.distributed._mpi import check_library
+
     from .launch import launch
 
+    check_library()  # no MPI library: the one line of hpcfsdp/cli/main.py, before anything else is said
     for name in ("nprocs", "steps"):
         if getattr(args, name) < 1:
             print(f"hpcfsdp demo: error: --{name} {getattr(args, name)}: expected a positive integer", file=sys.stderr)

@@ -133,6 +133,8 @@ def run(args) -> int:
         crash_after = _crash_step()
         try:
             world = _mpi.get_mpi().COMM_WORLD.Get_size()
+        except _mpi.MPILibraryError:
+            raise  # one line from hpcfsdp/cli/main.py (see [Note: No MPI library] in distributed/_mpi.py)
         except RuntimeError as e:  # the launcher's rank variables disagree with MPI
             started = sys.modules.get("mpi4py.MPI")
             if started is not None and started.Is_initialized():
