@@ -71,18 +71,16 @@ def run(args) -> int:
     if not recs:
         print(f"hpcfsdp demo: training logged nothing to {metrics}", file=sys.stderr)
         return 1
-    first, last = recs[0], recs[-1]
-    print(f"\nloss fell from {first['loss']:.3f} (step {first['step']}) to {last['loss']:.3f} (step {last['step']}) "
-          f"in {wall:.0f} s, {last['tokens_per_s']:.0f} tokens/s at the end")
-    print(f"metrics:    {metrics}")
+    last = recs[-1]  # the loss, metrics and checkpoint are in train's own summary line, printed once above
     from .plot import PlotDependencyError, load_metrics, plot_metrics
 
     try:
         png = os.path.join(out, "loss.png")
         plot_metrics(load_metrics(metrics), png)
-        print(f"plot:       {png}")
+        plot = f"plot: {png}"
     except PlotDependencyError:
-        print("plot:       pip install 'hpcfsdp[plot]' and run `hpcfsdp plot` to draw one")
-    print(f"checkpoint: {os.path.join(out, 'checkpoints', 'latest')} "
-          f"(inspect with `hpcfsdp checkpoint inspect`)")
+        plot = "pip install 'hpcfsdp[plot]' and run `hpcfsdp plot` for a plot"
+    ckpt = os.path.join(out, "checkpoints", "latest")
+    print(f"hpcfsdp demo: {last['step']} steps in {wall:.0f} s, {last['tokens_per_s']:.0f} tokens/s at the end; {plot}; "
+          f"inspect the checkpoint with `hpcfsdp checkpoint inspect {ckpt}`")
     return 0
