@@ -82,7 +82,7 @@ def reference(tmp_path_factory):
 def test_ctrl_c_checkpoints_exits_130_in_one_line_and_resumes_bit_for_bit(reference, tmp_path, to):
     d = tmp_path / "run"
     d.mkdir()
-    proc = _start(d)
+    proc = _start(d, ["--requeue"])  # never for a Ctrl-C: not even the line saying there is no Slurm job to requeue
     _after_steps(proc, d, 3)
     if to == "launcher":
         proc.send_signal(signal.SIGINT)
@@ -98,7 +98,7 @@ def test_ctrl_c_checkpoints_exits_130_in_one_line_and_resumes_bit_for_bit(refere
     assert said[0] == (f"SIGINT: stopped after step {at}/24; checkpoint {d / 'ckpt' / 'latest'} holds step {at}: "
                        f"rerun with --resume to continue; exit {INTERRUPTED_EXIT}"), said
     assert [s for s, _, _ in _losses(d / "metrics.jsonl")] == list(range(1, at + 1))  # every step run is saved
-    proc = _start(d, ["--resume"])
+    proc = _start(d, ["--requeue", "--resume"])
     out, err = proc.communicate(timeout=330)
     assert proc.returncode == 0, f"{out}\n{err}"
     assert f"resumed from {d / 'ckpt' / 'latest'} at step {at}" in out

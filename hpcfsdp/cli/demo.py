@@ -44,6 +44,7 @@ def run(args) -> int:
     from hpcfsdp.distributed._mpi import check_library
 
     from .launch import launch
+    from .runtime import INTERRUPTED_EXIT, STOPPED_EXIT
 
     check_library()  # no MPI library: the one line of hpcfsdp/cli/main.py, before anything else is said
     for name in ("nprocs", "steps"):
@@ -64,6 +65,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     rc = launch(args.nprocs, cmd, timeout=args.timeout)
     wall = time.perf_counter() - t0
+    if rc in (STOPPED_EXIT, INTERRUPTED_EXIT):
+        return rc  # stopped by a signal (Ctrl-C): train said what it saved and how to resume
     if rc != 0:
         print(f"hpcfsdp demo: training failed (exit {rc})", file=sys.stderr)
         return rc
