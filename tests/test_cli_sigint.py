@@ -185,3 +185,32 @@ def test_relay_drops_hydras_ctrl_c_lines_and_the_exit_codes_of_ranks_that_stoppe
     assert _relay([chat, stopped], stopping=True) == b"step 3/24  loss 5.3\n"
     assert _relay([chat, failed], stopping=True) == b"step 3/24  loss 5.3\nhpcfsdp launch: rank exits by host: vm: 130, 1\n"
     assert _relay([stopped], stopping=False) == b"hpcfsdp launch: rank exits by host: vm: 130, 0\n"
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_the_demo_then_demo_resume_continues_it(tmp_path):
+    def demo(out, *extra):
+        return subprocess.Popen(HPC + ["demo", "-n", "2", "--steps", "40", "--out-dir", str(out), *extra], env=_env(),
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+
+    ref = demo(tmp_path / "ref")
+    out, err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, out + err
+    d = tmp_path / "demo"
+    proc = demo(d)
+    _after_steps(proc, d, 3)  # logged every 4 steps
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == INTERRUPTED_EXIT, out + err
+    said = [ln for ln in _said(out, err) if not ln.startswith("hpcfsdp demo: training")]
+    assert len(said) == 1 and err == "" and said[0].startswith("SIGINT: stopped after step "), said
+    assert said[0].endswith(": rerun with --resume to continue; exit 130"), said
+    proc = demo(d, "--resume")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    assert f"resumed from {d / 'checkpoints' / 'latest'} at step" in out
+    ours, theirs = dict((s, rest) for s, *rest in _losses(d / "metrics.jsonl")), \
+        dict((s, rest) for s, *rest in _losses(tmp_path / "ref" / "metrics.jsonl"))
+    assert 40 in ours and len(set(ours) & set(theirs)) >= 8
+    assert all(ours[s] == theirs[s] for s in set(ours) & set(theirs))  # bit for bit where both logged

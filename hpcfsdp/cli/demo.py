@@ -25,6 +25,8 @@ def add_parser(subparsers):
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
     p.add_argument("--out-dir", default="runs/demo", help="where metrics, plot and checkpoint go (default: runs/demo)")
     p.add_argument("--timeout", type=float, default=900, help="kill the run after S seconds (default: 900)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a demo stopped by Ctrl-C (or a signal) from its last checkpoint")
     p.set_defaults(func=run)
 
 
@@ -54,11 +56,12 @@ def run(args) -> int:
     out = os.path.abspath(args.out_dir)
     os.makedirs(out, exist_ok=True)
     metrics = os.path.join(out, "metrics.jsonl")
-    if os.path.exists(metrics):
+    if os.path.exists(metrics) and not args.resume:
         os.remove(metrics)  # a stale log from an earlier demo must not pass for this one's
     if sys.stdout.isatty():
         os.environ.setdefault("HPCFSDP_PROGRESS", "1")  # the ranks' stdout is a pipe: ask for the bar anyway
-    cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "train", *demo_train_args(args.steps, out)]
+    cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "train", *demo_train_args(args.steps, out),
+           *(["--resume"] if args.resume else [])]
     m = DEMO_MODEL
     print(f"hpcfsdp demo: training a {m['n_layer']}-layer, {m['n_embd']}-wide GPT with FULL_SHARD on {args.nprocs} "
           f"ranks for {args.steps} steps", flush=True)
