@@ -185,6 +185,14 @@ def test_relay_drops_hydras_ctrl_c_lines_and_the_exit_codes_of_ranks_that_stoppe
     assert _relay([chat, stopped], stopping=True) == b"step 3/24  loss 5.3\n"
     assert _relay([chat, failed], stopping=True) == b"step 3/24  loss 5.3\nhpcfsdp launch: rank exits by host: vm: 130, 1\n"
     assert _relay([stopped], stopping=False) == b"hpcfsdp launch: rank exits by host: vm: 130, 0\n"
+    banner = (b"\n" + b"=" * 83 + b"\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 8067 RUNNING AT vm\n"
+              b"=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES\n=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES\n"
+              + b"=" * 83 + b"\nYOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
+              b"This typically refers to a problem with your application.\n"
+              b"Please see the FAQ page for debugging suggestions\n")
+    killed = b"[mpiexec@vm] Exit codes: [vm] 9,33280\n"  # killed by mpiexec as the other rank exited 130
+    assert _relay([b"SIGINT: stopped\n", banner[:50], banner[50:], killed], stopping=True) == b"SIGINT: stopped\n"
+    assert _relay([banner], stopping=False) == banner  # not after a stop: passed on as it came
 
 
 @pytest.mark.timeout(600)

@@ -325,7 +325,8 @@ _HYDRA_BANNER = re.compile(rb"=+|=   (BAD TERMINATION OF ONE OF YOUR APPLICATION
                            rb"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: .*|"
                            rb"This typically refers to a problem with your application\.|"
                            rb"Please see the FAQ page for debugging suggestions")
-_HYDRA_PREFIXES = (_PREFIX, b"=", b"YOUR APPLICATION TERMINATED", b"This typically refers", b"Please see the FAQ")
+_HYDRA_PREFIXES = (_PREFIX, b"=", b"YOUR APPLICATION TERMINATED", b"This typically refers", b"Please see the FAQ",
+                   b"\n")  # the banner's blank line before it
 
 
 def translate_exit_codes(codes: bytes) -> bytes:
@@ -426,7 +427,8 @@ def _hydra_line(line: bytes, stopping: bool, codes) -> bytes:
     """What relay_stdout passes on for a line that begins like one of Hydra's."""
     m = _EXIT_CODES.fullmatch(line)
     if m is None:
-        if stopping and (line.rstrip().endswith(_HYDRA_CTRL_C) or _HYDRA_BANNER.fullmatch(line.rstrip())):
+        if stopping and (line.rstrip().endswith(_HYDRA_CTRL_C) or _HYDRA_BANNER.fullmatch(line.rstrip())
+                         or line == b"\n"):
             return b""
         return line
     statuses = [int(c) for c in re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))]
