@@ -130,6 +130,7 @@ def run(args) -> int:
         cfg = config_from_args(args)
         if not cfg.soak:  # a stop signal while the job starts is kept for the first step boundary
             stop = StopRequest().install()
+            stop.last_words = lambda: _untouched(cfg)
         crash_after = _crash_step()
         try:
             world = _mpi.get_mpi().COMM_WORLD.Get_size()
@@ -292,6 +293,16 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {cfg.metrics_file()}"
               + (f"; checkpoint: {ckpt} (step {cfg.steps})" if ckpt else ""), flush=True)
     return 0
+
+
+def _untouched(cfg) -> str:
+    """What a rerun can continue from before this run has saved anything, in words (no communication)."""
+    if not cfg.checkpoint_dir:
+        return "nothing saved (no --checkpoint-dir): a rerun starts from step 0"
+    latest = os.path.join(cfg.checkpoint_dir, "latest")
+    if os.path.lexists(latest):
+        return f"checkpoint {latest} is as this run found it: rerun with --resume to continue from it"
+    return f"no checkpoint saved in {cfg.checkpoint_dir} yet: a rerun starts from step 0"
 
 
 def _saved(ckpts) -> str:
