@@ -31,6 +31,14 @@ other hosts when these exit, and the launcher kills what is left AGAIN_GRACE sec
 lines about Ctrl-C are not passed on, nor its exit codes after a stop the ranks reported themselves
 (every rank 0, 75 or 130), nor the launcher's own status line then: one line says what happened.
 
+[Note: Ctrl-C while the ranks start]
+A rank wrapper is a Python process too: a SIGINT while it imports would end it in a KeyboardInterrupt
+traceback. So a SIGINT that comes before this host's nprocs wrappers have their handlers (the launcher
+reads SigCgt in /proc/PID/status: SIGUSR2, which Python leaves alone, is caught once a wrapper has
+installed its own) is held and passed on as soon as they have, or HOLD_LIMIT seconds after the start
+(the wrappers on other hosts are not seen). The wrappers do the same for their child (see [Note: Ctrl-C
+while a rank starts] in rankwrap.py), so a Ctrl-C at any time ends in one line.
+
 [Note: A rank lost across hosts]
 When a rank dies by a signal (kill -9, the OOM killer) its wrapper writes one line naming it and exits, and
 Hydra should then end the whole job. Across hosts it often does not: in 3 of 4 runs on simulated hosts the
@@ -63,6 +71,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 60.0  # seconds the job has to end after SIGTERM/SIGINT before it is killed
 LOST_RANK_GRACE = 5.0  # seconds mpiexec has to end the job after a rank was killed (see [Note: A rank lost ...])
 AGAIN_GRACE = 10.0  # seconds the ranks have to end after a second SIGINT before they are killed
+HOLD_LIMIT = 15.0  # seconds after the start a SIGINT waits at most for the rank wrappers (other hosts' are not seen)
 _STOPPED_CODES = {0, 75, 130}  # exit statuses of ranks that stopped on request (runtime.STOPPED_EXIT, INTERRUPTED_EXIT)
 # Hydra's lines when it forwards a Ctrl-C: the ranks say what they do about it
 _HYDRA_CTRL_C = (b"Sending Ctrl-C to processes as requested", b"Press Ctrl-C again to force abort")
@@ -202,6 +211,8 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     again = []  # when a second SIGINT was passed to the rank wrappers
     job, early = [], []  # mpiexec, once started; the signals that came before
     statuses = []  # the ranks' wait statuses, from Hydra's "Exit codes" line
+    # SIGINTs held while the rank wrappers start; whether they have started; when a SIGINT was passed on
+    held, ready, forwarded_int = [], [False], []
 
     def forward(sig, frame):  # See [Note: Signals]
         received.append(sig)
@@ -211,14 +222,28 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
             early.append(sig)
             return
         proc = job[0]
+        if sig == signal.SIGINT and (held or not ready[0]):
+            if held or not _wrappers_ready(proc.pid, nprocs):  # See [Note: Ctrl-C while the ranks start]
+                if not stopped:
+                    stopped.append(time.monotonic())
+                held.append(sig)
+                return
+            ready[0] = True
+        _pass_on(sig)
+
+    def _pass_on(sig):
+        proc = job[0]
         if sig in (signal.SIGINT, signal.SIGTERM):
-            if stopped:
+            if stopped and (sig != signal.SIGINT or forwarded_int):
                 if sig == signal.SIGINT and not again and _signal_rank_wrappers(proc.pid, sig):
                     again.append(time.monotonic())  # the ranks stop at once and say so
                     return
                 _kill_tree(proc)  # asked twice: do not wait for the job
                 return
-            stopped.append(time.monotonic())
+            if not stopped:
+                stopped.append(time.monotonic())
+            if sig == signal.SIGINT:
+                forwarded_int.append(time.monotonic())
         try:
             os.kill(proc.pid, sig)
         except ProcessLookupError:
@@ -233,6 +258,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
                                 stderr=subprocess.PIPE)
         job.append(proc)
+        started = time.monotonic()
         relays = []
         if relay:
             out = proc.stdout.fileno()
@@ -247,8 +273,10 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
             lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
         for t in relays:
             t.start()
-        for sig in dict.fromkeys(early):  # came while mpiexec was being started
-            os.kill(proc.pid, sig)
+        if early:  # came while mpiexec was being started: pass them on as if they came now
+            came, stopped[:] = list(dict.fromkeys(early)), []
+            for sig in came:
+                forward(sig, None)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             limit = deadline
@@ -257,9 +285,14 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
             if again and time.monotonic() >= again[0] + AGAIN_GRACE:
                 _kill_tree(proc)
             try:
-                code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
+                code = proc.wait(timeout=1.0 if ready[0] else 0.05)  # a stop signal may set a deadline at any time
                 break
             except subprocess.TimeoutExpired:
+                if not ready[0] and (_wrappers_ready(proc.pid, nprocs) or time.monotonic() > started + HOLD_LIMIT):
+                    ready[0] = True
+                if ready[0] and held:
+                    _pass_on(held.pop(0))  # one at a time: a second Ctrl-C is one of its own
+                    continue
                 if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
                     code = _end_lost_rank(proc, *killed[0][1:])
                     break
@@ -298,9 +331,9 @@ def _stop_status(received) -> int:
     return 130 if signal.SIGINT in received else 75
 
 
-def _signal_rank_wrappers(pid, sig) -> bool:
-    """Send ``sig`` to the rank wrappers below process ``pid`` (this host's); whether there were any."""
-    sent = False
+def _rank_wrappers(pid) -> list:
+    """The pids of the rank wrappers below process ``pid`` (this host's)."""
+    found = []
     for child in _descendants(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as f:
@@ -308,11 +341,33 @@ def _signal_rank_wrappers(pid, sig) -> bool:
         except OSError:
             continue
         if b"hpcfsdp.cli.rankwrap" in argv:
-            try:
-                os.kill(child, sig)
-                sent = True
-            except ProcessLookupError:
-                pass
+            found.append(child)
+    return found
+
+
+def _wrappers_ready(pid, nprocs) -> bool:
+    """Whether ``nprocs`` rank wrappers run below ``pid`` and each has its signal handlers (SIGUSR2, which
+    Python leaves alone, caught: see [Note: Ctrl-C while the ranks start])."""
+    ready = 0
+    for child in _rank_wrappers(pid):
+        try:
+            with open(f"/proc/{child}/status") as f:
+                caught = next((int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        ready += bool(caught >> (signal.SIGUSR2 - 1) & 1)
+    return ready >= nprocs
+
+
+def _signal_rank_wrappers(pid, sig) -> bool:
+    """Send ``sig`` to the rank wrappers below process ``pid`` (this host's); whether there were any."""
+    sent = False
+    for child in _rank_wrappers(pid):
+        try:
+            os.kill(child, sig)
+            sent = True
+        except ProcessLookupError:
+            pass
     return sent
 
 

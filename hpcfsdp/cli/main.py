@@ -77,9 +77,31 @@ def _unrecognized(parser, args, extras):
 
 
 def main(argv=None) -> int:
+    from .rankwrap import restore_sigint
+
+    restore_sigint()  # See [Note: Ctrl-C while a rank starts] in rankwrap.py
+    name = ["hpcfsdp"]
+    try:
+        return _main(argv, name)
+    except KeyboardInterrupt:  # Ctrl-C outside a handler of the command's own (see [Note: Ctrl-C] in runtime.py)
+        from .runtime import INTERRUPTED_EXIT
+
+        _say_once(f"{name[0]}: interrupted (SIGINT); exit {INTERRUPTED_EXIT}\n")
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            # another rank may be inside a collective, so MPI cannot be finalized; `python -m mpi4py` would call
+            # MPI_Abort, one more line per rank
+            sys.stdout.flush()
+            os._exit(INTERRUPTED_EXIT)
+        return INTERRUPTED_EXIT
+
+
+def _main(argv, name) -> int:
     parser = build_parser()
     parser.error = _error_once.__get__(parser)
     args, extras = parser.parse_known_args(argv)
+    if getattr(args, "command", None):
+        name[0] = f"hpcfsdp {args.command}"
     if extras:
         _unrecognized(parser, args, extras)
     if getattr(args, "func", None) is None:
@@ -92,17 +114,6 @@ def main(argv=None) -> int:
         # one line for the job, not a traceback per rank
         _say_once(f"hpcfsdp {args.command}: error: {e}\n")
         return 2
-    except KeyboardInterrupt:  # Ctrl-C outside a handler of the command's own (see [Note: Ctrl-C] in runtime.py)
-        from .runtime import INTERRUPTED_EXIT
-
-        _say_once(f"hpcfsdp {args.command}: interrupted (SIGINT); exit {INTERRUPTED_EXIT}\n")
-        MPI = sys.modules.get("mpi4py.MPI")
-        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
-            # another rank may be inside a collective, so MPI cannot be finalized; `python -m mpi4py` would call
-            # MPI_Abort, one more line per rank
-            sys.stdout.flush()
-            os._exit(INTERRUPTED_EXIT)
-        return INTERRUPTED_EXIT
 
 
 def _say_once(line):

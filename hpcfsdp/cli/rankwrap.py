@@ -30,7 +30,7 @@ import sys
 
 from hpcfsdp._launcher_env import RANK_ENV_PID, find_launcher, forget_inherited, launcher_rank
 
-__all__ = ["main", "rank_env", "describe_status", "FORWARDED"]
+__all__ = ["main", "rank_env", "describe_status", "restore_sigint", "FORWARDED", "HOLD_SIGINT_FOR"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -69,8 +69,9 @@ def _this_rank():
     return "?" if rank is None else str(rank)
 
 
-def _die_with_parent():
-    """In the child before exec: SIGKILL me when my parent (the wrapper) dies; mark the rank variables mine."""
+def _die_with_parent(hold_sigint=False):
+    """In the child before exec: SIGKILL me when my parent (the wrapper) dies; mark the rank variables mine.
+    With ``hold_sigint``, start with SIGINT ignored (see [Note: Ctrl-C while a rank starts])."""
     try:
         import ctypes
 
@@ -81,8 +82,46 @@ def _die_with_parent():
         os.environ[RANK_ENV_PID] = str(os.getpid())
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
+    if hold_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not os.isatty(0):  # a process group of its own: each signal once, from the wrapper (see [Note: Rank wrapper])
         os.setpgid(0, 0)
+
+
+# [Note: Ctrl-C while a rank starts]
+# An `hpcfsdp` command answers Ctrl-C in one line (see [Note: Ctrl-C] in runtime.py), but only once it
+# runs: a SIGINT while Python still imports hpcfsdp (a second or two) would end every rank in a
+# KeyboardInterrupt traceback. So the wrapper starts an `hpcfsdp.cli.main` child with SIGINT ignored
+# (Python then installs no handler of its own), and hpcfsdp.cli.main, once imported, takes SIGINT again
+# (restore_sigint); a SIGINT that comes before is held by the wrapper, which watches the child's ignored
+# signals (/proc/PID/status, SigIgn) and passes it on as soon as SIGINT is no longer ignored there.
+HOLD_SIGINT_FOR = "hpcfsdp.cli.main"  # the module whose runs start with SIGINT held
+
+
+def _ignores_sigint(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def restore_sigint() -> None:
+    """In an `hpcfsdp` command that a rank wrapper started with SIGINT ignored: take SIGINT again (Python's
+    KeyboardInterrupt), so that the SIGINT the wrapper holds is passed on. A no-op elsewhere (a SIGINT ignored
+    on purpose, `nohup`, stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().split(b"\0")
+    except OSError:
+        return
+    if b"hpcfsdp.cli.rankwrap" in parent:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv=None) -> int:
@@ -99,11 +138,15 @@ def main(argv=None) -> int:
     child = None
     pending = []
     forwarded = set()
+    starting = [HOLD_SIGINT_FOR in cmd]  # the child still ignores SIGINT; see [Note: Ctrl-C while a rank starts]
+    held = []
 
     def forward(sig, frame):
         forwarded.add(sig)
         if child is None:
             pending.append(sig)
+        elif sig == signal.SIGINT and starting[0]:
+            held.append(sig)
         else:
             try:
                 child.send_signal(sig)
@@ -113,16 +156,22 @@ def main(argv=None) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     try:
-        child = subprocess.Popen(cmd, close_fds=False, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(cmd, close_fds=False, preexec_fn=lambda: _die_with_parent(starting[0]))
     except OSError as e:
         sys.stderr.write(f"hpcfsdp: rank {_this_rank()}: cannot start {cmd[0]!r}: {e}\n")
         return 127
     for sig in pending:
-        child.send_signal(sig)
+        forward(sig, None)
     while True:
         try:
-            code = child.wait()
+            code = child.wait(timeout=0.05 if starting[0] else None)
             break
+        except subprocess.TimeoutExpired:
+            if not _ignores_sigint(child.pid):  # it takes SIGINT now: pass on what came meanwhile
+                if held:
+                    child.send_signal(held.pop(0))  # one at a time: a second Ctrl-C is a signal of its own
+                else:
+                    starting[0] = False
         except InterruptedError:
             continue
     if code < 0:
