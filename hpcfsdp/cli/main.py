@@ -77,9 +77,8 @@ def _unrecognized(parser, args, extras):
 
 
 def main(argv=None) -> int:
-    from .rankwrap import restore_sigint
+    from .runtime import release_early_stop_request
 
-    restore_sigint()  # See [Note: Ctrl-C while a rank starts] in rankwrap.py
     name = ["hpcfsdp"]
     try:
         return _main(argv, name)
@@ -94,6 +93,8 @@ def main(argv=None) -> int:
             sys.stdout.flush()
             os._exit(INTERRUPTED_EXIT)
         return INTERRUPTED_EXIT
+    finally:
+        release_early_stop_request()
 
 
 def _main(argv, name) -> int:
@@ -102,6 +103,7 @@ def _main(argv, name) -> int:
     args, extras = parser.parse_known_args(argv)
     if getattr(args, "command", None):
         name[0] = f"hpcfsdp {args.command}"
+    _take_sigint(getattr(args, "command", None))
     if extras:
         _unrecognized(parser, args, extras)
     if getattr(args, "func", None) is None:
@@ -114,6 +116,25 @@ def _main(argv, name) -> int:
         # one line for the job, not a traceback per rank
         _say_once(f"hpcfsdp {args.command}: error: {e}\n")
         return 2
+
+
+def _take_sigint(command):
+    """SIGINT from here on: `train` keeps it for its first step boundary (see [Note: Ctrl-C] in runtime.py), any
+    other command gets Python's KeyboardInterrupt. Started by a rank wrapper with SIGINT ignored, the command takes
+    it only now (see [Note: Ctrl-C while a rank starts] in rankwrap.py)."""
+    import signal
+
+    from .rankwrap import restore_sigint
+
+    if command == "train":
+        from .runtime import early_stop_request
+
+        held = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        restore_sigint()
+        if not held or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            early_stop_request()
+    else:
+        restore_sigint()
 
 
 def _say_once(line):

@@ -16,7 +16,8 @@ from hpcfsdp._launcher_env import launcher_rank
 
 __all__ = [
     "PROGRESS_ENV", "VAL_FRACTION", "STOPPED_EXIT", "INTERRUPTED_EXIT", "STOP_SIGNALS", "StopRequest",
-    "stop_exit_status", "requeue_slurm_job",
+    "stop_exit_status", "requeue_slurm_job", "early_stop_request",
+    "release_early_stop_request",
     "launch_rank", "say_error", "Agreed", "exit_together", "agree", "guarded",
     "Windows", "train_val_datasets", "Batches", "Context", "step_seed", "Session", "Output", "trim_metrics",
     "gather_peaks",
@@ -135,6 +136,11 @@ class StopRequest:
         self.last_words = lambda: "nothing saved yet"
         self._old = {}
 
+    @classmethod
+    def take(cls):
+        """The StopRequest early_stop_request() installed, else a new one, installed."""
+        return _EARLY.pop() if _EARLY else cls().install()
+
     def install(self):
         for sig in (*STOP_SIGNALS, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
@@ -201,6 +207,23 @@ class StopRequest:
         out = np.zeros(3, dtype=np.int32)
         comm.Allreduce(mine, out, op=_mpi_max())
         return (int(signal.SIGINT) if out[0] else int(out[1])), bool(out[2])
+
+
+_EARLY = []  # the StopRequest installed by early_stop_request(), if any
+
+
+def early_stop_request():
+    """Install a StopRequest before the command has started (hpcfsdp/cli/main.py, for `train`): a stop signal
+    (SIGINT included) that comes while MPI and the model start is kept for the first step boundary instead of
+    a KeyboardInterrupt on some ranks while the others wait in MPI_Init. `StopRequest.take()` returns it."""
+    _EARLY.append(StopRequest().install())
+    return _EARLY[-1]
+
+
+def release_early_stop_request():
+    """Restore the handlers of an early_stop_request() the command did not take (it ended before)."""
+    while _EARLY:
+        _EARLY.pop().restore()
 
 
 def _silence():

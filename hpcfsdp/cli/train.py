@@ -22,6 +22,7 @@ that agreement every rank shuts MPI down normally (MPI_Finalize) and exits 2: no
 
 import argparse
 import os
+import signal
 import sys
 import types
 
@@ -128,8 +129,11 @@ def run(args) -> int:
     stop = None
     try:  # See [Note: Failing together]: no communication before every rank has validated
         cfg = config_from_args(args)
+        if cfg.soak:  # the soak test takes no stop signal: Ctrl-C is a KeyboardInterrupt (see cli/main.py)
+            StopRequest.take().restore()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if not cfg.soak:  # a stop signal while the job starts is kept for the first step boundary
-            stop = StopRequest().install()
+            stop = StopRequest.take()
             stop.last_words = lambda: _untouched(cfg)
         crash_after = _crash_step()
         try:
@@ -146,6 +150,8 @@ def run(args) -> int:
         if cfg.soak and cfg.resume:
             raise ConfigError("soak=True: a soak run starts from scratch; drop --resume")
     except ConfigError as err:
+        if stop is not None:
+            stop.restore()
         return exit_together(str(err))
     try:
         if cfg.soak:
