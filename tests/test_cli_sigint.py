@@ -222,3 +222,31 @@ def test_ctrl_c_in_the_demo_then_demo_resume_continues_it(tmp_path):
         dict((s, rest) for s, *rest in _losses(tmp_path / "ref" / "metrics.jsonl"))
     assert 40 in ours and len(set(ours) & set(theirs)) >= 8
     assert all(ours[s] == theirs[s] for s in set(ours) & set(theirs))  # bit for bit where both logged
+
+
+def _caught(pid, sig):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_a_rank_starts_is_kept_for_its_first_step_boundary(tmp_path):
+    """The rank wrapper holds a SIGINT while its child imports hpcfsdp (see [Note: Ctrl-C while a rank starts]):
+    no KeyboardInterrupt traceback, a checkpoint at step 1, exit 130, one line."""
+    d = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hpcfsdp.cli.rankwrap", "--", sys.executable, "-m", "hpcfsdp.cli.main", "train", *TINY,
+           "--out-dir", str(d), "--checkpoint-dir", str(d / "ckpt")]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _wait_for(lambda: _caught(proc.pid, signal.SIGUSR2), 60, proc)  # the wrapper's handlers are in place
+    proc.send_signal(signal.SIGINT)  # its child is still importing
+    out, err = proc.communicate(timeout=250)
+    assert proc.returncode == INTERRUPTED_EXIT, (out, err)
+    said = _said(out, err)
+    assert err == "" and len(said) == 1, said
+    assert said[0] == (f"SIGINT: stopped after step 1/24; checkpoint {d / 'ckpt' / 'latest'} holds step 1: "
+                       f"rerun with --resume to continue; exit {INTERRUPTED_EXIT}"), said
+    assert _latest_step(d) == 1
