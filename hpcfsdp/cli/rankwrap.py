@@ -12,7 +12,8 @@ one), and asks the kernel to SIGKILL the child if the wrapper itself dies, so no
 wrapper. The child runs in a process group of its own: Hydra signals the wrapper's process group, so a
 child in it would get every signal twice (directly and forwarded), and a second SIGINT means "stop at
 once" (see [Note: Ctrl-C] in runtime.py). Not when its stdin is a terminal (the wrapper run by hand): a
-process outside the terminal's foreground group may not read it. Before starting the child it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
+process outside the terminal's foreground group may not read it. Before starting the child it exports
+RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
 the launcher's variables (values the user set are kept; see [Note: torchrun variables] in
 distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank;
 under plain mpiexec or srun, put it in front of the command yourself:
