@@ -335,10 +335,11 @@ def test_node_local_rank():
     assert node_local_rank({}) is None
 
 
-def test_keep_last_and_async_checkpoint_are_refused_together():
+def test_keep_last_and_async_checkpoint_are_accepted_together():
     cfg = _cfg(["--checkpoint-dir", "ck", "--keep-last", "2", "--async-checkpoint"])
-    assert _bad(cfg, 2, "keep_last=2 with async_checkpoint=True")
-    _cfg(["--checkpoint-dir", "ck", "--keep-last", "2"]).validate(2)
+    cfg.validate(2)  # see tests/test_cli_keep_async.py for what they do together
+    assert cfg.keep_last == 2 and cfg.async_checkpoint
+    assert _bad(_cfg(["--keep-last", "2", "--async-checkpoint"]), 2, "keep_last=2: needs checkpoint_dir")
     _cfg(["--checkpoint-dir", "ck", "--async-checkpoint"]).validate(2)
 
 

@@ -16,17 +16,18 @@ def test_short_demo_trains_and_says_where_everything_is(tmp_path):
     res = subprocess.run([sys.executable, "-m", "hpcfsdp.cli.main", "demo", "--steps", "30", "--out-dir", str(out)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    m = re.search(r"loss fell from ([\d.]+) \(step 1\) to ([\d.]+) \(step 30\)", res.stdout)
+    metrics, ckpt = out / "metrics.jsonl", out / "checkpoints" / "latest"
+    m = re.search(rf"^loss ([\d.]+) -> ([\d.]+) over steps 1..30; metrics: {re.escape(str(metrics))}; "
+                  rf"checkpoint: {re.escape(str(ckpt))} \(step 30\)$", res.stdout, re.M)
     assert m, res.stdout
     first, last = float(m.group(1)), float(m.group(2))
     assert abs(first - math.log(256)) < 0.1 and last < first - 1.0  # byte-level: from uniform to well below
-    metrics = out / "metrics.jsonl"
-    assert f"metrics:    {metrics}" in res.stdout
+    assert res.stdout.count(" -> ") == 1 and res.stdout.count(str(metrics)) == 1  # the summary once, not twice
+    said = res.stdout.splitlines()[-1]
+    assert said.startswith("hpcfsdp demo: 30 steps in ") and f"`hpcfsdp checkpoint inspect {ckpt}`" in said, said
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in recs] == [1] + list(range(3, 31, 3))
     assert all(len(r["peak_mem_bytes"]) == 4 for r in recs)
-    ckpt = out / "checkpoints" / "latest"
-    assert f"checkpoint: {ckpt}" in res.stdout
     assert hpcfsdp_main(["checkpoint", "verify", str(ckpt)]) == 0
 
 

@@ -118,7 +118,8 @@ def _until(cond, timeout, slurm, job, what):
 
 
 def _stop_line(log, sig):
-    m = re.findall(rf"{sig}: stopped after step (\d+)/\d+; checkpoint \S+ at step (\d+); exit {STOPPED_EXIT}", log)
+    m = re.findall(rf"{sig}: stopped after step (\d+)/\d+; checkpoint \S+ holds step (\d+): rerun with --resume to "
+                   rf"continue; exit {STOPPED_EXIT}", log)
     assert len(m) == 1, f"expected one '{sig}: stopped after step' line:\n{log[-3000:]}"
     assert m[0][0] == m[0][1], m
     return int(m[0][0])

@@ -236,9 +236,6 @@ class TrainConfig:
             )
         if self.keep_last > 0 and not self.checkpoint_dir:
             raise ConfigError(f"keep_last={self.keep_last}: needs checkpoint_dir (--checkpoint-dir DIR)")
-        if self.keep_last and self.async_checkpoint:
-            raise ConfigError(f"keep_last={self.keep_last} with async_checkpoint=True: keeping step checkpoints "
-                              f"needs each save committed before `latest` moves; use one or the other")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume=True: needs checkpoint_dir (--checkpoint-dir DIR) to resume from")
         if self.resume_if_exists and not self.checkpoint_dir:

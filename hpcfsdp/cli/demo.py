@@ -25,6 +25,8 @@ def add_parser(subparsers):
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
     p.add_argument("--out-dir", default="runs/demo", help="where metrics, plot and checkpoint go (default: runs/demo)")
     p.add_argument("--timeout", type=float, default=900, help="kill the run after S seconds (default: 900)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a demo stopped by Ctrl-C (or a signal) from its last checkpoint")
     p.set_defaults(func=run)
 
 
@@ -41,8 +43,12 @@ def demo_train_args(steps: int, out_dir: str) -> list:
 
 
 def run(args) -> int:
-    from .launch import launch
+    from hpcfsdp.distributed._mpi import check_library
 
+    from .launch import launch
+    from .runtime import INTERRUPTED_EXIT, STOPPED_EXIT
+
+    check_library()  # no MPI library: the one line of hpcfsdp/cli/main.py, before anything else is said
     for name in ("nprocs", "steps"):
         if getattr(args, name) < 1:
             print(f"hpcfsdp demo: error: --{name} {getattr(args, name)}: expected a positive integer", file=sys.stderr)
@@ -50,17 +56,20 @@ def run(args) -> int:
     out = os.path.abspath(args.out_dir)
     os.makedirs(out, exist_ok=True)
     metrics = os.path.join(out, "metrics.jsonl")
-    if os.path.exists(metrics):
+    if os.path.exists(metrics) and not args.resume:
         os.remove(metrics)  # a stale log from an earlier demo must not pass for this one's
     if sys.stdout.isatty():
         os.environ.setdefault("HPCFSDP_PROGRESS", "1")  # the ranks' stdout is a pipe: ask for the bar anyway
-    cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "train", *demo_train_args(args.steps, out)]
+    cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "train", *demo_train_args(args.steps, out),
+           *(["--resume"] if args.resume else [])]
     m = DEMO_MODEL
     print(f"hpcfsdp demo: training a {m['n_layer']}-layer, {m['n_embd']}-wide GPT with FULL_SHARD on {args.nprocs} "
           f"ranks for {args.steps} steps", flush=True)
     t0 = time.perf_counter()
     rc = launch(args.nprocs, cmd, timeout=args.timeout)
     wall = time.perf_counter() - t0
+    if rc in (STOPPED_EXIT, INTERRUPTED_EXIT):
+        return rc  # stopped by a signal (Ctrl-C): train said what it saved and how to resume
     if rc != 0:
         print(f"hpcfsdp demo: training failed (exit {rc})", file=sys.stderr)
         return rc
@@ -68,18 +77,16 @@ def run(args) -> int:
     if not recs:
         print(f"hpcfsdp demo: training logged nothing to {metrics}", file=sys.stderr)
         return 1
-    first, last = recs[0], recs[-1]
-    print(f"\nloss fell from {first['loss']:.3f} (step {first['step']}) to {last['loss']:.3f} (step {last['step']}) "
-          f"in {wall:.0f} s, {last['tokens_per_s']:.0f} tokens/s at the end")
-    print(f"metrics:    {metrics}")
+    last = recs[-1]  # the loss, metrics and checkpoint are in train's own summary line, printed once above
     from .plot import PlotDependencyError, load_metrics, plot_metrics
 
     try:
         png = os.path.join(out, "loss.png")
         plot_metrics(load_metrics(metrics), png)
-        print(f"plot:       {png}")
+        plot = f"plot: {png}"
     except PlotDependencyError:
-        print("plot:       pip install 'hpcfsdp[plot]' and run `hpcfsdp plot` to draw one")
-    print(f"checkpoint: {os.path.join(out, 'checkpoints', 'latest')} "
-          f"(inspect with `hpcfsdp checkpoint inspect`)")
+        plot = "pip install 'hpcfsdp[plot]' and run `hpcfsdp plot` for a plot"
+    ckpt = os.path.join(out, "checkpoints", "latest")
+    print(f"hpcfsdp demo: {last['step']} steps in {wall:.0f} s, {last['tokens_per_s']:.0f} tokens/s at the end; {plot}; "
+          f"inspect the checkpoint with `hpcfsdp checkpoint inspect {ckpt}`")
     return 0

@@ -20,10 +20,24 @@ environment and this launcher inherited are dropped.
 [Note: Signals]
 mpiexec runs in a session of its own (a terminal's Ctrl-C reaches the launcher only), so the launcher
 forwards SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 to it; Hydra passes them to every rank (through the
-rank wrapper), and `hpcfsdp train` answers SIGTERM and SIGUSR1 with a final checkpoint. After SIGTERM
-or SIGINT the job has --grace seconds to end; then, or at a second SIGTERM/SIGINT, the launcher
-SIGKILLs mpiexec's process group and every process below mpiexec (each rank has a process group of
-its own), so no rank outlives the launcher. The launcher does the same when mpiexec exits.
+rank wrapper), and `hpcfsdp train` answers SIGTERM, SIGUSR1 and SIGINT with a final checkpoint (see
+[Note: Ctrl-C] in runtime.py). After SIGTERM or SIGINT the job has --grace seconds to end; then, or at
+a second SIGTERM, the launcher SIGKILLs mpiexec's process group and every process below mpiexec (each
+rank has a process group of its own), so no rank outlives the launcher. The launcher does the same
+when mpiexec exits. A second SIGINT (Ctrl-C pressed again) is not given to Hydra, which would kill
+every rank at once ("Press Ctrl-C again to force abort"), but to this host's rank wrappers: `hpcfsdp
+train` then stops at once and says in one line which checkpoint it leaves; Hydra ends the ranks on
+other hosts when these exit, and the launcher kills what is left AGAIN_GRACE seconds later. Hydra's own
+lines about Ctrl-C are not passed on, nor its exit codes after a stop the ranks reported themselves
+(every rank 0, 75 or 130), nor the launcher's own status line then: one line says what happened.
+
+[Note: Ctrl-C while the ranks start]
+A rank wrapper is a Python process too: a SIGINT while it imports would end it in a KeyboardInterrupt
+traceback. So a SIGINT that comes before this host's nprocs wrappers have their handlers (the launcher
+reads SigCgt in /proc/PID/status: SIGUSR2, which Python leaves alone, is caught once a wrapper has
+installed its own) is held and passed on as soon as they have, or HOLD_LIMIT seconds after the start
+(the wrappers on other hosts are not seen). The wrappers do the same for their child (see [Note: Ctrl-C
+while a rank starts] in rankwrap.py), so a Ctrl-C at any time ends in one line.
 
 [Note: A rank lost across hosts]
 When a rank dies by a signal (kill -9, the OOM killer) its wrapper writes one line naming it and exits, and
@@ -56,6 +70,11 @@ __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 60.0  # seconds the job has to end after SIGTERM/SIGINT before it is killed
 LOST_RANK_GRACE = 5.0  # seconds mpiexec has to end the job after a rank was killed (see [Note: A rank lost ...])
+AGAIN_GRACE = 10.0  # seconds the ranks have to end after a second SIGINT before they are killed
+HOLD_LIMIT = 15.0  # seconds after the start a SIGINT waits at most for the rank wrappers (other hosts' are not seen)
+_STOPPED_CODES = {0, 75, 130}  # exit statuses of ranks that stopped on request (runtime.STOPPED_EXIT, INTERRUPTED_EXIT)
+# Hydra's lines when it forwards a Ctrl-C: the ranks say what they do about it
+_HYDRA_CTRL_C = (b"Sending Ctrl-C to processes as requested", b"Press Ctrl-C again to force abort")
 # the rank wrapper's line for a rank killed by a signal (rankwrap.main)
 _KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host [^\n]*, pid \d+\) killed by \S+ \(signal (\d+)\)")
 
@@ -177,6 +196,9 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
 
 
 def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
+    from hpcfsdp.distributed._mpi import check_library
+
+    check_library()  # no MPI library: one line now, not one traceback per rank (see [Note: No MPI library])
     exe = find_mpiexec(mpiexec)
     env = dict(os.environ)
     if ranks_per_node is not None:
@@ -185,44 +207,92 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
     relay = "-print-all-exitcodes" in argv
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
-                            stderr=subprocess.PIPE)
-    relays = []
-    if relay:
-        out = proc.stdout.fileno()
-        relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536), _fd_of(sys.stdout, 1)),
-                                       daemon=True))
-    killed = []  # (when, rank, signal) of ranks their wrappers reported killed
-    err = proc.stderr.fileno()
-    relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
-        lambda: os.read(err, 65536), _fd_of(sys.stderr, 2), lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
-    for t in relays:
-        t.start()
     received, stopped = [], []
+    again = []  # when a second SIGINT was passed to the rank wrappers
+    job, early = [], []  # mpiexec, once started; the signals that came before
+    statuses = []  # the ranks' wait statuses, from Hydra's "Exit codes" line
+    # SIGINTs held while the rank wrappers start; whether they have started; when a SIGINT was passed on
+    held, ready, forwarded_int = [], [False], []
 
     def forward(sig, frame):  # See [Note: Signals]
         received.append(sig)
+        if not job:  # not started yet: passed on once it is (before Popen: it never starts)
+            if sig in (signal.SIGINT, signal.SIGTERM):
+                stopped.append(time.monotonic())
+            early.append(sig)
+            return
+        proc = job[0]
+        if sig == signal.SIGINT and (held or not ready[0]):
+            if held or not _wrappers_ready(proc.pid, nprocs):  # See [Note: Ctrl-C while the ranks start]
+                if not stopped:
+                    stopped.append(time.monotonic())
+                held.append(sig)
+                return
+            ready[0] = True
+        _pass_on(sig)
+
+    def _pass_on(sig):
+        proc = job[0]
         if sig in (signal.SIGINT, signal.SIGTERM):
-            if stopped:
+            if stopped and (sig != signal.SIGINT or forwarded_int):
+                if sig == signal.SIGINT and not again and _signal_rank_wrappers(proc.pid, sig):
+                    again.append(time.monotonic())  # the ranks stop at once and say so
+                    return
                 _kill_tree(proc)  # asked twice: do not wait for the job
                 return
-            stopped.append(time.monotonic())
+            if not stopped:
+                stopped.append(time.monotonic())
+            if sig == signal.SIGINT:
+                forwarded_int.append(time.monotonic())
         try:
             os.kill(proc.pid, sig)
         except ProcessLookupError:
             pass
 
-    old = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    old = {sig: signal.signal(sig, forward) for sig in _FORWARDED}  # before the job starts: no signal is lost
     try:
+        if stopped:
+            print(f"hpcfsdp launch: {signal.Signals(received[0]).name} before the job started: not started",
+                  file=sys.stderr)
+            return 128 + received[0]
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if relay else None,
+                                stderr=subprocess.PIPE)
+        job.append(proc)
+        started = time.monotonic()
+        relays = []
+        if relay:
+            out = proc.stdout.fileno()
+            relays.append(threading.Thread(target=relay_stdout, args=(lambda: os.read(out, 65536),
+                                                                      _fd_of(sys.stdout, 1)),
+                                           kwargs={"stopping": lambda: bool(stopped), "codes": statuses},
+                                           daemon=True))
+        killed = []  # (when, rank, signal) of ranks their wrappers reported killed
+        err = proc.stderr.fileno()
+        relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
+            lambda: os.read(err, 65536), _fd_of(sys.stderr, 2),
+            lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
+        for t in relays:
+            t.start()
+        if early:  # came while mpiexec was being started: pass them on as if they came now
+            came, stopped[:] = list(dict.fromkeys(early)), []
+            for sig in came:
+                forward(sig, None)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             limit = deadline
             if stopped:
                 limit = min(limit if limit is not None else float("inf"), stopped[0] + grace)
+            if again and time.monotonic() >= again[0] + AGAIN_GRACE:
+                _kill_tree(proc)
             try:
-                code = proc.wait(timeout=1.0)  # a stop signal may set a deadline at any time
+                code = proc.wait(timeout=1.0 if ready[0] else 0.05)  # a stop signal may set a deadline at any time
                 break
             except subprocess.TimeoutExpired:
+                if not ready[0] and (_wrappers_ready(proc.pid, nprocs) or time.monotonic() > started + HOLD_LIMIT):
+                    ready[0] = True
+                if ready[0] and held:
+                    _pass_on(held.pop(0))  # one at a time: a second Ctrl-C is one of its own
+                    continue
                 if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
                     code = _end_lost_rank(proc, *killed[0][1:])
                     break
@@ -241,16 +311,77 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     _kill_tree(proc)  # nothing of the job outlives mpiexec
     for t in relays:
         t.join(timeout=5)
-    if code != 0:
+    said = False  # the ranks said why they stopped (see [Note: Signals])
+    if stopped and code != 0:
+        expected = _stop_status(received)
+        # Hydra kills every rank as soon as the first exits non-zero: those still on their way out end by SIGKILL
+        stopped_together = bool(statuses) and all(_stopped_status(c) for c in statuses) and any(
+            c == expected << 8 for c in statuses)
+        if code == expected or stopped_together or again:
+            code, said = expected, True
+    if code != 0 and not said:
         print(f"hpcfsdp launch: the job {describe_status(code)}", file=sys.stderr)
     if code < 0:
         return 128 - code
     return code
 
 
+def _stop_status(received) -> int:
+    """The exit status `hpcfsdp train` gives after the stop signals in ``received``: 130 once SIGINT came, else 75."""
+    return 130 if signal.SIGINT in received else 75
+
+
+def _rank_wrappers(pid) -> list:
+    """The pids of the rank wrappers below process ``pid`` (this host's)."""
+    found = []
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"hpcfsdp.cli.rankwrap" in argv:
+            found.append(child)
+    return found
+
+
+def _wrappers_ready(pid, nprocs) -> bool:
+    """Whether ``nprocs`` rank wrappers run below ``pid`` and each has its signal handlers (SIGUSR2, which
+    Python leaves alone, caught: see [Note: Ctrl-C while the ranks start])."""
+    ready = 0
+    for child in _rank_wrappers(pid):
+        try:
+            with open(f"/proc/{child}/status") as f:
+                caught = next((int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        ready += bool(caught >> (signal.SIGUSR2 - 1) & 1)
+    return ready >= nprocs
+
+
+def _signal_rank_wrappers(pid, sig) -> bool:
+    """Send ``sig`` to the rank wrappers below process ``pid`` (this host's); whether there were any."""
+    sent = False
+    for child in _rank_wrappers(pid):
+        try:
+            os.kill(child, sig)
+            sent = True
+        except ProcessLookupError:
+            pass
+    return sent
+
+
 # Hydra's summary line, e.g. "[mpiexec@node1] Exit codes: [node1] 0,0 [node2] 0,0".
 _EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes:(?P<codes>( \[[^\]]*\] [0-9,]+)+)\s*")
 _PREFIX = b"[mpiexec@"
+# the lines of Hydra's report of a rank that ended badly (after a stop: one Hydra killed as another exited)
+_HYDRA_BANNER = re.compile(rb"=+|=   (BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES|PID \d+ RUNNING AT .*|"
+                           rb"EXIT CODE: \d+|CLEANING UP REMAINING PROCESSES|YOU CAN IGNORE THE BELOW CLEANUP MESSAGES)|"
+                           rb"YOUR APPLICATION TERMINATED WITH THE EXIT STRING: .*|"
+                           rb"This typically refers to a problem with your application\.|"
+                           rb"Please see the FAQ page for debugging suggestions")
+_HYDRA_PREFIXES = (_PREFIX, b"=", b"YOUR APPLICATION TERMINATED", b"This typically refers", b"Please see the FAQ",
+                   b"\n")  # the banner's blank line before it
 
 
 def translate_exit_codes(codes: bytes) -> bytes:
@@ -306,13 +437,17 @@ def relay_stderr(read, fd: int, on_killed) -> None:
                 on_killed(int(m[1]), int(m[2]))
 
 
-def relay_stdout(read, fd: int) -> None:
+def relay_stdout(read, fd: int, stopping=None, codes=None) -> None:
     """Copy mpiexec's stdout (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as
     it arrives, dropping Hydra's "Exit codes" line when every code in it is 0 (nothing to report) and
-    translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes.
+    translating it otherwise (raw wait statuses: 512 is exit status 2), see translate_exit_codes; the wait
+    statuses are appended to the list ``codes``, if given. After a stop signal (``stopping()`` true, see
+    [Note: Signals]) Hydra's lines about forwarding a Ctrl-C, its banner about ranks it killed as the first
+    rank exited, and its exit codes when every rank stopped (0, 75, 130, or killed so) are dropped: the ranks
+    said what happened.
 
-    Bytes pass through unchanged and at once, except a line that begins like Hydra's own lines, which is
-    held until its end so it can be checked."""
+    Bytes pass through unchanged and at once, except a line that begins like one of Hydra's, which is held
+    until its end so it can be checked."""
     held = b""
     at_line_start = True
     while True:
@@ -323,17 +458,13 @@ def relay_stdout(read, fd: int) -> None:
         held = b""
         out = []
         while data:
-            if at_line_start and (data.startswith(_PREFIX) or _PREFIX.startswith(data)):
+            if at_line_start and any(data.startswith(p) or p.startswith(data) for p in _HYDRA_PREFIXES):
                 end = data.find(b"\n")
                 if end < 0:
                     held = data  # wait for the rest of this line
                     break
                 line, data = data[:end + 1], data[end + 1:]
-                m = _EXIT_CODES.fullmatch(line)
-                if m is None:
-                    out.append(line)
-                elif set(re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))) != {b"0"}:
-                    out.append(translate_exit_codes(m["codes"]))
+                out.append(_hydra_line(line, stopping is not None and stopping(), codes))
                 continue
             end = data.find(b"\n")
             if end < 0:
@@ -345,6 +476,27 @@ def relay_stdout(read, fd: int) -> None:
             at_line_start = True
         _write_all(fd, b"".join(out))
     _write_all(fd, held)
+
+
+def _hydra_line(line: bytes, stopping: bool, codes) -> bytes:
+    """What relay_stdout passes on for a line that begins like one of Hydra's."""
+    m = _EXIT_CODES.fullmatch(line)
+    if m is None:
+        if stopping and (line.rstrip().endswith(_HYDRA_CTRL_C) or _HYDRA_BANNER.fullmatch(line.rstrip())
+                         or line == b"\n"):
+            return b""
+        return line
+    statuses = [int(c) for c in re.findall(rb"\d+", re.sub(rb"\[[^\]]*\]", b"", m["codes"]))]
+    if codes is not None:
+        codes.extend(statuses)
+    if set(statuses) == {0} or (stopping and all(_stopped_status(c) for c in statuses)):
+        return b""
+    return translate_exit_codes(m["codes"])
+
+
+def _stopped_status(status: int) -> bool:
+    """A rank's wait status after a stop: it exited 0, 75 or 130, or Hydra killed it once another had."""
+    return (status & 0x7F == 0 and status >> 8 in _STOPPED_CODES) or status & 0x7F == signal.SIGKILL
 
 
 def _write_all(fd: int, data: bytes) -> None:

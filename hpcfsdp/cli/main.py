@@ -2,10 +2,12 @@
 
 import argparse
 import importlib
+import os
 import sys
 
 from hpcfsdp._launcher_env import LauncherEnvError
 from hpcfsdp._version import __version__
+from hpcfsdp.distributed._mpi import MPILibraryError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -75,9 +77,33 @@ def _unrecognized(parser, args, extras):
 
 
 def main(argv=None) -> int:
+    from .runtime import release_early_stop_request
+
+    name = ["hpcfsdp"]
+    try:
+        return _main(argv, name)
+    except KeyboardInterrupt:  # Ctrl-C outside a handler of the command's own (see [Note: Ctrl-C] in runtime.py)
+        from .runtime import INTERRUPTED_EXIT
+
+        _say_once(f"{name[0]}: interrupted (SIGINT); exit {INTERRUPTED_EXIT}\n")
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            # another rank may be inside a collective, so MPI cannot be finalized; `python -m mpi4py` would call
+            # MPI_Abort, one more line per rank
+            sys.stdout.flush()
+            os._exit(INTERRUPTED_EXIT)
+        return INTERRUPTED_EXIT
+    finally:
+        release_early_stop_request()
+
+
+def _main(argv, name) -> int:
     parser = build_parser()
     parser.error = _error_once.__get__(parser)
     args, extras = parser.parse_known_args(argv)
+    if getattr(args, "command", None):
+        name[0] = f"hpcfsdp {args.command}"
+    _take_sigint(getattr(args, "command", None))
     if extras:
         _unrecognized(parser, args, extras)
     if getattr(args, "func", None) is None:
@@ -85,12 +111,38 @@ def main(argv=None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except LauncherEnvError as e:  # a stale RANK in the shell: one line for the job, not a traceback per rank
-        from .runtime import launch_rank
-
-        if launch_rank() == 0:
-            sys.stderr.write(f"hpcfsdp {args.command}: error: {e}\n")
+    except (LauncherEnvError, MPILibraryError) as e:
+        # a stale RANK in the shell, no MPI library (see [Note: No MPI library] in distributed/_mpi.py):
+        # one line for the job, not a traceback per rank
+        _say_once(f"hpcfsdp {args.command}: error: {e}\n")
         return 2
+
+
+def _take_sigint(command):
+    """SIGINT from here on: `train` keeps it for its first step boundary (see [Note: Ctrl-C] in runtime.py), any
+    other command gets Python's KeyboardInterrupt. Started by a rank wrapper with SIGINT ignored, the command takes
+    it only now (see [Note: Ctrl-C while a rank starts] in rankwrap.py)."""
+    import signal
+
+    from .rankwrap import restore_sigint
+
+    if command == "train":
+        from .runtime import early_stop_request
+
+        held = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        restore_sigint()
+        if not held or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            early_stop_request()
+    else:
+        restore_sigint()
+
+
+def _say_once(line):
+    from .runtime import launch_rank
+
+    if launch_rank() == 0:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -4,11 +4,16 @@
 A rank killed by SIGKILL (the OOM killer, a node failing, `kill -9`) or dying of a segfault writes no
 Python traceback, and mpiexec's own report names processes by exit code, not by rank, host and pid.
 `python -m hpcfsdp.cli.rankwrap [--ranks-per-node K] -- CMD ...` runs CMD as its child and, when the
-child ends by a signal, writes one line naming the rank, host, pid and signal, then exits with the
-shell's status for it (128 + signal), so the launcher ends the rest of the job. It forwards SIGTERM,
+child ends by a signal, writes one line naming the rank, host, pid and signal (not for a SIGINT it passed
+on: the user pressed Ctrl-C), then exits with the shell's status for it (128 + signal), so the launcher
+ends the rest of the job. It forwards SIGTERM,
 SIGINT, SIGUSR1 and SIGUSR2 to the child (mpiexec and srun signal the process they started: this
 one), and asks the kernel to SIGKILL the child if the wrapper itself dies, so no rank outlives its
-wrapper. Before starting the child it exports RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
+wrapper. The child runs in a process group of its own: Hydra signals the wrapper's process group, so a
+child in it would get every signal twice (directly and forwarded), and a second SIGINT means "stop at
+once" (see [Note: Ctrl-C] in runtime.py). Not when its stdin is a terminal (the wrapper run by hand): a
+process outside the terminal's foreground group may not read it. Before starting the child it exports
+RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
 the launcher's variables (values the user set are kept; see [Note: torchrun variables] in
 distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank;
 under plain mpiexec or srun, put it in front of the command yourself:
@@ -26,7 +31,7 @@ import sys
 
 from hpcfsdp._launcher_env import RANK_ENV_PID, find_launcher, forget_inherited, launcher_rank
 
-__all__ = ["main", "rank_env", "describe_status", "FORWARDED"]
+__all__ = ["main", "rank_env", "describe_status", "restore_sigint", "FORWARDED", "HOLD_SIGINT_FOR"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -65,8 +70,9 @@ def _this_rank():
     return "?" if rank is None else str(rank)
 
 
-def _die_with_parent():
-    """In the child before exec: SIGKILL me when my parent (the wrapper) dies; mark the rank variables mine."""
+def _die_with_parent(hold_sigint=False):
+    """In the child before exec: SIGKILL me when my parent (the wrapper) dies; mark the rank variables mine.
+    With ``hold_sigint``, start with SIGINT ignored (see [Note: Ctrl-C while a rank starts])."""
     try:
         import ctypes
 
@@ -77,6 +83,46 @@ def _die_with_parent():
         os.environ[RANK_ENV_PID] = str(os.getpid())
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
+    if hold_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not os.isatty(0):  # a process group of its own: each signal once, from the wrapper (see [Note: Rank wrapper])
+        os.setpgid(0, 0)
+
+
+# [Note: Ctrl-C while a rank starts]
+# An `hpcfsdp` command answers Ctrl-C in one line (see [Note: Ctrl-C] in runtime.py), but only once it
+# runs: a SIGINT while Python still imports hpcfsdp (a second or two) would end every rank in a
+# KeyboardInterrupt traceback. So the wrapper starts an `hpcfsdp.cli.main` child with SIGINT ignored
+# (Python then installs no handler of its own), and hpcfsdp.cli.main, once imported, takes SIGINT again
+# (restore_sigint); a SIGINT that comes before is held by the wrapper, which watches the child's ignored
+# signals (/proc/PID/status, SigIgn) and passes it on as soon as SIGINT is no longer ignored there.
+HOLD_SIGINT_FOR = "hpcfsdp.cli.main"  # the module whose runs start with SIGINT held
+
+
+def _ignores_sigint(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def restore_sigint() -> None:
+    """In an `hpcfsdp` command that a rank wrapper started with SIGINT ignored: take SIGINT again (Python's
+    KeyboardInterrupt), so that the SIGINT the wrapper holds is passed on. A no-op elsewhere (a SIGINT ignored
+    on purpose, `nohup`, stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().split(b"\0")
+    except OSError:
+        return
+    if b"hpcfsdp.cli.rankwrap" in parent:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv=None) -> int:
@@ -92,10 +138,16 @@ def main(argv=None) -> int:
     os.environ.update(rank_env(os.environ, args.ranks_per_node))
     child = None
     pending = []
+    forwarded = set()
+    starting = [HOLD_SIGINT_FOR in cmd]  # the child still ignores SIGINT; see [Note: Ctrl-C while a rank starts]
+    held = []
 
     def forward(sig, frame):
+        forwarded.add(sig)
         if child is None:
             pending.append(sig)
+        elif sig == signal.SIGINT and starting[0]:
+            held.append(sig)
         else:
             try:
                 child.send_signal(sig)
@@ -105,20 +157,28 @@ def main(argv=None) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     try:
-        child = subprocess.Popen(cmd, close_fds=False, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(cmd, close_fds=False, preexec_fn=lambda: _die_with_parent(starting[0]))
     except OSError as e:
         sys.stderr.write(f"hpcfsdp: rank {_this_rank()}: cannot start {cmd[0]!r}: {e}\n")
         return 127
     for sig in pending:
-        child.send_signal(sig)
+        forward(sig, None)
     while True:
         try:
-            code = child.wait()
+            code = child.wait(timeout=0.05 if starting[0] else None)
             break
+        except subprocess.TimeoutExpired:
+            if not _ignores_sigint(child.pid):  # it takes SIGINT now: pass on what came meanwhile
+                if held:
+                    child.send_signal(held.pop(0))  # one at a time: a second Ctrl-C is a signal of its own
+                else:
+                    starting[0] = False
         except InterruptedError:
             continue
     if code < 0:
         sig = -code
+        if sig == signal.SIGINT and sig in forwarded:
+            return 128 + sig  # Ctrl-C, passed on: Python's KeyboardInterrupt ends by SIGINT after its own report
         sys.stderr.write(f"hpcfsdp: rank {_this_rank()} (host {socket.gethostname()}, pid {child.pid}) "
                          f"{describe_status(code)} without a Python traceback\n")
         sys.stderr.flush()

