@@ -130,6 +130,7 @@ def test_async_save_is_linked_and_older_ones_pruned_only_once_committed(tmp_path
     assert _kept(directory) == ["step-00000002"]  # nothing pruned, `latest` unmoved while the save runs
     assert os.readlink(os.path.join(directory, "latest")) == "step-00000002" and ckpts.saved_step == 2
     assert "holds step 2" in ckpts.describe()
+    comm.Barrier()  # every rank has looked before rank 0 writes step 4's directory
     session.complete()
     assert not ckpts.busy() and ckpts.pending()
     ckpts.finish()
