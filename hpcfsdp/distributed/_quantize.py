@@ -43,9 +43,12 @@ def payload_bytes(kind: str, n: int, block: int) -> int:
 
 
 def _blocks(x, block: int):
+    """``x`` as (blocks, block) float32: a view when it already is float32 of whole blocks, else a zero-padded copy."""
     xp = array_module(x)
     n = x.size
     nb = math.ceil(n / block)
+    if n == nb * block and x.dtype == np.float32 and x.flags.c_contiguous:
+        return x.reshape(nb, block)
     xb = xp.zeros(nb * block, np.float32)
     xb[:n] = x.reshape(-1)
     return xb.reshape(nb, block)
@@ -58,16 +61,20 @@ def quantize(x, kind: str, block: int, out=None):
     n = x.size
     nb = math.ceil(n / block)
     xb = _blocks(x, block)
-    absmax = xp.abs(xb).max(axis=1) if nb else xp.zeros(0, np.float32)
+    # absmax without an |x| temporary: max(max, -min) (both propagate NaN)
+    absmax = xp.maximum(xb.max(axis=1), -xb.min(axis=1)) if nb else xp.zeros(0, np.float32)
     finite = xp.isfinite(absmax)
     scale = xp.where(finite, absmax / np.float32(_QMAX[kind]), np.float32(np.nan)).astype(np.float32)
-    safe = xp.where(finite & (scale > 0), scale, np.float32(1.0))
-    y = xb / safe[:, None]
-    y = xp.where(finite[:, None], y, np.float32(0.0))  # the block's NaN scale carries the non-finite value
+    inv = np.float32(1.0) / xp.where(finite & (scale > 0), scale, np.float32(1.0))
+    y = xb * inv[:, None]
+    if not bool(finite.all()):
+        y[~finite] = 0.0  # the block's NaN scale carries the non-finite value
     if kind == "fp8":
         codes = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(-1)[:n]
     else:
-        q = xp.clip(xp.rint(y), -_QMAX[kind], _QMAX[kind]).astype(np.int8).reshape(-1)[:n]
+        xp.rint(y, out=y)
+        xp.clip(y, -_QMAX[kind], _QMAX[kind], out=y)
+        q = y.astype(np.int8).reshape(-1)[:n]
         if kind == "int4":
             u = (q + 8).astype(np.uint8)
             if n % 2:
@@ -103,12 +110,18 @@ def dequantize(payload, kind: str, n: int, block: int, dtype, out=None):
         u[1::2] = codes >> np.uint8(4)
         vals = u[:n].astype(np.float32) - np.float32(8)
     else:
-        vals = codes.view(np.int8).astype(np.float32)
-    full = xp.zeros(nb * block, np.float32)
-    full[:n] = vals
-    res = (full.reshape(nb, block) * scale[:, None]).reshape(-1)[:n]
+        vals = codes.view(np.int8)  # cast to float32 by the multiply below
+    if n == nb * block:  # whole blocks: one multiply, into ``out`` when it is float32
+        if out is not None and out.dtype == np.float32 and out.flags.c_contiguous:
+            xp.multiply(vals.reshape(nb, block), scale[:, None], out=out.reshape(nb, block))
+            return out
+        res = (vals.reshape(nb, block) * scale[:, None]).reshape(-1)
+    else:
+        full = xp.zeros(nb * block, np.float32)
+        full[:n] = vals  # (int8 codes cast on the copy)
+        res = (full.reshape(nb, block) * scale[:, None]).reshape(-1)[:n]
     if out is None:
-        return res.astype(dtype)
+        return res.astype(dtype, copy=False)
     out[...] = res.reshape(out.shape)
     return out
 
