@@ -12,6 +12,7 @@ import pytest
 
 from hpcfsdp.cli import launch
 from hpcfsdp.cli.runtime import INTERRUPTED_EXIT, STOPPED_EXIT, stop_exit_status
+from test_signals import _wait_for
 
 HPC = [sys.executable, "-m", "hpcfsdp.cli.main"]
 TINY = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "4",
@@ -23,17 +24,6 @@ def _env():
     drop = ("HPCFSDP_TRAIN_CRASH_AFTER_STEP", "HPCFSDP_PROGRESS", "RANK", "WORLD_SIZE", "LOCAL_RANK",
             "LOCAL_WORLD_SIZE")
     return {k: v for k, v in os.environ.items() if k not in drop}
-
-
-def _wait_for(cond, timeout, proc=None):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        if proc is not None and proc.poll() is not None:
-            return cond()
-        time.sleep(0.05)
-    return False
 
 
 def _start(d, extra=()):

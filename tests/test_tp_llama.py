@@ -15,6 +15,7 @@ from hpcfsdp.distributed.tensor import DTensor, Shard
 from hpcfsdp.distributed.tensor.parallel import parallelize_module
 from hpcfsdp.distributed.tensor.placement_types import _StridedShard
 from hpcfsdp.models import Llama, LlamaConfig
+from test_tp_heads import _rmtree, _tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 CFG = dict(vocab_size=16, block_size=8, n_layer=2, n_head=8, n_kv_head=4, n_embd=32, intermediate_size=48)
@@ -36,14 +37,6 @@ def _dp_tp(model, mesh):
 
 def _full(t):
     return t.full_tensor()._data if isinstance(t, DTensor) else t._data
-
-
-def _shared_dir():
-    import tempfile
-
-    box = [tempfile.mkdtemp(prefix="hpcfsdp-llama-tp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 @pytest.mark.timeout(300)
@@ -79,7 +72,7 @@ def test_llama_dp2_tp2_heads_split_matches_the_unsharded_model_and_reshards_to_t
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_full(p), refp[name]._data, rtol=1e-4, atol=1e-5, err_msg=name)
 
-    root = _shared_dir()
+    root = _tmpdir()
     try:
         dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=f"{root}/ck")
         tp4 = _llama(11)
@@ -95,8 +88,4 @@ def test_llama_dp2_tp2_heads_split_matches_the_unsharded_model_and_reshards_to_t
         x = hp.tensor(rng.integers(0, 16, (2, 8)))
         np.testing.assert_allclose(tp4(x)[0]._data, ref(x)[0]._data, rtol=1e-4, atol=1e-5)
     finally:
-        dist.barrier()
-        if dist.get_rank() == 0:
-            import shutil
-
-            shutil.rmtree(root, ignore_errors=True)
+        _rmtree(root)
