@@ -21,15 +21,14 @@ def _full(seed, shape):
     return hp.tensor(np.random.default_rng(seed).standard_normal(shape), requires_grad=True)
 
 
-def _check(fn, fulls, placements, want=None):
-    """fn on DTensors of ``fulls`` laid out as ``placements`` against fn on ``fulls``: values and gradients."""
+def _check(fn, fulls, placements):
+    """fn on DTensors of ``fulls`` laid out as ``placements`` against fn on ``fulls``: values and gradients. Returns
+    the DTensor result (its placements are checked by the caller)."""
     mesh = _mesh()
     dts = [distribute_tensor(f.detach(), mesh, [p]).requires_grad_(f.requires_grad) for f, p in zip(fulls, placements)]
     out = fn(*dts)
     ref = fn(*fulls)
     assert isinstance(out, DTensor), type(out)
-    if want is not None:
-        assert out.placements == (want,), out.placements
     np.testing.assert_allclose(out.full_tensor().detach().numpy(), ref.detach().numpy(), rtol=1e-10, atol=1e-12)
     weight = hp.tensor(np.random.default_rng(99).standard_normal(tuple(ref.shape)))
     (ref * weight).sum().backward()
@@ -38,6 +37,7 @@ def _check(fn, fulls, placements, want=None):
         if f.requires_grad:
             assert isinstance(d.grad, DTensor) and d.grad.placements == d.placements
             np.testing.assert_allclose(d.grad.full_tensor().numpy(), f.grad.numpy(), rtol=1e-10, atol=1e-12)
+    return out
 
 
 @pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ def _check(fn, fulls, placements, want=None):
 ])
 def test_linear(px, pw, want):
     x, w = _full(0, (4, 8)), _full(1, (6, 8))
-    _check(lambda a, b: F.linear(a, b), [x, w], [px, pw], want)
+    assert _check(lambda a, b: F.linear(a, b), [x, w], [px, pw]).placements == (want,)
 
 
 @pytest.mark.timeout(60)
@@ -56,15 +56,17 @@ def test_linear_with_a_replicated_bias_on_a_column_sharded_weight():
     def fulls():
         return [_full(0, (4, 8)), _full(1, (6, 8)), _full(2, (6,))]
 
-    _check(F.linear, fulls(), [Replicate(), Shard(0), Replicate()], Shard(1))
-    _check(F.linear, fulls(), [Shard(1), Shard(1), Replicate()], Replicate())  # partial + bias: reduced first
+    assert _check(F.linear, fulls(), [Replicate(), Shard(0), Replicate()]).placements == (Shard(1),)
+    # partial + bias: reduced first
+    assert _check(F.linear, fulls(), [Shard(1), Shard(1), Replicate()]).placements == (Replicate(),)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("px,want", [(Shard(0), Shard(0)), (Shard(1), Shard(1)), (Shard(2), Replicate())])
 def test_layer_norm_keeps_the_unnormalized_dims_sharded(px, want):
     x, w, b = _full(0, (4, 6, 8)), _full(1, (8,)), _full(2, (8,))
-    _check(lambda a, g, h: F.layer_norm(a, (8,), g, h), [x, w, b], [px, Replicate(), Replicate()], want)
+    out = _check(lambda a, g, h: F.layer_norm(a, (8,), g, h), [x, w, b], [px, Replicate(), Replicate()])
+    assert out.placements == (want,)
 
 
 @pytest.mark.timeout(60)
@@ -90,7 +92,8 @@ def test_embedding(pi, pw, want):
 def test_scaled_dot_product_attention(p):
     q, k, v = _full(0, (4, 4, 6, 8)), _full(1, (4, 4, 6, 8)), _full(2, (4, 4, 6, 8))
     want = p if p.dim < 2 else Replicate()  # batch and heads stay local; the sequence dim is gathered
-    _check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [q, k, v], [p] * 3, want)
+    out = _check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), [q, k, v], [p] * 3)
+    assert out.placements == (want,)
 
 
 @pytest.mark.timeout(60)
@@ -100,7 +103,10 @@ def test_losses(name, reduction):
     x, t = _full(0, (8, 6)), _full(1, (8, 6))
     t.requires_grad_(False)
     fn = getattr(F, name)
-    _check(lambda a, b: fn(a, b, reduction=reduction), [x, t], [Shard(0), Shard(0)])
+    out = _check(lambda a, b: fn(a, b, reduction=reduction), [x, t], [Shard(0), Shard(0)])
+    # mse and l1 are composed of DTensor ops (a mean over a Shard(0) loss is Partial); smooth_l1 is gathered
+    want = Replicate() if name == "smooth_l1_loss" else Shard(0) if reduction == "none" else Partial()
+    assert out.placements == (want,)
 
 
 @pytest.mark.timeout(60)
@@ -108,11 +114,13 @@ def test_nll_loss_and_activations():
     x = _full(0, (8, 5))
     tgt = hp.tensor(np.random.default_rng(1).integers(0, 5, (8,)))
     mesh = _mesh()
-    for fn in (lambda a: F.nll_loss(F.log_softmax(a, -1), tgt if not isinstance(a, DTensor) else
-                                    distribute_tensor(tgt, mesh, [Replicate()])),
-               lambda a: F.relu(a), lambda a: F.dropout(a, 0.5, training=False), lambda a: F.normalize(a, dim=0)):
+    cases = [(lambda a: F.nll_loss(F.log_softmax(a, -1), tgt if not isinstance(a, DTensor) else
+                                   distribute_tensor(tgt, mesh, [Replicate()])), Replicate()),  # gathered
+             (lambda a: F.relu(a), Shard(0)), (lambda a: F.dropout(a, 0.5, training=False), Shard(0)),
+             (lambda a: F.normalize(a, dim=0), Shard(0))]  # the norm over the sharded dim is global
+    for fn, want in cases:
         x.grad = None
-        _check(fn, [x], [Shard(0)])
+        assert _check(fn, [x], [Shard(0)]).placements == (want,)
 
 
 @pytest.mark.timeout(60)
