@@ -151,7 +151,9 @@ def test_enumerations_and_ranges(field, value, fragment):
 
 
 def test_small_vocab_ok_with_own_data():
-    TrainConfig(vocab_size=100, data="tokens.bin", data_dtype="uint16").validate(1)
+    TrainConfig(vocab_size=100, data="tokens.bin", data_dtype="uint16").validate(1)  # no error: the ids are its own
+    with pytest.raises(ConfigError, match="vocab_size=100: the shipped byte-level corpus needs vocab_size >= 256"):
+        TrainConfig(vocab_size=100).validate(1)  # the bundled bytes would not fit
 
 
 def test_mesh_rules():

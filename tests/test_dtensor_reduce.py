@@ -31,10 +31,10 @@ def _full(seed=0, shape=(7, 6)):
     return hp.tensor(np.random.default_rng(seed).standard_normal(shape))
 
 
-def _check(out, ref, placements=None, case=""):
+def _assert_like_full(out, ref, placements=None, case=""):
     if isinstance(ref, tuple):
         for o, r in zip(out, ref):
-            _check(o, r, None, case)
+            _assert_like_full(o, r, None, case)
         return
     assert isinstance(out, DTensor), case
     assert tuple(out.shape) == tuple(ref.shape), (case, out.shape, ref.shape)
@@ -89,7 +89,7 @@ def test_reductions_match_the_full_tensor(case):
     ref = fn(fa)
     for pl, expect in ((Shard(0), want), (Replicate(), Replicate())):
         out = fn(distribute_tensor(fa, mesh, [pl]))
-        _check(out, tuple(ref) if isinstance(ref, tuple) else ref, expect, f"{case} {pl}")
+        _assert_like_full(out, tuple(ref) if isinstance(ref, tuple) else ref, expect, f"{case} {pl}")
         if isinstance(ref, tuple):  # values and global indices
             assert all(o.placements == (Replicate() if pl == Replicate() or case == "max_dim0" else Shard(0),)
                        for o in out), case
@@ -105,7 +105,7 @@ def test_scans_and_dimwise_ops(case, dim):
     outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
     removed = case in ("kthvalue", "median") and dim == 1
     for o, r in zip(outs, refs):
-        _check(o, r, None, case)
+        _assert_like_full(o, r, None, case)
         want = Replicate() if dim == 0 else Shard(0)
         assert o.placements == (want,), (case, dim, o.placements, removed)
 
@@ -180,12 +180,12 @@ def test_cat_and_stack():
     fa, fb = _full(20), _full(21)
     a, b = distribute_tensor(fa, mesh, [Shard(0)]), distribute_tensor(fb, mesh, [Shard(0)])
     br = distribute_tensor(fb, mesh, [Replicate()])
-    _check(hp.cat([a, b], 1), hp.cat([fa, fb], 1), Shard(0), "cat1")
-    _check(hp.cat([a, br], 1), hp.cat([fa, fb], 1), Shard(0), "cat1 mixed")
-    _check(hp.cat([a, b], 0), hp.cat([fa, fb], 0), Replicate(), "cat0")
-    _check(hp.stack([a, b]), hp.stack([fa, fb]), Shard(1), "stack0")
-    _check(hp.stack([a, b], 1), hp.stack([fa, fb], 1), Shard(0), "stack1")
-    _check(hp.stack([a, br], 2), hp.stack([fa, fb], 2), Shard(0), "stack2")
+    _assert_like_full(hp.cat([a, b], 1), hp.cat([fa, fb], 1), Shard(0), "cat1")
+    _assert_like_full(hp.cat([a, br], 1), hp.cat([fa, fb], 1), Shard(0), "cat1 mixed")
+    _assert_like_full(hp.cat([a, b], 0), hp.cat([fa, fb], 0), Replicate(), "cat0")
+    _assert_like_full(hp.stack([a, b]), hp.stack([fa, fb]), Shard(1), "stack0")
+    _assert_like_full(hp.stack([a, b], 1), hp.stack([fa, fb], 1), Shard(0), "stack1")
+    _assert_like_full(hp.stack([a, br], 2), hp.stack([fa, fb], 2), Shard(0), "stack2")
     with pytest.raises(RuntimeError, match="mixed"):
         hp.cat([a, fb], 1)
 
@@ -255,7 +255,7 @@ def test_empty_shards_hold_the_identity():
              "cumsum": lambda x: x.cumsum(0)}
     for case, f in cases.items():
         out, ref = f(a), f(fa)
-        _check(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
+        _assert_like_full(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
                None, case)
 
 
@@ -271,7 +271,7 @@ def test_two_dim_mesh():
                         "norm": lambda x: x.norm(), "norm1_0": lambda x: x.norm(1, 0), "amax": lambda x: x.amax(),
                         "max1": lambda x: x.max(1), "softmax0": lambda x: x.softmax(0)}.items():
             out, ref = f(a), f(fa)
-            _check(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
+            _assert_like_full(tuple(out) if isinstance(ref, tuple) else out, tuple(ref) if isinstance(ref, tuple) else ref,
                    None, f"{case} {pls}")
         x = distribute_tensor(fa, mesh, pls).requires_grad_(True)
         (x.norm() + x.mean(0).sum() + x.amax()).full_tensor().backward()

@@ -27,7 +27,7 @@ def _full(seed=0, shape=(8, 6)):
     return hp.tensor(np.random.default_rng(seed).standard_normal(shape))
 
 
-def _check(out, ref, case, placements=None):
+def _assert_like_full(out, ref, case, placements=None):
     assert isinstance(out, DTensor), case
     assert tuple(out.shape) == tuple(ref.shape), (case, tuple(out.shape), tuple(ref.shape))
     np.testing.assert_allclose(out.full_tensor().numpy(), ref.numpy(), rtol=1e-12, atol=1e-12, err_msg=case)
@@ -35,7 +35,7 @@ def _check(out, ref, case, placements=None):
         assert out.placements == tuple(placements), (case, out.placements)
 
 
-def _grad_check(fn, full, placements, case):
+def _assert_grads_like_full(fn, full, placements, case):
     """The gradient of sum(fn(x) * weights) w.r.t. a DTensor x equals the full tensor's."""
     mesh = _mesh()
     x = distribute_tensor(full, mesh, placements).detach().requires_grad_(True)
@@ -93,7 +93,7 @@ def test_views_match_the_full_tensor(case, pl):
     if p1 == "unflatten":
         p1 = Shard(1) if 2 % mesh.size() == 0 and 6 % mesh.size() == 0 else Replicate()
     want = {Shard(0): p0, Shard(1): p1, Replicate(): Replicate()}[pl]
-    _check(out, fn(fa), case, None if want is None else [want])
+    _assert_like_full(out, fn(fa), case, None if want is None else [want])
 
 
 @pytest.mark.parametrize("n", [5, 7])
@@ -104,10 +104,10 @@ def test_uneven_shards_reshape_right(n):
     a = distribute_tensor(fa, mesh, [Shard(0)])
     for fn in (lambda t: t.view(-1), lambda t: t.view(n, 2, 2), lambda t: t.reshape(2 * n, 2), lambda t: t.flatten(),
                lambda t: t.unsqueeze(0), lambda t: t[1:], lambda t: t[:, 1:3], lambda t: t.t().reshape(4 * n)):
-        _check(fn(a), fn(fa), "uneven")
+        _assert_like_full(fn(a), fn(fa), "uneven")
     one = distribute_tensor(_full(4, (1, 6)), mesh, [Shard(0)])  # rank 0 holds the row, the others none
-    _check(one.squeeze(0), _full(4, (1, 6)).squeeze(0), "squeeze a sharded size-1 dim")
-    _check(one.squeeze(), _full(4, (1, 6)).squeeze(), "squeeze()")
+    _assert_like_full(one.squeeze(0), _full(4, (1, 6)).squeeze(0), "squeeze a sharded size-1 dim")
+    _assert_like_full(one.squeeze(), _full(4, (1, 6)).squeeze(), "squeeze()")
 
 
 @pytest.mark.parametrize("pl", [Shard(0), Shard(1)], ids=str)
@@ -123,7 +123,7 @@ def test_splits_match_the_full_tensor(pl):
         outs, refs = fn(a), fn(fa)
         assert len(outs) == len(refs), case
         for o, r in zip(outs, refs):
-            _check(o, r, case)
+            _assert_like_full(o, r, case)
     a0, a1 = a.split(4, dim=1 - pl.dim)  # along the unsharded dim: local, the shard kept
     assert a0.placements == (pl,) and a1.placements == (pl,)
     u = a.unbind(1 - pl.dim)
@@ -146,7 +146,7 @@ def test_getitem_matches_the_full_tensor(case, pl):
     mesh = _mesh()
     fa = _full(0)
     out = INDEX[case](distribute_tensor(fa, mesh, [pl]))
-    _check(out, INDEX[case](fa), case)
+    _assert_like_full(out, INDEX[case](fa), case)
 
 
 def test_getitem_placements():
@@ -167,22 +167,22 @@ def test_advanced_indexing_and_selection():
     a = distribute_tensor(fa, mesh, [Shard(0)])
     idx = hp.tensor([5, 0, 3, 2])
     di = distribute_tensor(idx, mesh, [Replicate()])
-    _check(a[di], fa[idx], "a[idx]")
-    _check(a.index_select(1, di), fa.index_select(1, idx), "index_select(1)")
+    _assert_like_full(a[di], fa[idx], "a[idx]")
+    _assert_like_full(a.index_select(1, di), fa.index_select(1, idx), "index_select(1)")
     assert a.index_select(1, di).placements == (Shard(0),)
-    _check(a.index_select(0, di), fa.index_select(0, idx), "index_select(0)")
+    _assert_like_full(a.index_select(0, di), fa.index_select(0, idx), "index_select(0)")
     gi = hp.tensor(np.random.default_rng(2).integers(0, 6, (8, 6)))
     g = a.gather(1, distribute_tensor(gi, mesh, [Shard(0)]))
-    _check(g, fa.gather(1, gi), "gather(1)", [Shard(0)])
-    _check(a.gather(0, distribute_tensor(gi, mesh, [Replicate()])), fa.gather(0, gi), "gather(0)")
-    _check(a.take(di), fa.take(idx), "take")
+    _assert_like_full(g, fa.gather(1, gi), "gather(1)", [Shard(0)])
+    _assert_like_full(a.gather(0, distribute_tensor(gi, mesh, [Replicate()])), fa.gather(0, gi), "gather(0)")
+    _assert_like_full(a.take(di), fa.take(idx), "take")
     mask = fa > 0
-    _check(a.masked_select(distribute_tensor(mask, mesh, [Shard(0)])), fa.masked_select(mask), "masked_select")
-    _check(a.gt(0).nonzero(), fa.gt(0).nonzero(), "nonzero")
+    _assert_like_full(a.masked_select(distribute_tensor(mask, mesh, [Shard(0)])), fa.masked_select(mask), "masked_select")
+    _assert_like_full(a.gt(0).nonzero(), fa.gt(0).nonzero(), "nonzero")
     r = distribute_tensor(hp.tensor([3, 1, 3, 2, 1, 0, 0, 3]), mesh, [Shard(0)])
-    _check(r.unique(), hp.tensor([3, 1, 3, 2, 1, 0, 0, 3]).unique(), "unique")
-    _check(a[distribute_tensor(mask, mesh, [Shard(0)])], fa[mask], "a[mask]")
-    _check(a[[1, 6]], fa[[1, 6]], "a[list]")
+    _assert_like_full(r.unique(), hp.tensor([3, 1, 3, 2, 1, 0, 0, 3]).unique(), "unique")
+    _assert_like_full(a[distribute_tensor(mask, mesh, [Shard(0)])], fa[mask], "a[mask]")
+    _assert_like_full(a[[1, 6]], fa[[1, 6]], "a[list]")
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
         a[idx]  # a plain index tensor beside a sharded DTensor, as PyTorch
 
@@ -203,7 +203,7 @@ def test_setitem_matches_the_full_tensor(pl):
             ref_value = value
         a[idx] = value
         ref[idx] = ref_value
-        _check(a, ref, case, [pl])
+        _assert_like_full(a, ref, case, [pl])
     r = distribute_tensor(_full(0), mesh, [Replicate()])
     r[0] = hp.ones(6)  # a plain value where the target is Replicate
     assert np.all(r.full_tensor().numpy()[0] == 1)
@@ -232,7 +232,7 @@ def test_gradients_through_views_and_slices(case, pl):
         dconst = distribute_tensor(const, mesh, [Replicate()])
         fn = ((lambda t: t @ (dconst if isinstance(t, DTensor) else const)) if case == "a@b" else
               (lambda t: t.index_select(1, dconst if isinstance(t, DTensor) else const)))
-    _grad_check(fn, _full(0), [pl], case)
+    _assert_grads_like_full(fn, _full(0), [pl], case)
 
 
 # -- matmul family ----------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_mm_placements_and_values(pa, pb, want):
     a, b = distribute_tensor(fa, mesh, [pa]), distribute_tensor(fb, mesh, [pb])
     for case, fn in {"@": lambda x, y: x @ y, "mm": lambda x, y: x.mm(y), "matmul": hp.matmul,
                      "einsum": lambda x, y: hp.einsum("ik,kj->ij", x, y)}.items():
-        _check(fn(a, b), fn(fa, fb), case, [want])
+        _assert_like_full(fn(a, b), fn(fa, fb), case, [want])
 
 
 def test_matmul_family_matches_the_full_tensor():
@@ -288,7 +288,7 @@ def test_matmul_family_matches_the_full_tensor():
         ("einsum trace", lambda f: hp.einsum("ii->i", f(m[:6], S0)), hp.einsum("ii->i", m[:6]), None),
     ]
     for case, fn, ref, want in cases:
-        _check(fn(d), ref, case, None if want is None else [want])
+        _assert_like_full(fn(d), ref, case, None if want is None else [want])
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
         m @ d(w, S0)
     with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
