@@ -62,7 +62,7 @@ import time
 from hpcfsdp._launcher_env import forget_inherited
 
 from . import _shm
-from .rankwrap import describe_status
+from .rankwrap import describe_status, is_rank_wrapper
 
 __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper", "relay_stdout",
            "relay_stderr"]
@@ -333,16 +333,7 @@ def _stop_status(received) -> int:
 
 def _rank_wrappers(pid) -> list:
     """The pids of the rank wrappers below process ``pid`` (this host's)."""
-    found = []
-    for child in _descendants(pid):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"hpcfsdp.cli.rankwrap" in argv:
-            found.append(child)
-    return found
+    return [child for child in _descendants(pid) if is_rank_wrapper(child)]
 
 
 def _wrappers_ready(pid, nprocs) -> bool:

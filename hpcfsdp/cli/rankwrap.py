@@ -31,7 +31,7 @@ import sys
 
 from hpcfsdp._launcher_env import RANK_ENV_PID, find_launcher, forget_inherited, launcher_rank
 
-__all__ = ["main", "rank_env", "describe_status", "restore_sigint", "FORWARDED", "HOLD_SIGINT_FOR"]
+__all__ = ["main", "rank_env", "describe_status", "restore_sigint", "is_rank_wrapper", "FORWARDED", "HOLD_SIGINT_FOR"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -110,18 +110,22 @@ def _ignores_sigint(pid) -> bool:
     return False
 
 
+def is_rank_wrapper(pid) -> bool:
+    """Whether process ``pid`` runs this module (a rank wrapper), by its command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"hpcfsdp.cli.rankwrap" in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def restore_sigint() -> None:
     """In an `hpcfsdp` command that a rank wrapper started with SIGINT ignored: take SIGINT again (Python's
     KeyboardInterrupt), so that the SIGINT the wrapper holds is passed on. A no-op elsewhere (a SIGINT ignored
     on purpose, `nohup`, stays ignored)."""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         return
-    try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-            parent = f.read().split(b"\0")
-    except OSError:
-        return
-    if b"hpcfsdp.cli.rankwrap" in parent:
+    if is_rank_wrapper(os.getppid()):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
