@@ -390,10 +390,15 @@ class Session:
     def state_dict(self):
         from hpcfsdp.distributed import checkpoint as dcp
 
-        return {"model": dcp.get_model_state_dict(self.model),
-                "optim": dcp.get_optimizer_state_dict(self.model, self.optim),
-                "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
-                "model_config": dict(self.model_config), "tokenizer": self.tokenizer, "hf_config": self.hf_config}
+        state = {"model": dcp.get_model_state_dict(self.model),
+                 "optim": dcp.get_optimizer_state_dict(self.model, self.optim),
+                 "step": self.step, "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
+                 "model_config": dict(self.model_config), "tokenizer": self.tokenizer, "hf_config": self.hf_config}
+        if self.cfg.quantize_grads != "none":  # the error-feedback residual: See [Note: Residual state]
+            from hpcfsdp.distributed.fsdp import get_residual_state_dict
+
+            state["residual"] = get_residual_state_dict(self.model)
+        return state
 
     def save(self, path, asynchronous: bool = False):
         """Save; with ``asynchronous``, return once the state is copied to host memory (dcp.async_save), with
@@ -416,9 +421,16 @@ class Session:
         state = self.state_dict()
         for key in ("tokenizer", "model_config", "hf_config"):  # this run's own (checked against the checkpoint's)
             del state[key]
+        residual = state.pop("residual", None)
         dcp.load(state, checkpoint_id=path)
         dcp.set_model_state_dict(self.model, state["model"])
         dcp.set_optimizer_state_dict(self.model, self.optim, state["optim"])
+        if residual is not None:  # a checkpoint of an unquantized run owes nothing
+            from hpcfsdp.distributed.fsdp import set_residual_state_dict
+
+            kept = {"residual": residual}
+            dcp.load(kept, checkpoint_id=path, strict=False)  # what it lacks stays zero
+            set_residual_state_dict(self.model, kept["residual"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self._batches = None

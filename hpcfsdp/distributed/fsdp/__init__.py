@@ -15,7 +15,9 @@ from ._fully_shard import (
     disable_fsdp_module_new_init,
     fully_shard,
     get_cls_to_fsdp_cls,
+    get_residual_state_dict,
     register_fsdp_forward_method,
+    set_residual_state_dict,
     share_comm_ctx,
 )
 from ._fully_shard._fsdp_param_group import exposed_comm_seconds
@@ -50,4 +52,5 @@ __all__ = [
     "StateDictSettings", "StateDictType",
     "exposed_comm_seconds",  # not PyTorch's: seconds the main thread waited on FSDP communication
     "QuantizedAllGather", "QuantizedReduceScatter",  # not PyTorch's: ZeRO++-style quantized collectives
+    "get_residual_state_dict", "set_residual_state_dict",  # not PyTorch's: their error-feedback state
 ]

@@ -295,6 +295,11 @@ def finish_reduce(result: ReduceResult) -> None:
     _wait(result.works)
     out = result.output
     group = result.group
+    owed = getattr(group.reduce_scatter_comm, "pending", None)  # See [Note: Residual state]
+    if owed:
+        residual = owed.pop(out.size, None)
+        if residual is not None:
+            out += residual.astype(out.dtype)
     if result.hook is not None:
         result.hook(Tensor._wrap(out))
     _divide_if_needed(out, result.post_divide)

@@ -23,6 +23,7 @@ complete).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -117,7 +118,12 @@ class QuantizedReduceScatter(ReduceScatter):
             raise ValueError(f"QuantizedReduceScatter: dtype={dtype!r}: expected 'int8' or 'int4'")
         self.dtype, self.block_size, self.error_feedback = dtype, _block(block_size), bool(error_feedback)
         self._topology = {}  # id(group) -> (group, local group, cross group, permutation) or (group, None, ...)
-        self.residuals = {}  # (hop, size) -> this rank's float32 residual of what it quantized there
+        # (hop, k) -> this rank's float32 residual of what it quantized there, k the reduced output's size
+        # ("rs": rows sent across hosts; "ar", "ar-sum": the replicate hop's rows and sum)
+        self.residuals = {}
+        self._hop = {}  # (hop, k) -> (the group that exchanged, the divisor its op applied after the sum)
+        self._owner = None  # weakref to the FSDP parameter group served
+        self.pending = {}  # k -> residual owed to this rank's next reduced output (See [Note: Residual state])
 
     def __repr__(self) -> str:
         return (f"QuantizedReduceScatter(dtype={self.dtype!r}, block_size={self.block_size}, "
@@ -125,6 +131,14 @@ class QuantizedReduceScatter(ReduceScatter):
 
     def allocate(self, size: Sequence[int], *, dtype: Any, device: Any):
         return allocate_buffer(size, dtype=dtype, device=device)
+
+    def _bind(self, group) -> None:
+        """Serve FSDP parameter group ``group``: the residuals are that unit's (set_custom_reduce_scatter)."""
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None and owner is not group and self.error_feedback:
+            raise ValueError("this QuantizedReduceScatter already reduces another FSDP unit's gradients and keeps "
+                             "that unit's error-feedback residual: give each unit its own instance")
+        self._owner = weakref.ref(group)
 
     def _hops(self, g):
         """(local group, cross group, permutation into (local index, host) order), or None on one host."""
@@ -177,7 +191,8 @@ class QuantizedReduceScatter(ReduceScatter):
         mid = xp.empty(hosts * k, inp.dtype)
         local.reduce_scatter_into(mid, xp.ascontiguousarray(inp.reshape(world, k)[order]).reshape(-1), ReduceOp.SUM)
         chunks = mid.reshape(hosts, k).astype(np.float32)
-        total = self._exchange(chunks, cross, ("rs", inp.size))
+        total = self._exchange(chunks, cross, ("rs", k))
+        self._hop[("rs", k)] = (cross, world if op is ReduceOp.AVG else 1)
         if op is ReduceOp.AVG:
             total /= np.float32(world)
         out[...] = total.astype(out.dtype).reshape(out.shape)
@@ -229,6 +244,7 @@ class QuantizedReduceScatter(ReduceScatter):
         rows.reshape(-1)[:flat.size] = flat
         mine = self._exchange(rows, g, ("ar", flat.size))
         payload = self._quantize_rows(mine.reshape(1, c), ("ar-sum", flat.size))
+        self._hop[("ar", flat.size)] = (g, n if op is ReduceOp.AVG else 1)
         gathered = xp.empty((n, payload.shape[1]), np.uint8)
         g.all_gather_into(gathered.reshape(-1), payload.reshape(-1))
         whole = xp.empty((n, c), np.float32)
@@ -238,3 +254,32 @@ class QuantizedReduceScatter(ReduceScatter):
             whole /= np.float32(n)
         flat[...] = whole.reshape(-1)[:flat.size].astype(flat.dtype)
         return _Done(None, None)
+
+    def take_residual(self, k: int, xp=np):
+        """The float32 residual (k,) owed to this rank's reduced output of size ``k``, in that output's units
+        (before FSDP's post-divide), with the hops' residuals moved into it (collective over the hops' groups;
+        See [Note: Residual state]). It stays owed: the next reduction of size ``k`` adds it."""
+        owed = self.pending.get(k)
+        owed = xp.zeros(k, np.float32) if owed is None else owed
+        rs, ar = self.residuals.pop(("rs", k), None), self.residuals.pop(("ar", k), None)
+        if rs is not None:  # row h is owed to the rank of host h with this rank's local index
+            cross, div = self._hop[("rs", k)]
+            got = xp.empty_like(rs)
+            cross.all_to_all_into(got.reshape(-1), xp.ascontiguousarray(rs).reshape(-1))
+            part = got.sum(axis=0) / np.float32(div)
+        if ar is not None:  # the replicate hop: row r to replica r, which adds its sum's residual
+            g, div = self._hop[("ar", k)]
+            n, c = ar.shape
+            got = xp.empty_like(ar)
+            g.all_to_all_into(got.reshape(-1), ar.reshape(-1))
+            mine = got.sum(axis=0) + self.residuals.pop(("ar-sum", k)).reshape(-1)
+            whole = xp.empty((n, c), np.float32)
+            g.all_gather_into(whole.reshape(-1), mine)
+            if rs is not None:  # every replica's reduce-scatter residual enters the replicate sum
+                g.all_reduce_(part, ReduceOp.SUM)
+                whole.reshape(-1)[:k] += part
+            owed = owed + whole.reshape(-1)[:k] / np.float32(div)
+        elif rs is not None:
+            owed = owed + part
+        self.pending[k] = owed
+        return owed

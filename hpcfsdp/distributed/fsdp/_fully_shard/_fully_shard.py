@@ -337,6 +337,9 @@ class FSDPModule:
         if len(state._all_param_groups()) > 1:
             raise ValueError("custom reduce-scatter is unavailable with multiple parameter groups")
         for group in state._all_param_groups():
+            bind = getattr(comm, "_bind", None)  # a comm with per-unit state serves one unit
+            if bind is not None:
+                bind(group)
             group.reduce_scatter_comm = comm
 
     def set_all_reduce_hook(self, hook: Any, *, stream: Any = None) -> None:
