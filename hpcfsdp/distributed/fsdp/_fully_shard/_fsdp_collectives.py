@@ -270,11 +270,13 @@ def foreach_reduce(group, params: list, layouts: list, grads: list, total: int, 
             works = []
             out += partial
         quantized = getattr(comm, "all_reduce", None)  # QuantizedReduceScatter: the replicate hop quantized too
-        if quantized is not None:
+        if quantized is not None and _backend.array_module(out) is not np:  # its hops run at the call
             _wait(works)
-            works = [quantized(out, all_reduce_group, all_reduce_op)]
-        else:
-            with CT.independent(after=works[0] if works else None):  # reads the reduce-scatter's output
+            works = []
+        with CT.independent(after=works[0] if works else None):  # reads the reduce-scatter's output
+            if quantized is not None:
+                works.append(quantized(out, all_reduce_group, all_reduce_op, async_op=True))
+            else:
                 works.append(all_reduce_group.all_reduce_(out, all_reduce_op, async_op=True))
     return ReduceResult(group, works, out, list(params), list(layouts), had_grad, post, None, reduce_scatter_group,
                         group.reduce_steps, input_work), None

@@ -18,8 +18,15 @@ next step's chunks, so the applied gradients' running sum follows the true one w
 A group on one host has no slow hop: its reduce-scatter stays in full precision. HSDP's replicate all-reduce
 (across hosts) is quantized too (``all_reduce``): an all-to-all of the quantized chunks, float32 sums, and an
 all-gather of the quantized sums that every replica dequantizes alike (so the replicas stay equal), each of
-the two roundings with its own error feedback. The hops run when the call is made (the returned work is
-complete).
+the two roundings with its own error feedback.
+
+[Note: Hops on the communication thread]
+On host arrays a quantized reduction is one Work of the communication thread: its hops and the quantize and
+sum arithmetic between them run there, calling MPI directly (the thread owns MPI, and it runs Works in
+issue order, so every rank's hops meet in the same order), while the main thread goes on with backward; the
+input is copied (permuted, in float32) when the call is made, so the caller may reuse it at once. HSDP's
+replicate hop is the next Work, reading the reduce-scatter's output after it. On device arrays, or without
+the thread, the hops run at the call through the groups' own collectives.
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .... import _backend
+from ... import _buffers as B
+from ... import _comm_thread as CT
 from ... import _quantize as Q
 from ...process_group import ReduceOp
 from ._fsdp_api import AllGather, ReduceScatter
@@ -53,6 +62,47 @@ class _Done:
 
     def is_completed(self) -> bool:
         return self._finish is None
+
+
+class _Hops:
+    """How a quantized collective's hops reach MPI (See [Note: Hops on the communication thread]): on host
+    arrays, as one Work of the communication thread calling MPI itself; otherwise through the groups'
+    own blocking collectives, now."""
+
+    def __init__(self, xp):
+        self._raw = xp is np and CT.comm_thread() is not None and _backend.MPI_BUFFER_CHECK is None
+
+    def issue(self, desc, run, async_op, notes):
+        """Run ``run`` (the hops and the arithmetic between them); ``notes``: (group, kind, bytes) counted."""
+        if not self._raw:
+            run()
+            return _Done(None, None)
+        for pg, kind, nbytes in notes:
+            pg._check_alive()
+            pg._note(kind, nbytes)
+        work = CT.execute(desc, run, True)
+        if not async_op:
+            work.wait()
+        return work
+
+    def reduce_scatter(self, pg, dst, src):
+        if not self._raw:
+            return pg.reduce_scatter_into(dst, src, ReduceOp.SUM)
+        from ..._mpi import get_mpi
+
+        MPI = get_mpi()
+        B.call_mpi(pg._mode, pg.comm.Reduce_scatter_block, pg.comm.Ireduce_scatter_block,
+                   [src, MPI.FLOAT], [dst, MPI.FLOAT], MPI.SUM)
+
+    def all_to_all(self, pg, dst, src):
+        if not self._raw:
+            return pg.all_to_all_into(dst, src)
+        B.call_mpi(pg._mode, pg.comm.Alltoall, pg.comm.Ialltoall, B.byte_spec(src), B.byte_spec(dst))
+
+    def all_gather(self, pg, dst, src):
+        if not self._raw:
+            return pg.all_gather_into(dst, src)
+        B.call_mpi(pg._mode, pg.comm.Allgather, pg.comm.Iallgather, B.byte_spec(src), B.byte_spec(dst))
 
 
 def _block(block_size) -> int:
@@ -145,7 +195,7 @@ class QuantizedReduceScatter(ReduceScatter):
         hit = self._topology.get(id(g))
         if hit is not None and hit[0] is g:
             return hit[1]
-        from ... import _comm_thread as CT, _mpi
+        from ... import _mpi
 
         # collective, on the communication thread like every other call on this communicator
         lay = CT.call_sync("node_layout", lambda: _mpi.node_layout(g.comm))
@@ -187,16 +237,23 @@ class QuantizedReduceScatter(ReduceScatter):
             return g.reduce_scatter_into(out, inp, op, async_op)
         local, cross, order = hops
         xp = _backend.array_module(inp)
-        hosts = cross.size()
-        mid = xp.empty(hosts * k, inp.dtype)
-        local.reduce_scatter_into(mid, xp.ascontiguousarray(inp.reshape(world, k)[order]).reshape(-1), ReduceOp.SUM)
-        chunks = mid.reshape(hosts, k).astype(np.float32)
-        total = self._exchange(chunks, cross, ("rs", k))
-        self._hop[("rs", k)] = (cross, world if op is ReduceOp.AVG else 1)
-        if op is ReduceOp.AVG:
-            total /= np.float32(world)
-        out[...] = total.astype(out.dtype).reshape(out.shape)
-        return _Done(None, None)
+        hosts, key = cross.size(), ("rs", k)
+        self._hop[key] = (cross, world if op is ReduceOp.AVG else 1)
+        # read now: the caller may reuse the input once this returns (a copy, as the buffered default's)
+        src = xp.ascontiguousarray(inp.reshape(world, k)[order], dtype=np.float32).reshape(-1)
+        mid = xp.empty(hosts * k, np.float32)
+        io = _Hops(xp)
+
+        def run():
+            io.reduce_scatter(local, mid, src)
+            total = self._exchange(mid.reshape(hosts, k), cross, key, io)
+            if op is ReduceOp.AVG:
+                total /= np.float32(world)
+            out[...] = total.astype(out.dtype).reshape(out.shape)
+
+        payload = hosts * Q.payload_bytes(self.dtype, k, self.block_size)
+        return io.issue(f"quantized reduce-scatter of {k} elements per rank ({self.dtype})", run, async_op,
+                        [(local, "reduce_scatter", src.nbytes), (cross, "all_to_all", payload)])
 
     def _quantize_rows(self, rows, key):
         """Payloads of the rows of float32 ``rows`` (error feedback: the residual of ``key`` added first, the new
@@ -216,20 +273,20 @@ class QuantizedReduceScatter(ReduceScatter):
             self.residuals[key] = xp.where(xp.isfinite(sent), rows - sent, np.float32(0.0))
         return send
 
-    def _exchange(self, chunks, cross, key):
+    def _exchange(self, chunks, cross, key, io):
         """Row h of float32 ``chunks`` to rank h of ``cross``, quantized; the float32 sum of the rows received."""
         xp = _backend.array_module(chunks)
         kind, block = self.dtype, self.block_size
         k = chunks.shape[1]
         send = self._quantize_rows(chunks, key)
         recv = xp.empty_like(send)
-        cross.all_to_all_into(recv.reshape(-1), send.reshape(-1))
+        io.all_to_all(cross, recv.reshape(-1), send.reshape(-1))
         total = xp.zeros(k, np.float32)
         for h in range(recv.shape[0]):
             total += Q.dequantize(recv[h], kind, k, block, np.float32)
         return total
 
-    def all_reduce(self, arr, group, op=ReduceOp.SUM):
+    def all_reduce(self, arr, group, op=ReduceOp.SUM, async_op: bool = False):
         """HSDP's replicate all-reduce of ``arr`` in place, quantized (See [Note: Quantized gradient reduction])."""
         g = _group(group)
         n = g.size()
@@ -240,20 +297,26 @@ class QuantizedReduceScatter(ReduceScatter):
         xp = _backend.array_module(arr)
         flat = arr.reshape(-1)
         c = -(-flat.size // n)  # chunk per rank, the last ones padded with zeros
-        rows = xp.zeros((n, c), np.float32)
-        rows.reshape(-1)[:flat.size] = flat
-        mine = self._exchange(rows, g, ("ar", flat.size))
-        payload = self._quantize_rows(mine.reshape(1, c), ("ar-sum", flat.size))
         self._hop[("ar", flat.size)] = (g, n if op is ReduceOp.AVG else 1)
-        gathered = xp.empty((n, payload.shape[1]), np.uint8)
-        g.all_gather_into(gathered.reshape(-1), payload.reshape(-1))
-        whole = xp.empty((n, c), np.float32)
-        for r in range(n):
-            Q.dequantize(gathered[r], self.dtype, c, self.block_size, np.float32, out=whole[r])
-        if op is ReduceOp.AVG:
-            whole /= np.float32(n)
-        flat[...] = whole.reshape(-1)[:flat.size].astype(flat.dtype)
-        return _Done(None, None)
+        io = _Hops(xp)
+
+        def run():
+            rows = xp.zeros((n, c), np.float32)
+            rows.reshape(-1)[:flat.size] = flat
+            mine = self._exchange(rows, g, ("ar", flat.size), io)
+            payload = self._quantize_rows(mine.reshape(1, c), ("ar-sum", flat.size))
+            gathered = xp.empty((n, payload.shape[1]), np.uint8)
+            io.all_gather(g, gathered.reshape(-1), payload.reshape(-1))
+            whole = xp.empty((n, c), np.float32)
+            for r in range(n):
+                Q.dequantize(gathered[r], self.dtype, c, self.block_size, np.float32, out=whole[r])
+            if op is ReduceOp.AVG:
+                whole /= np.float32(n)
+            flat[...] = whole.reshape(-1)[:flat.size].astype(flat.dtype)
+
+        payload = Q.payload_bytes(self.dtype, c, self.block_size)
+        return io.issue(f"quantized all-reduce of {flat.size} elements ({self.dtype})", run, async_op,
+                        [(g, "all_to_all", n * payload), (g, "all_gather", payload)])
 
     def take_residual(self, k: int, xp=np):
         """The float32 residual (k,) owed to this rank's reduced output of size ``k``, in that output's units
