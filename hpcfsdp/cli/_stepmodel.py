@@ -15,7 +15,18 @@ Collectives of a unit whose full (unsharded) size is B bytes:
   mix of algorithms puts 1.68x on the link here, measured); with G = 1 flat and node-aware coincide.
 - HYBRID_SHARD: all-gather / reduce-scatter inside the host only, then an all-reduce of the rank's shard (B/G)
   across the H replicas: 2(H-1)/H * B on each host link, 2(H-1) steps.
-These are the bytes of ``bench train``'s wire bound; ``wire_bound`` here is the same definition.
+These are the bytes of ``bench train``'s wire bound; ``wire_bound`` here is the same definition (``wire_min_bytes``).
+
+Quantized collectives (``ModelShape.quantize_*``; See [Note: Quantized all-gather] and [Note: Quantized gradient
+reduction] in distributed/fsdp/_fully_shard/_fsdp_quantized.py) change the bytes per element, not the pattern:
+codes and a float32 scale per ``block`` elements, ``quantized_itemsize``: int8 and fp8 1 + 4/block, int4 0.5 +
+4/block. Weights: each rank's quantized shard is what is gathered, so the all-gathers carry the quantized bytes on
+every link, inside hosts and across. Gradients: the reduce-scatter inside a host stays full precision and only the
+cross-host hop carries the quantized bytes: FULL_SHARD's hop is an all-to-all of the host-summed chunks, node-aware
+whatever the group's other collectives ((H-1)/H * B quantized per host link, H-1 steps); HYBRID_SHARD's replicate
+all-reduce is an all-to-all of quantized chunks plus an all-gather of the quantized sums (two collectives across
+hosts, 2(H-1) steps, 2(H-1)/H * B quantized per host link). The quantize and dequantize kernels' time is left out
+(scripts/bench_quantize.py measures them), and ``memory_per_rank`` leaves out the payload buffers.
 
 Schedule (``simulate``): one comm channel (hpcfsdp's comm thread) serves collectives in issue order, one compute
 stream runs the units. Forward: the root's parameters are gathered first and kept until the step ends (its
@@ -37,9 +48,36 @@ since the simulated hosts share one machine's cores; "host" charges one host's b
 import dataclasses
 import math
 
+from ..distributed import _quantize
+from .config import QUANTIZE_GRADS, QUANTIZE_WEIGHTS  # the codes of QuantizedAllGather, QuantizedReduceScatter
+
 __all__ = ["Links", "ModelShape", "collective_times", "simulate", "predict_step", "wire_bound", "host_link_bytes",
-           "fit",
+           "fit", "quantized_itemsize", "wire_min_bytes",
            "gpt_shape", "memory_per_rank", "parse_rate"]
+
+
+def quantized_itemsize(kind: str, block: int, full: float) -> float:
+    """Bytes per element on the wire: ``full`` unquantized (``kind`` "none"), else the codes and the per-block float32
+    scales (See [Note: Quantized payloads] in distributed/_quantize.py): int8, fp8 1 + 4/block; int4 0.5 + 4/block."""
+    if kind == "none":
+        return full
+    return _quantize.payload_bytes(kind, block, block) / block
+
+
+def wire_min_bytes(strategy: str, hosts: int, once: int, twice: int, param_itemsize: float,
+                   grad_itemsize: float) -> float:
+    """Least payload bytes one host must send per step (``bench train``'s wire bound; See [Note: Step against its
+    bounds] in cli/bench_train.py): ``once``/``twice`` parameters gathered once/twice per step, bytes per element
+    on the cross-host links (``quantized_itemsize``)."""
+    if hosts <= 1:
+        return 0.0
+    frac = (hosts - 1) / hosts
+    grads = (once + twice) * grad_itemsize
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return frac * (once + 2 * twice) * param_itemsize + frac * grads
+    if strategy in ("HYBRID_SHARD", "NO_SHARD"):
+        return 2 * frac * grads
+    raise ValueError(f"no wire bound for strategy {strategy!r}")
 
 
 def parse_rate(text) -> float:
@@ -85,20 +123,42 @@ class ModelShape:
     """FSDP units in forward order: parameter counts and relative compute (FLOPs); ``root`` is unit 0."""
     numels: list
     flops: list
-    param_bytes: int = 4
-    grad_bytes: int = 4
+    param_bytes: int = 4  # per gathered parameter, unquantized
+    grad_bytes: int = 4  # per reduced gradient element, unquantized
+    quantize_weights: str = "none"  # none | int8 | fp8: the all-gathers carry codes + scales on every link
+    quantize_grads: str = "none"  # none | int8 | int4: the reductions' cross-host hop carries codes + scales
+    quantize_block: int = 256  # elements per float32 scale
 
     def __post_init__(self):
         if len(self.numels) != len(self.flops) or not self.numels:
             raise ValueError(f"numels and flops must be non-empty and of equal length, got {len(self.numels)} "
                              f"and {len(self.flops)}")
+        for name, kinds in (("quantize_weights", QUANTIZE_WEIGHTS), ("quantize_grads", QUANTIZE_GRADS)):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"ModelShape.{name} must be one of {', '.join(kinds)}, got {getattr(self, name)!r}")
+            quantized_itemsize(getattr(self, name), self.quantize_block, 1)  # the block is checked there
 
     @property
     def params(self):
         return sum(self.numels)
 
+    @property
+    def quantized(self) -> bool:
+        return self.quantize_weights != "none" or self.quantize_grads != "none"
 
-def gpt_shape(vocab, block, n_layer, n_embd, batch, tie=True, param_bytes=4, grad_bytes=4):
+    @property
+    def param_wire_bytes(self) -> float:
+        """Bytes per parameter element an all-gather carries (on every link)."""
+        return quantized_itemsize(self.quantize_weights, self.quantize_block, self.param_bytes)
+
+    @property
+    def grad_wire_bytes(self) -> float:
+        """Bytes per gradient element the reduction carries across hosts (inside a host: ``grad_bytes``)."""
+        return quantized_itemsize(self.quantize_grads, self.quantize_block, self.grad_bytes)
+
+
+def gpt_shape(vocab, block, n_layer, n_embd, batch, tie=True, param_bytes=4, grad_bytes=4, quantize_weights="none",
+              quantize_grads="none", quantize_block=256):
     """hpcfsdp's GPT as shard_gpt wraps it: root (embeddings, final norm, head) + one unit per block.
 
     FLOPs per unit are forward matmul FLOPs for ``batch`` sequences (2 per multiply-add; attention included).
@@ -109,7 +169,7 @@ def gpt_shape(vocab, block, n_layer, n_embd, batch, tie=True, param_bytes=4, gra
     root_params = vocab * n_embd + block * n_embd + 2 * n_embd + (0 if tie else vocab * n_embd)
     root_flops = 2 * tokens * vocab * n_embd
     return ModelShape([root_params] + [blk_params] * n_layer, [root_flops] + [blk_flops] * n_layer,
-                      param_bytes, grad_bytes)
+                      param_bytes, grad_bytes, quantize_weights, quantize_grads, quantize_block)
 
 
 def _flat_excess(links, hosts, per_host):
@@ -121,46 +181,59 @@ def _flat_excess(links, hosts, per_host):
     return ((n - 1) / n) / ((hosts - 1) / hosts)
 
 
-def collective_times(nbytes, strategy, hosts, per_host, links, hierarchical=True):
-    """Seconds of (all-gather or reduce-scatter of a unit of ``nbytes`` full bytes, cross-host all-reduce)."""
+def collective_times(nbytes, strategy, hosts, per_host, links, hierarchical=True, cross_nbytes=None):
+    """Seconds of (all-gather or reduce-scatter of a unit of ``nbytes`` full bytes, cross-host all-reduce).
+
+    ``cross_nbytes``: the unit's bytes on the cross-host hop of a quantized gradient reduction (``nbytes`` stay
+    inside the host): node-aware whatever ``hierarchical``, and HYBRID_SHARD's all-reduce two collectives
+    (See [Note: Step-time model]). None: the plain collective, ``nbytes`` on every link.
+    """
     if strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
         raise ValueError(f"strategy must be FULL_SHARD or HYBRID_SHARD, got {strategy!r}")
     if hosts < 1 or per_host < 1:
         raise ValueError(f"hosts and per_host must be >= 1, got {hosts} and {per_host}")
     h, g = hosts, per_host
+    quantized = cross_nbytes is not None
+    cross = cross_nbytes if quantized else nbytes
     beta_e = 1.0 / (links.inter_rate * links.eff_inter)
     intra = (g - 1) * links.alpha_intra + (g - 1) / g * nbytes / links.bw_intra if g > 1 else 0.0
     call = links.call_inter if h > 1 else 0.0
     if strategy == "HYBRID_SHARD" or h == 1:
-        ar = call + 2 * (h - 1) * links.alpha_inter + 2 * (h - 1) / h * nbytes * beta_e if h > 1 else 0.0
+        calls = 2 if quantized else 1  # quantized: an all-to-all, then an all-gather of the sums
+        ar = calls * call + 2 * (h - 1) * links.alpha_inter + 2 * (h - 1) / h * cross * beta_e if h > 1 else 0.0
         return intra, (ar if strategy == "HYBRID_SHARD" else 0.0)
-    wire = (h - 1) / h * nbytes * beta_e
-    if hierarchical:
+    wire = (h - 1) / h * cross * beta_e
+    if hierarchical or quantized:
         return call + (h - 1) * links.alpha_inter + wire + intra, 0.0
     return call + (h * g - 1) * links.alpha_inter + _flat_excess(links, h, g) * wire, 0.0
 
 
 def wire_bound(shape, strategy, hosts, links_or_rate):
-    """Least bytes one host sends per step over the nominal link rate (``bench train``'s definition), seconds."""
+    """Least bytes one host sends per step over the nominal link rate (``bench train``'s definition), seconds.
+
+    The bytes are ``wire_min_bytes`` of the root gathered once and the blocks twice, at the shape's cross-host
+    bytes per element (quantized or not).
+    """
     rate = links_or_rate.inter_rate if isinstance(links_or_rate, Links) else float(links_or_rate)
     if hosts <= 1:
         return 0.0
-    frac = (hosts - 1) / hosts
-    grads = shape.params * shape.grad_bytes
-    if strategy == "FULL_SHARD":
-        root, inner = shape.numels[0], sum(shape.numels[1:])
-        return (frac * (root + 2 * inner) * shape.param_bytes + frac * grads) / rate
-    if strategy == "HYBRID_SHARD":
-        return 2 * frac * grads / rate
-    raise ValueError(f"strategy must be FULL_SHARD or HYBRID_SHARD, got {strategy!r}")
+    if strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
+        raise ValueError(f"strategy must be FULL_SHARD or HYBRID_SHARD, got {strategy!r}")
+    root, inner = shape.numels[0], sum(shape.numels[1:])
+    return wire_min_bytes(strategy, hosts, root, inner, shape.param_wire_bytes, shape.grad_wire_bytes) / rate
 
 
 def host_link_bytes(shape, strategy, hosts, per_host, links, hierarchical=True):
-    """Bytes one host sends per step: the wire minimum, times ``flat_excess`` for flat FULL_SHARD collectives."""
+    """Bytes one host sends per step: the wire minimum, times ``flat_excess`` for flat FULL_SHARD collectives
+    (but for a quantized gradient reduction's hop, node-aware whatever the collectives)."""
     least = wire_bound(shape, strategy, hosts, 1.0)
-    if strategy == "FULL_SHARD" and not hierarchical:
-        return least * _flat_excess(links, hosts, per_host) if hosts > 1 else 0.0
-    return least
+    if strategy != "FULL_SHARD" or hierarchical or hosts <= 1:
+        return least
+    excess = _flat_excess(links, hosts, per_host)
+    if shape.quantize_grads == "none":
+        return least * excess
+    grads = (hosts - 1) / hosts * shape.params * shape.grad_wire_bytes
+    return (least - grads) * excess + grads
 
 
 def simulate(fwd, bwd, ag, rs, ar, opt=0.0, overlap=True):
@@ -218,9 +291,11 @@ def predict_step(shape, strategy, hosts, per_host, links, compute_s, hierarchica
     fwd = [work / 3 * f / total_flops for f in shape.flops]
     bwd = [2 * x for x in fwd]
     ag, rs, ar = [], [], []
+    quantized_grads = shape.quantize_grads != "none"
     for numel in shape.numels:
-        a, _ = collective_times(numel * shape.param_bytes, strategy, hosts, per_host, links, hierarchical)
-        r, x = collective_times(numel * shape.grad_bytes, strategy, hosts, per_host, links, hierarchical)
+        a, _ = collective_times(numel * shape.param_wire_bytes, strategy, hosts, per_host, links, hierarchical)
+        r, x = collective_times(numel * shape.grad_bytes, strategy, hosts, per_host, links, hierarchical,
+                                cross_nbytes=numel * shape.grad_wire_bytes if quantized_grads else None)
         ag.append(a)
         rs.append(r)
         ar.append(x)

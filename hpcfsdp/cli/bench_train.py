@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from ._stepmodel import quantized_itemsize, wire_min_bytes  # one definition for the model and the bench
+
 __all__ = ["add_parser", "add_compare_parser", "add_checkpoint_parser", "bench_train", "run_compare", "peer_script"]
 
 # Dense peak FLOP/s for MFU, by (device kind, precision). Only what we know; otherwise MFU is omitted.
@@ -145,27 +147,6 @@ def _unit_numels(model, cfg):
     root_twice = cfg.reshard_after_forward is True  # the root keeps its parameters unless told otherwise
     once = (0 if reshard else inner) + (0 if root_twice else total - inner)
     return once, total - once
-
-
-def quantized_itemsize(kind: str, block: int, full: float) -> float:
-    """Bytes per element on the wire: ``full`` unquantized, else the codes and the per-block float32 scales."""
-    if kind == "none":
-        return full
-    return (0.5 if kind == "int4" else 1.0) + 4.0 / block
-
-
-def wire_min_bytes(strategy: str, hosts: int, once: int, twice: int, param_itemsize: float,
-                   grad_itemsize: float) -> float:
-    """Least payload bytes one host must send per step (see [Note: Step against its bounds])."""
-    if hosts <= 1:
-        return 0.0
-    frac = (hosts - 1) / hosts
-    grads = (once + twice) * grad_itemsize
-    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        return frac * (once + 2 * twice) * param_itemsize + frac * grads
-    if strategy in ("HYBRID_SHARD", "NO_SHARD"):
-        return 2 * frac * grads
-    raise ValueError(f"no wire bound for strategy {strategy!r}")
 
 
 def _link_tx(iface: str) -> int:

@@ -39,6 +39,7 @@ __all__ = [
     "parse_mesh",
     "format_mesh",
     "exit_with_config_error",
+    "check_quantize",
     "node_local_rank",
     "STRATEGIES",
     "MIXED_PRECISIONS",
@@ -221,11 +222,7 @@ class TrainConfig:
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("fsdp_units", self.fsdp_units, FSDP_UNITS)
-        _choice("quantize_weights", self.quantize_weights, QUANTIZE_WEIGHTS)
-        _choice("quantize_grads", self.quantize_grads, QUANTIZE_GRADS)
-        if isinstance(self.quantize_block, bool) or not isinstance(self.quantize_block, int) or \
-                self.quantize_block < 2 or self.quantize_block % 2:
-            raise ConfigError(f"quantize_block={self.quantize_block!r}: expected an even integer >= 2")
+        check_quantize(self.quantize_weights, self.quantize_grads, self.quantize_block)
         _choice("device", self.device, DEVICES)
         self._validate_model()
         self._validate_tp(world_size)
@@ -431,6 +428,14 @@ def _field_kind(name: str) -> str:
     t = args[0] if args else t
     assert t in (bool, int, float, str, tuple), (name, t)
     return t.__name__
+
+
+def check_quantize(weights, grads, block) -> None:
+    """The quantized collectives' settings (``train``'s and ``plan``'s check): ConfigError naming the bad one."""
+    _choice("quantize_weights", weights, QUANTIZE_WEIGHTS)
+    _choice("quantize_grads", grads, QUANTIZE_GRADS)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 2 or block % 2:
+        raise ConfigError(f"quantize_block={block!r}: expected an even integer >= 2")
 
 
 def _choice(name, value, allowed):

@@ -4,8 +4,10 @@ The model is `hpcfsdp.cli._stepmodel` ([Note: Step-time model]). Without measure
 interconnect and model; with ``--fit FILE`` it fits the inter-host alpha and bandwidth efficiency to runs of
 `hpcfsdp bench train --link ... --compute-only` (JSON lines, e.g. from scripts/cluster_bench.py --json), and
 with ``--check FILE`` it predicts other runs with the fitted parameters and prints predicted against measured.
-``--config FILE`` reads the model, batch, precision and strategy of a run from the file `hpcfsdp train --config`
-reads (the trainer's defaults for the keys it leaves out); flags given on the command line override it.
+``--config FILE`` reads the model, batch, precision, strategy and quantization of a run from the file `hpcfsdp train
+--config` reads (the trainer's defaults for the keys it leaves out); flags given on the command line override it.
+With ``--quantize-weights``/``--quantize-grads`` (as `hpcfsdp train`'s) each row also gives the bytes per node and
+the step time with the quantized collectives, beside the unquantized ones.
 """
 
 import argparse
@@ -15,12 +17,14 @@ import statistics
 import sys
 
 from . import _stepmodel as sm
+from .config import QUANTIZE_GRADS, QUANTIZE_WEIGHTS, check_quantize
 
 __all__ = ["add_parser", "run", "load_runs", "fit_runs", "plan_table", "PLAN_DEFAULTS"]
 
 # The settings a training config gives (plan flag dest -> default without --config: GPT-3 6.7B's shape).
 PLAN_DEFAULTS = {"vocab_size": 50304, "block_size": 2048, "n_layer": 32, "n_embd": 4096, "batch_size": 2,
-                 "tie": True, "precision": "bf16", "strategies": "FULL_SHARD,HYBRID_SHARD"}
+                 "tie": True, "precision": "bf16", "strategies": "FULL_SHARD,HYBRID_SHARD",
+                 "quantize_weights": "none", "quantize_grads": "none", "quantize_block": 256}
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -37,7 +41,7 @@ def add_parser(subparsers):
     S = argparse.SUPPRESS  # these come from PLAN_DEFAULTS, or --config, unless given (see _resolve)
     p.add_argument("--config", metavar="FILE", default=None,
                    help="the run's TOML or JSON config file (as `hpcfsdp train --config`): its model, batch_size, "
-                   "mixed_precision and strategy; the flags below override it")
+                   "mixed_precision, strategy and quantize_*; the flags below override it")
     m = p.add_argument_group("model (default: a 6.7B-parameter GPT, GPT-3 6.7B shape; with --config: the run's)")
     m.add_argument("--vocab-size", type=int, default=S, help="(default: 50304)")
     m.add_argument("--block-size", type=int, default=S, help="(default: 2048)")
@@ -50,6 +54,13 @@ def add_parser(subparsers):
     m.add_argument("--precision", choices=list(_BYTES), default=S,
                    help="bytes of gathered parameters and reduced gradients on the wire (bf16, fp16: 2, fp32: 4; "
                    "--config: mixed_precision, none = fp32) (default: bf16)")
+    q = p.add_argument_group("quantized collectives (as `hpcfsdp train`'s; each row then gives both: quantized and not)")
+    q.add_argument("--quantize-weights", choices=QUANTIZE_WEIGHTS, default=S,
+                   help="all-gathers of block-quantized weights: codes + scales on every link (default: none)")
+    q.add_argument("--quantize-grads", choices=QUANTIZE_GRADS, default=S,
+                   help="the gradient reduction's cross-host hop quantized; inside a node it stays full precision "
+                   "(default: none)")
+    q.add_argument("--quantize-block", type=int, default=S, help="elements per float32 scale (default: 256)")
     n = p.add_argument_group("machine (default: H100-class nodes of 4 GPUs, 200 Gbit/s per node)")
     n.add_argument("--ranks", default="8,16,32,64,128,256,512,1024", help="comma-separated rank counts")
     n.add_argument("--gpus-per-node", type=int, default=4)
@@ -182,7 +193,9 @@ def _from_config(path) -> dict:
               "(it predicts one micro-batch, no tensor parallelism, no offload or recomputation)", file=sys.stderr)
     return {"vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
             "batch_size": cfg.batch_size, "tie": True if cfg.tie_weights is None else cfg.tie_weights,  # None: GPT's
-            "precision": "fp32" if cfg.mixed_precision == "none" else cfg.mixed_precision, "strategies": cfg.strategy}
+            "precision": "fp32" if cfg.mixed_precision == "none" else cfg.mixed_precision, "strategies": cfg.strategy,
+            "quantize_weights": cfg.quantize_weights, "quantize_grads": cfg.quantize_grads,
+            "quantize_block": cfg.quantize_block}
 
 
 def _resolve(a) -> None:
@@ -198,26 +211,56 @@ def _resolve(a) -> None:
 
 
 def plan_table(a):
+    """(unquantized shape, compute seconds, rows): per rank count and strategy, the unquantized figures; with
+    quantization also ``quantized_host_bytes``, ``quantized_wire_bound_s``, ``quantized_step_s`` (and its exposed
+    fraction and tokens/s), the same model with the quantized collectives' bytes."""
     _resolve(a)
-    shape = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
+    check_quantize(a.quantize_weights, a.quantize_grads, a.quantize_block)  # train's messages
+    plain = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
                          param_bytes=_BYTES[a.precision], grad_bytes=_BYTES[a.precision])
+    quant = dataclasses.replace(plain, quantize_weights=a.quantize_weights, quantize_grads=a.quantize_grads,
+                                quantize_block=a.quantize_block)
     links = sm.Links(inter_rate=sm.parse_rate(a.link_rate), alpha_inter=a.alpha_inter, eff_inter=a.eff_inter,
                      bw_intra=a.intra_bw, alpha_intra=a.alpha_intra, call_inter=a.call_inter)
-    compute = 3 * sum(shape.flops) / (a.tflops * 1e12 * a.efficiency)
+    hier = a.collectives == "hier"
+    compute = 3 * sum(plain.flops) / (a.tflops * 1e12 * a.efficiency)
     rows = []
     for ranks in [int(x) for x in a.ranks.split(",")]:
         g = min(a.gpus_per_node, ranks)
         if ranks % g:
             raise ValueError(f"--ranks {ranks} is not a multiple of --gpus-per-node {a.gpus_per_node}")
         hosts = ranks // g
+        tokens = ranks * a.batch_size * a.block_size
         for strategy in a.strategies.split(","):
-            step = sm.predict_step(shape, strategy, hosts, g, links, compute, hierarchical=a.collectives == "hier")
-            mem = sm.memory_per_rank(shape, strategy, ranks, g, a.batch_size * a.block_size, a.n_embd, a.n_layer)
-            rows.append({"ranks": ranks, "nodes": hosts, "strategy": strategy, "compute_s": compute,
-                         "wire_bound_s": sm.wire_bound(shape, strategy, hosts, links), "step_s": step,
-                         "exposed_frac": (step - compute) / step, "tokens_per_s": ranks * a.batch_size * a.block_size
-                         / step, "mem_state_gib": mem["state"] / 2**30, "mem_total_gib": mem["total"] / 2**30})
-    return shape, compute, rows
+            step = sm.predict_step(plain, strategy, hosts, g, links, compute, hierarchical=hier)
+            mem = sm.memory_per_rank(plain, strategy, ranks, g, a.batch_size * a.block_size, a.n_embd, a.n_layer)
+            row = {"ranks": ranks, "nodes": hosts, "strategy": strategy, "compute_s": compute,
+                   "host_bytes": sm.host_link_bytes(plain, strategy, hosts, g, links, hier),
+                   "wire_bound_s": sm.wire_bound(plain, strategy, hosts, links), "step_s": step,
+                   "exposed_frac": (step - compute) / step, "tokens_per_s": tokens / step,
+                   "mem_state_gib": mem["state"] / 2**30, "mem_total_gib": mem["total"] / 2**30}
+            if quant.quantized:
+                qstep = sm.predict_step(quant, strategy, hosts, g, links, compute, hierarchical=hier)
+                row.update(quantized_host_bytes=sm.host_link_bytes(quant, strategy, hosts, g, links, hier),
+                           quantized_wire_bound_s=sm.wire_bound(quant, strategy, hosts, links), quantized_step_s=qstep,
+                           quantized_exposed_frac=(qstep - compute) / qstep, quantized_tokens_per_s=tokens / qstep)
+            rows.append(row)
+    return plain, compute, rows
+
+
+def _print_quantized(pl):
+    """The table with the bytes per node and step time unquantized and quantized side by side."""
+    q = pl["quantize"]
+    print(f"quantized collectives: weights {q['weights']} (every link), gradients {q['grads']} (across nodes; full "
+          f"precision inside), {q['block']} elements per scale; exposed comm and tokens/s are the quantized run's\n")
+    print("| ranks | nodes | strategy | GiB per node | step (s) | quantized GiB per node | quantized wire bound (s) "
+          "| quantized step (s) | exposed comm | tokens/s | state per rank (GiB) | memory per rank (GiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in pl["rows"]:
+        print(f"| {r['ranks']} | {r['nodes']} | {r['strategy']} | {r['host_bytes'] / 2**30:.3f} | {r['step_s']:.3f} "
+              f"| {r['quantized_host_bytes'] / 2**30:.3f} | {r['quantized_wire_bound_s']:.3f} "
+              f"| {r['quantized_step_s']:.3f} | {100 * r['quantized_exposed_frac']:.0f}% "
+              f"| {r['quantized_tokens_per_s']:,.0f} | {r['mem_state_gib']:.1f} | {r['mem_total_gib']:.1f} |")
 
 
 def run(a) -> int:
@@ -248,6 +291,9 @@ def run(a) -> int:
         else:
             shape, compute, rows = plan_table(a)
             out["plan"] = {"params": shape.params, "compute_s": compute, "rows": rows}
+            if a.quantize_weights != "none" or a.quantize_grads != "none":
+                out["plan"]["quantize"] = {"weights": a.quantize_weights, "grads": a.quantize_grads,
+                                           "block": a.quantize_block}
     except (ValueError, OSError) as err:
         print(f"hpcfsdp plan: {err}", file=sys.stderr)
         return 2
@@ -258,8 +304,11 @@ def run(a) -> int:
         pl = out["plan"]
         print(f"GPT {pl['params'] / 1e9:.2f}B params, {a.batch_size} x {a.block_size} tokens per rank, {a.precision}; "
               f"{a.gpus_per_node} ranks per node, {a.link_rate} per node (x{a.eff_inter}), {a.collectives} "
-              f"collectives; compute {pl['compute_s']:.3f} s per step ({a.tflops:g} TFLOP/s x {a.efficiency:g})\n")
-        print("| ranks | nodes | strategy | wire bound (s) | step (s) | exposed comm | tokens/s | state per rank (GiB) "
+              f"collectives; compute {pl['compute_s']:.3f} s per step ({a.tflops:g} TFLOP/s x {a.efficiency:g})")
+        if "quantize" in pl:
+            _print_quantized(pl)
+            return 0
+        print("\n| ranks | nodes | strategy | wire bound (s) | step (s) | exposed comm | tokens/s | state per rank (GiB) "
               "| memory per rank (GiB) |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in pl["rows"]:
