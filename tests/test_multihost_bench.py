@@ -139,3 +139,30 @@ def test_bench_train_bounds_on_one_host():
 def test_bench_train_bound_options_bad_input(args, msg):
     out = _bench(*args)
     assert out.returncode != 0 and msg in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.system
+@pytest.mark.timeout(400)
+def test_quantized_collectives_put_only_their_bytes_on_the_wire(cluster):
+    """2 hosts x 2 ranks, bytes counted on the hosts' links: int8 weights + int8 gradients send at most 0.3x the
+    fp32 run's bytes per host per step (FULL_SHARD and HYBRID_SHARD), int4 gradients under HYBRID_SHARD at most
+    0.15x, each near its quantized wire minimum: a silent full-precision fallback fails here."""
+    model = ["--vocab-size", "1024", "--block-size", "64", "--n-layer", "2", "--n-head", "4", "--n-embd", "256",
+             "--batch-size", "2", "--warmup", "1", "--steps", "2"]
+
+    def run(strategy, *quant):
+        extra = ["--mesh", "2x2"] if strategy == "HYBRID_SHARD" else []
+        out, _ = cluster.launch(2, 2, [PY, "-m", "hpcfsdp.cli.main", "bench", "train", *model, "--strategy", strategy,
+                                       *extra, *quant, "--link", "eth0", "--link-rate", "10gbit", "--json", "-"],
+                                timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        res = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+        assert res["quantize_weights"] == (quant[1] if quant else "none")
+        return max(res["bytes_sent_per_host_per_step"]), res["wire_min_bytes_per_host"]
+
+    for strategy, grads, most in (("FULL_SHARD", "int8", 0.3), ("HYBRID_SHARD", "int8", 0.3),
+                                  ("HYBRID_SHARD", "int4", 0.15)):
+        full, _ = run(strategy)
+        sent, least = run(strategy, "--quantize-weights", "int8", "--quantize-grads", grads)
+        assert sent <= most * full, (strategy, grads, sent, full)
+        assert 0.97 * least <= sent <= 1.3 * least, (strategy, grads, sent, least)

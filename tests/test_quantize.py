@@ -79,3 +79,19 @@ def test_bad_settings_are_named():
         Q.quantize(np.ones(4, np.float32), "int4", 3)
     with pytest.raises(ValueError, match="int8 payload of 4 elements has 8 bytes, got 7"):
         Q.dequantize(np.zeros(7, np.uint8), "int8", 4, 4, np.float32)
+
+
+def test_fp8_codes_and_values_equal_ml_dtypes_casts():
+    """The e4m3 codes come from float32 bits and decode through a table (See [Note: e4m3 codes by bits]): both
+    equal ml_dtypes' casts, ties (to even) and subnormals included."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    y = (rng.standard_normal(200_000) * np.exp(rng.uniform(-14, 6.2, 200_000))).astype(np.float32)
+    reps = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    reps = np.sort(reps[np.isfinite(reps) & (reps >= 0)])
+    ties = ((reps[1:] + reps[:-1]) / 2).astype(np.float32)  # exactly halfway between neighbours
+    y = np.clip(np.concatenate([y, ties, -ties, reps, -reps, [0.0, -0.0]]).astype(np.float32), -448, 448)
+    want = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(Q._e4m3_codes(y, np), want)
+    np.testing.assert_array_equal(Q._E4M3_VALUES[want], want.view(ml_dtypes.float8_e4m3fn).astype(np.float32))

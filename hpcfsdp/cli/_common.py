@@ -61,11 +61,11 @@ def shard_gpt(model: GPT, cfg, device_type: str = "cpu"):
     mesh, dims = strategy_mesh(strategy, device_type, user_mesh)
     _fully_shard_units(model, cfg, mesh, dims)
     quantize_units(model, getattr(cfg, "quantize_weights", "none"), getattr(cfg, "quantize_grads", "none"),
-                   getattr(cfg, "quantize_block", 256))
+                   getattr(cfg, "quantize_block", 256), getattr(cfg, "quantize_error_feedback", True))
     return mesh
 
 
-def quantize_units(model, weights: str, grads: str, block: int) -> None:
+def quantize_units(model, weights: str, grads: str, block: int, error_feedback: bool = True) -> None:
     """Give every FSDP unit of ``model`` the quantized all-gather / reduce-scatter asked for ("none": keep)."""
     from hpcfsdp.distributed.fsdp import FSDPModule, QuantizedAllGather, QuantizedReduceScatter
 
@@ -74,7 +74,8 @@ def quantize_units(model, weights: str, grads: str, block: int) -> None:
             if weights != "none":
                 m.set_custom_all_gather(QuantizedAllGather(weights, block_size=block))
             if grads != "none":
-                m.set_custom_reduce_scatter(QuantizedReduceScatter(grads, block_size=block))
+                m.set_custom_reduce_scatter(QuantizedReduceScatter(grads, block_size=block,
+                                                                   error_feedback=error_feedback))
 
 
 def _fully_shard_units(model: GPT, cfg, mesh, dims):

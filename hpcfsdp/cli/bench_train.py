@@ -363,7 +363,8 @@ def bench_train(args) -> dict:
     flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
     res = {
         "strategy": args.strategy, "world_size": world, "tp": cfg.tp, "mesh": args.mesh,
-        "quantize_weights": args.quantize_weights, "quantize_grads": args.quantize_grads, "mixed_precision": args.mixed_precision,
+        "quantize_weights": args.quantize_weights, "quantize_grads": args.quantize_grads,
+        "quantize_block": args.quantize_block, "mixed_precision": args.mixed_precision,
         "device": cfg.device, "prefetch": _prefetches(model),
         "activation_checkpointing": args.activation_checkpointing, "fsdp_units": args.fsdp_units, "model": {
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,

@@ -127,6 +127,7 @@ class TrainConfig:
     quantize_weights: str = "none"  # none | int8 | fp8: all-gather block-quantized weights (QuantizedAllGather)
     quantize_grads: str = "none"  # none | int8 | int4: the reduction's cross-host hop quantized (QuantizedReduceScatter)
     quantize_block: int = 256  # elements per quantization scale
+    quantize_error_feedback: bool = True  # the quantized reduction keeps its rounding residual for the next step
     # checkpoints
     checkpoint_dir: Optional[str] = None  # where sharded checkpoints go; None = no checkpoints
     checkpoint_interval: int = 0  # save every N steps (and at the end); 0 = only at the end if a dir is set
@@ -688,8 +689,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help=_help("quantize_weights", "all-gather block-quantized weights (the sharded copy stays full "
                               "precision)"))
     g.add_argument("--quantize-grads", choices=QUANTIZE_GRADS, default=S,
-                   help=_help("quantize_grads", "quantize the gradient reduction across hosts (error feedback on)"))
+                   help=_help("quantize_grads", "quantize the gradient reduction across hosts"))
     g.add_argument("--quantize-block", type=int, default=S, help=_help("quantize_block", "elements per quantization scale"))
+    g.add_argument("--quantize-error-feedback", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("quantize_error_feedback", "carry what the gradient quantization rounded away into the "
+                              "next step"))
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", metavar="DIR", default=S, help=_help("checkpoint_dir", "directory of sharded checkpoints"))
     g.add_argument("--checkpoint-interval", type=int, default=S, help=_help("checkpoint_interval", "save every N steps; 0 = at the end only"))
