@@ -26,9 +26,11 @@ def _shard(k, seed):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-def test_all_gather_gives_every_rank_the_same_dequantized_shards(kind):
-    g = _group()
-    n, r, k = g.size(), g.rank(), 1000
+def test_all_gather_gives_every_rank_the_same_dequantized_shards(kind, monkeypatch):
+    n = dist.get_world_size()
+    monkeypatch.setenv("HPCFSDP_RANKS_PER_NODE", str(max(1, n // 2)))  # two simulated hosts
+    g = dist.new_group(list(range(n)))
+    r, k = g.rank(), 1000
     out = np.empty(n * k, np.float32)
     w = QuantizedAllGather(kind, block_size=128)(out, _shard(k, r), g, async_op=True)
     w.wait()
@@ -38,8 +40,14 @@ def test_all_gather_gives_every_rank_the_same_dequantized_shards(kind):
         np.testing.assert_array_equal(out[src * k:(src + 1) * k], want)
         assert np.all(np.abs(want.astype(np.float64) - x) <= Q.step_bound(x, kind, 128) * (1 + 1e-5))
     reset_collective_counts()
-    QuantizedAllGather(kind, block_size=128)(out, _shard(k, r), g)
+    gather = QuantizedAllGather(kind, block_size=128)
+    gather(out, _shard(k, r), g)
     assert collective_bytes()["all_gather"] == Q.payload_bytes(kind, k, 128) < 0.3 * 4 * k
+    monkeypatch.delenv("HPCFSDP_RANKS_PER_NODE")
+    one_host = dist.new_group(list(range(n)))  # made without the override: one host, no slow link to spare
+    gather(out, _shard(k, r), one_host)
+    for src in range(n):
+        np.testing.assert_array_equal(out[src * k:(src + 1) * k], _shard(k, src))  # gathered in full precision
 
 
 @pytest.mark.timeout(60)

@@ -95,3 +95,21 @@ def test_fp8_codes_and_values_equal_ml_dtypes_casts():
     want = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     np.testing.assert_array_equal(Q._e4m3_codes(y, np), want)
     np.testing.assert_array_equal(Q._E4M3_VALUES[want], want.view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+def test_residual_is_what_the_round_trip_lost(kind):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(1001) * np.exp(rng.uniform(-4, 4, 1001))).astype(np.float32)
+    x[300:310] = np.nan  # a non-finite block owes nothing
+    res = np.full(x.size, 7.0, np.float32)
+    payload = Q.quantize(x, kind, 64, residual=res)
+    np.testing.assert_array_equal(payload, Q.quantize(x, kind, 64))  # the same payload either way
+    back = Q.dequantize(payload, kind, x.size, 64, np.float64)
+    lost = np.where(np.isfinite(back), x.astype(np.float64) - back, 0.0)
+    blocks = np.nan_to_num(np.concatenate([x, np.zeros(1024 - x.size, np.float32)])).reshape(-1, 64)
+    peak = np.repeat(np.abs(blocks).max(axis=1), 64)[:x.size]  # float32 rounding: a few ulps of the block's peak
+    assert np.all(res[256:320] == 0) and np.abs(lost).max() > 0
+    assert np.all(np.abs(res - lost) <= 4 * 2.0 ** -23 * peak), np.abs(res - lost).max()
+    with pytest.raises(ValueError, match="residual must be 1001 float32 values"):
+        Q.quantize(x, kind, 64, residual=np.zeros(5, np.float32))

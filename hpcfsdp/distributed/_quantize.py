@@ -83,8 +83,10 @@ def _e4m3_codes(y, xp):
     return codes
 
 
-def quantize(x, kind: str, block: int, out=None):
-    """The payload of flat float array ``x`` (a new uint8 array, or written into ``out``)."""
+def quantize(x, kind: str, block: int, out=None, residual=None):
+    """The payload of flat float array ``x`` (a new uint8 array, or written into ``out``). With ``residual`` (a
+    float32 array of x's size), also write there what the rounding lost: x minus its dequantized value (0 in a
+    non-finite block), from the scaled values at hand rather than a second decoding pass."""
     _check(kind, block)
     xp = array_module(x)
     n = x.size
@@ -98,26 +100,34 @@ def quantize(x, kind: str, block: int, out=None):
     y = xb * inv[:, None]
     if not bool(finite.all()):
         y[~finite] = 0.0  # the block's NaN scale carries the non-finite value
-    if kind == "fp8":
-        codes = _e4m3_codes(y, xp)[:n]
-    else:
-        xp.rint(y, out=y)
-        xp.clip(y, -_QMAX[kind], _QMAX[kind], out=y)
-        q = y.astype(np.int8).reshape(-1)[:n]
-        if kind == "int4":
-            u = (q + 8).astype(np.uint8)
-            if n % 2:
-                u = xp.concatenate([u, xp.full(1, 8, np.uint8)])
-            codes = u[0::2] | (u[1::2] << np.uint8(4))
-        else:
-            codes = q.view(np.uint8)
-    total = codes.size + 4 * nb
+    total = _code_bytes(kind, n) + 4 * nb
     if out is None:
         out = xp.empty(total, np.uint8)
     elif out.size != total or out.dtype != np.uint8:
         raise ValueError(f"quantize: out must be {total} uint8 bytes, got {out.size} {out.dtype}")
-    out[:codes.size] = codes
-    out[codes.size:] = scale.view(np.uint8)
+    if residual is not None and (residual.size != n or residual.dtype != np.float32):
+        raise ValueError(f"quantize: residual must be {n} float32 values, got {residual.size} {residual.dtype}")
+    if kind == "fp8":
+        codes = _e4m3_codes(y, xp)
+        out[:n] = codes[:n]
+        if residual is not None:  # y - its e4m3 value, scaled back
+            y -= xp.asarray(_E4M3_VALUES)[codes].reshape(y.shape)
+    else:
+        # |y| <= qmax up to rounding (the scale is absmax / qmax), so rint lands in [-qmax, qmax]: no clip
+        q = xp.rint(y)
+        if kind == "int4":
+            u = (q.reshape(-1)[:n] + np.float32(8)).astype(np.uint8)
+            if n % 2:
+                u = xp.concatenate([u, xp.full(1, 8, np.uint8)])
+            xp.bitwise_or(u[0::2], u[1::2] << np.uint8(4), out=out[:(n + 1) // 2])
+        else:
+            out[:n].view(np.int8)[...] = q.reshape(-1)[:n]
+        if residual is not None:
+            y -= q
+    if residual is not None:
+        y *= xp.where(finite, scale, np.float32(0.0))[:, None]
+        residual.reshape(-1)[...] = y.reshape(-1)[:n]
+    out[total - 4 * nb:] = scale.view(np.uint8)
     return out
 
 

@@ -2,10 +2,11 @@
 ``set_custom_all_gather`` / ``set_custom_reduce_scatter``.
 
 [Note: Quantized all-gather]
-Each rank quantizes its flat shard (int8 or fp8 e4m3, a float32 scale per block; See [Note: Quantized
+Across hosts, each rank quantizes its flat shard (int8 or fp8 e4m3, a float32 scale per block; See [Note: Quantized
 payloads] in distributed/_quantize.py), the payloads are all-gathered as bytes, and every rank dequantizes all
 of them, its own included, into the unsharded parameters: every rank computes with the same weights, while the
 sharded master copy (what the optimizer steps) stays in full precision. Only the communicated copy is rounded.
+A group on one host (HSDP's shard group) has no slow link: it gathers in full precision.
 
 [Note: Quantized gradient reduction]
 The reduction of a group spanning several hosts runs in two hops. Inside each host, a full-precision
@@ -39,7 +40,7 @@ from .... import _backend
 from ... import _buffers as B
 from ... import _comm_thread as CT
 from ... import _quantize as Q
-from ...process_group import ReduceOp
+from ...process_group import ProcessGroup, ReduceOp
 from ._fsdp_api import AllGather, ReduceScatter
 from ._fsdp_collectives import PremulSum, _array, _group, allocate_buffer
 
@@ -64,13 +65,19 @@ class _Done:
         return self._finish is None
 
 
+# the groups' collectives the raw path stands for: replaced (bench's compute-only fakes), the hops use them
+_GROUP_CALLS = {name: getattr(ProcessGroup, name) for name in ("reduce_scatter_into", "all_to_all_into",
+                                                                "all_gather_into")}
+
+
 class _Hops:
     """How a quantized collective's hops reach MPI (See [Note: Hops on the communication thread]): on host
     arrays, as one Work of the communication thread calling MPI itself; otherwise through the groups'
     own blocking collectives, now."""
 
     def __init__(self, xp):
-        self._raw = xp is np and CT.comm_thread() is not None and _backend.MPI_BUFFER_CHECK is None
+        self._raw = (xp is np and CT.comm_thread() is not None and _backend.MPI_BUFFER_CHECK is None
+                     and all(getattr(ProcessGroup, name, None) is fn for name, fn in _GROUP_CALLS.items()))
 
     def issue(self, desc, run, async_op, notes):
         """Run ``run`` (the hops and the arithmetic between them); ``notes``: (group, kind, bytes) counted."""
@@ -105,6 +112,21 @@ class _Hops:
         B.call_mpi(pg._mode, pg.comm.Allgather, pg.comm.Iallgather, B.byte_spec(src), B.byte_spec(dst))
 
 
+def _node_layout(g):
+    from ... import _mpi
+
+    # collective, on the communication thread like every other call on this communicator
+    return CT.call_sync("node_layout", lambda: _mpi.node_layout(g.comm))
+
+
+def _spans_hosts(g, cache) -> bool:
+    """Whether group ``g`` has ranks on more than one host (collective on its first call; ``cache`` keeps it)."""
+    hit = cache.get(id(g))
+    if hit is None or hit[0] is not g:
+        hit = cache[id(g)] = (g, g.size() > 1 and _node_layout(g)["num_nodes"] > 1)
+    return hit[1]
+
+
 def _block(block_size) -> int:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2 or block_size % 2:
         raise ValueError(f"block_size={block_size!r}: expected an even integer >= 2")
@@ -123,6 +145,7 @@ class QuantizedAllGather(AllGather):
         if dtype not in ("int8", "fp8"):
             raise ValueError(f"QuantizedAllGather: dtype={dtype!r}: expected 'int8' or 'fp8'")
         self.dtype, self.block_size = dtype, _block(block_size)
+        self._hosts = {}  # id(group) -> (group, whether it spans hosts)
 
     def __repr__(self) -> str:
         return f"QuantizedAllGather(dtype={self.dtype!r}, block_size={self.block_size})"
@@ -136,6 +159,8 @@ class QuantizedAllGather(AllGather):
         k, world = inp.size, g.size()
         if out.size != world * k:
             raise ValueError(f"QuantizedAllGather: output has {out.size} elements, expected {world} x {k}")
+        if not _spans_hosts(g, self._hosts):  # no slow link to spare: the full-precision gather
+            return g.all_gather_into(out.reshape(-1), inp.reshape(-1), async_op=async_op)
         kind, block = self.dtype, self.block_size
         nbytes = Q.payload_bytes(kind, k, block)
         send = Q.quantize(inp.reshape(-1), kind, block, out=_backend.array_module(inp).empty(nbytes, np.uint8))
@@ -195,10 +220,7 @@ class QuantizedReduceScatter(ReduceScatter):
         hit = self._topology.get(id(g))
         if hit is not None and hit[0] is g:
             return hit[1]
-        from ... import _mpi
-
-        # collective, on the communication thread like every other call on this communicator
-        lay = CT.call_sync("node_layout", lambda: _mpi.node_layout(g.comm))
+        lay = _node_layout(g)
         hosts = lay["num_nodes"]
         hops = None
         if hosts > 1:
@@ -256,34 +278,39 @@ class QuantizedReduceScatter(ReduceScatter):
                         [(local, "reduce_scatter", src.nbytes), (cross, "all_to_all", payload)])
 
     def _quantize_rows(self, rows, key):
-        """Payloads of the rows of float32 ``rows`` (error feedback: the residual of ``key`` added first, the new
-        one kept)."""
+        """Payloads of the rows of float32 ``rows``, a buffer of the caller's (error feedback: the residual of
+        ``key`` added into it first, the new one kept, written over the old)."""
         xp = _backend.array_module(rows)
         kind, block = self.dtype, self.block_size
         k = rows.shape[1]
+        res = None
         if self.error_feedback:
             res = self.residuals.get(key)
-            if res is not None:
-                rows = rows + res
+            if res is not None and res.shape == rows.shape:
+                rows += res
+            else:
+                res = xp.empty(rows.shape, np.float32)
         send = xp.empty((rows.shape[0], Q.payload_bytes(kind, k, block)), np.uint8)
         for i in range(rows.shape[0]):
-            Q.quantize(rows[i], kind, block, out=send[i])
-        if self.error_feedback:
-            sent = xp.stack([Q.dequantize(send[i], kind, k, block, np.float32) for i in range(rows.shape[0])])
-            self.residuals[key] = xp.where(xp.isfinite(sent), rows - sent, np.float32(0.0))
+            Q.quantize(rows[i], kind, block, out=send[i], residual=None if res is None else res[i])
+        if res is not None:
+            self.residuals[key] = res
         return send
 
     def _exchange(self, chunks, cross, key, io):
-        """Row h of float32 ``chunks`` to rank h of ``cross``, quantized; the float32 sum of the rows received."""
+        """Row h of float32 ``chunks`` (a buffer of the caller's) to rank h of ``cross``, quantized; the float32
+        sum of the rows received."""
         xp = _backend.array_module(chunks)
         kind, block = self.dtype, self.block_size
         k = chunks.shape[1]
         send = self._quantize_rows(chunks, key)
         recv = xp.empty_like(send)
         io.all_to_all(cross, recv.reshape(-1), send.reshape(-1))
-        total = xp.zeros(k, np.float32)
-        for h in range(recv.shape[0]):
-            total += Q.dequantize(recv[h], kind, k, block, np.float32)
+        total = Q.dequantize(recv[0], kind, k, block, np.float32, out=xp.empty(k, np.float32))
+        if recv.shape[0] > 1:
+            part = xp.empty(k, np.float32)
+            for h in range(1, recv.shape[0]):
+                total += Q.dequantize(recv[h], kind, k, block, np.float32, out=part)
         return total
 
     def all_reduce(self, arr, group, op=ReduceOp.SUM, async_op: bool = False):
