@@ -48,7 +48,6 @@ since the simulated hosts share one machine's cores; "host" charges one host's b
 import dataclasses
 import math
 
-from ..distributed import _quantize
 from .config import QUANTIZE_GRADS, QUANTIZE_WEIGHTS  # the codes of QuantizedAllGather, QuantizedReduceScatter
 
 __all__ = ["Links", "ModelShape", "collective_times", "simulate", "predict_step", "wire_bound", "host_link_bytes",
@@ -61,6 +60,8 @@ def quantized_itemsize(kind: str, block: int, full: float) -> float:
     scales (See [Note: Quantized payloads] in distributed/_quantize.py): int8, fp8 1 + 4/block; int4 0.5 + 4/block."""
     if kind == "none":
         return full
+    from ..distributed import _quantize  # here: importing hpcfsdp.distributed reads MPI settings
+
     return _quantize.payload_bytes(kind, block, block) / block
 
 
