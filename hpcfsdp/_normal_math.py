@@ -10,7 +10,7 @@ __all__ = ["box_muller", "ndtri", "normal_cdf", "standard_normal_", "truncated_n
 
 _TWO_PI = 2.0 * math.pi
 _PAIRS = 1 << 15  # pairs per pass of box_muller on NumPy: the float64 temporaries of one pass stay in L2
-_VALUES = 1 << 14  # values per pass of ndtri on NumPy
+_VALUES = 1 << 16  # values per pass of ndtri on NumPy
 _CHUNK = 1 << 16  # uniform values a NumPy generator is asked for at a time (its stream goes on across calls)
 
 
@@ -144,15 +144,17 @@ def _ndtri_pass(p, out, xp, ws):
     tail = xp.nonzero(xp.abs(q) > 0.425)[0]
     if tail.size == 0:
         return out
-    pt, neg = p[tail], q[tail] < 0
-    with np.errstate(divide="ignore", invalid="ignore"):  # p = 0 or 1: r = inf, x = inf
+    pt = p[tail]
+    with np.errstate(divide="ignore", invalid="ignore"):  # p = 0 or 1: r = inf, set below
         r = xp.sqrt(-xp.log(xp.minimum(pt, 1.0 - pt)))
-        near = r - 1.6
-        far = r - 5.0
-        z = xp.where(r <= 5.0, _ratio(near, _C, _D, near.copy(), xp.empty_like(near)),
-                     _ratio(far, _E, _F, far.copy(), xp.empty_like(far)))
-    z = xp.where(r == xp.inf, xp.inf, z)
-    out[tail] = xp.where(neg, -z, z)
+        z = xp.empty_like(r)
+        for part, c, num, den in ((r <= 5.0, 1.6, _C, _D), (r > 5.0, 5.0, _E, _F)):  # r > 5: p < 1.4e-11, rare
+            idx = xp.nonzero(part)[0]
+            if idx.size:
+                x = r[idx] - c
+                z[idx] = _ratio(x, num, den, x.copy(), xp.empty_like(x))
+    z[r == xp.inf] = xp.inf
+    out[tail] = xp.where(q[tail] < 0, -z, z)
     return out
 
 

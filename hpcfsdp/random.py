@@ -303,10 +303,12 @@ def _sink(tensor, dtype):
     return _FlatSink(tensor, dtype)
 
 
-def _stream(sink, draw, transform=None):
-    """Fill ``sink`` with ``draw((k,))`` for the whole tensor, block by block (``transform`` applied to each)."""
-    for start in range(0, sink.n, sink.block):
-        vals = draw((min(sink.block, sink.n - start),))
+def _stream(sink, draw, transform=None, block=None):
+    """Fill ``sink`` with ``draw((k,))`` for the whole tensor, block by block (``transform`` applied to each; ``block``
+    values at a time, the sink's block if None)."""
+    block = sink.block if block is None else block
+    for start in range(0, sink.n, block):
+        vals = draw((min(block, sink.n - start),))
         sink.put_range(start, vals if transform is None else transform(vals))
     return sink
 
@@ -323,7 +325,7 @@ def _stream(sink, draw, transform=None):
 # generators (cuRAND cannot be advanced) are drawn whole, block by block, and kept where local (See [Note: Random
 # values of a sharded tensor]).
 _GAP = 1 << 14
-_NORMAL_CHUNK = 1 << 16  # uniforms a normal fill draws at a time from a NumPy generator
+_NORMAL_CHUNK = 1 << 16  # values a normal or transformed uniform fill draws at a time from a NumPy generator
 
 
 def _pcg64(gen):
@@ -370,7 +372,8 @@ def _uniform_stream(sink, gen, dtype, draw, transform=None):
     bg = _pcg64(gen)
     runs = getattr(sink, "runs", None)
     if bg is None or runs is None or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        return _stream(sink, draw, transform)
+        numpy_gen = isinstance(gen, (np.random.Generator, np.random.RandomState))  # its stream goes on across calls
+        return _stream(sink, draw, transform, _NORMAL_CHUNK if numpy_gen and transform is not None else None)
     state, half = bg.state, np.dtype(dtype) == np.float32
     for a, b in _spans(runs()):
         g = _positioned(state, a, half)

@@ -234,3 +234,25 @@ def test_trunc_normal_is_the_quantile_of_one_float64_uniform_per_value():
         after = np.random.default_rng(6)
         after.random(33)
         np.testing.assert_array_equal(g.random(3), after.random(3))
+
+
+def test_normal_and_trunc_normal_fills_take_the_generators_float64_uniforms_on_every_device(device):
+    """On a CuPy generator too (drawn whole: cuRAND cannot skip ahead), value i comes from the uniforms that
+    hp.rand(dtype=float64) draws from an identically seeded generator: Box-Muller pairs for normal_, the quantile
+    for trunc_normal_ (math's cos, sin, log and Newton on math.erf here)."""
+    from test_normal_math import _ndtri_ref
+
+    n = 35
+    g = hp.Generator(device).manual_seed(3)
+    w = init.normal_(hp.empty(5, 7, device=device, dtype=hp.float64), generator=g)
+    u = hp.rand(n + 1, dtype=hp.float64, device=device, generator=hp.Generator(device).manual_seed(3)).cpu().numpy()
+    want = []
+    for i in range(0, n + 1, 2):
+        r = math.sqrt(-2 * math.log(1 - u[i]))
+        want += [r * math.cos(2 * math.pi * u[i + 1]), r * math.sin(2 * math.pi * u[i + 1])]
+    np.testing.assert_allclose(w.cpu().numpy().ravel(), want[:n], rtol=1e-14, atol=1e-14)
+    g.manual_seed(3)
+    t = init.trunc_normal_(hp.empty(5, 7, device=device, dtype=hp.float64), std=0.5, a=-0.5, b=1.0, generator=g)
+    p0, p1 = 0.5 * math.erfc(2 / math.sqrt(2)), 0.5 * math.erfc(-1 / math.sqrt(2))  # [-1, 2] std, mirrored
+    np.testing.assert_allclose(t.cpu().numpy().ravel(), [-0.5 * _ndtri_ref(p0 + x * (p1 - p0)) for x in u[:n]],
+                               rtol=1e-13)
