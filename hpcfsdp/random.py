@@ -6,7 +6,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _normal_math
 from ._tensor import Tensor
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
@@ -260,14 +260,14 @@ def fork_rng(devices: Optional[Iterable] = None, enabled: bool = True, _caller: 
 
 # [Note: Random values of a sharded tensor]
 # An in-place random fill (nn.init.uniform_/normal_/trunc_normal_ and their users, Tensor.normal_/uniform_)
-# draws the values of the whole tensor in C order, as for a plain tensor, and keeps those of the tensor's
+# takes the values of the whole tensor in C order, as for a plain tensor, and keeps those of the tensor's
 # local piece: the fill goes through a sink, ``_sink(tensor, dtype)``. A plain tensor's sink is its whole flat
 # array, filled by one draw. A sharded tensor (DTensor) gets its sink from the hook that
 # hpcfsdp/distributed/tensor/_rules/random.py installs: it takes the draws in blocks of ``block`` values (so
 # the whole tensor is never held) and keeps, from each, the values whose global flat index falls in the
-# local piece (a uniform fill skips to them instead: [Note: Skipping to a shard's values]). Every rank sees the
-# same stream, so a sharded parameter initialised from a seed equals the
-# slice of the plain one initialised from that seed, and the generator ends where the plain fill leaves it.
+# local piece (uniform and normal fills skip to them instead: [Note: Skipping to a shard's values]). Every rank
+# sees the same stream, so a sharded parameter initialised from a seed equals the slice of the plain one
+# initialised from that seed, and the generator ends where the plain fill leaves it.
 # Drawing n values in blocks gives the values of one draw of n: NumPy's generators (and a CuPy RandomState
 # within one block) continue their stream across calls.
 _SHARDED_SINK = [None]
@@ -303,10 +303,12 @@ def _sink(tensor, dtype):
     return _FlatSink(tensor, dtype)
 
 
-def _stream(sink, draw, transform=None):
-    """Fill ``sink`` with ``draw((k,))`` for the whole tensor, block by block (``transform`` applied to each)."""
-    for start in range(0, sink.n, sink.block):
-        vals = draw((min(sink.block, sink.n - start),))
+def _stream(sink, draw, transform=None, block=None):
+    """Fill ``sink`` with ``draw((k,))`` for the whole tensor, block by block (``transform`` applied to each; ``block``
+    values at a time, the sink's block if None)."""
+    block = sink.block if block is None else block
+    for start in range(0, sink.n, block):
+        vals = draw((min(block, sink.n - start),))
         sink.put_range(start, vals if transform is None else transform(vals))
     return sink
 
@@ -318,9 +320,12 @@ def _stream(sink, draw, transform=None):
 # uniform fill positions a copy of the generator at each of its runs of the whole tensor's C-order values (runs
 # closer than _GAP values are drawn as one span, cheaper than another jump) and draws only those; the
 # generator then ends where the plain fill leaves it (advanced past every value, its kept half as the plain
-# fill would leave it). Normal values (ziggurat: a variable share) and CuPy's generators are drawn whole,
-# block by block, and kept where local (See [Note: Random values of a sharded tensor]).
+# fill would leave it). Normal values take a fixed share too, by construction (See [Note: Normal values at
+# fixed positions]): a span starting or ending inside a pair draws the partner's uniform as well. CuPy's
+# generators (cuRAND cannot be advanced) are drawn whole, block by block, and kept where local (See [Note: Random
+# values of a sharded tensor]).
 _GAP = 1 << 14
+_NORMAL_CHUNK = 1 << 16  # values a normal or transformed uniform fill draws at a time from a NumPy generator
 
 
 def _pcg64(gen):
@@ -350,24 +355,82 @@ def _positioned(state, j, half):
     return np.random.Generator(bg)
 
 
+def _spans(runs):
+    """The runs ``[a, b)`` merged where less than _GAP values apart."""
+    spans = []
+    for a, b in runs:
+        if spans and a - spans[-1][1] < _GAP:
+            spans[-1][1] = b
+        elif b > a:
+            spans.append([a, b])
+    return spans
+
+
 def _uniform_stream(sink, gen, dtype, draw, transform=None):
     """``_stream(sink, draw, transform)`` for ``draw``, U[0, 1) values of ``dtype`` from ``gen``: skipping to a sharded
     sink's runs where the generator allows (See [Note: Skipping to a shard's values])."""
     bg = _pcg64(gen)
     runs = getattr(sink, "runs", None)
     if bg is None or runs is None or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        return _stream(sink, draw, transform)
+        numpy_gen = isinstance(gen, (np.random.Generator, np.random.RandomState))  # its stream goes on across calls
+        return _stream(sink, draw, transform, _NORMAL_CHUNK if numpy_gen and transform is not None else None)
     state, half = bg.state, np.dtype(dtype) == np.float32
-    spans = []
-    for a, b in runs():
-        if spans and a - spans[-1][1] < _GAP:
-            spans[-1][1] = b
-        elif b > a:
-            spans.append([a, b])
-    for a, b in spans:
+    for a, b in _spans(runs()):
         g = _positioned(state, a, half)
         for start in range(a, b, sink.block):
             vals = g.random(min(sink.block, b - start), dtype=dtype)
             sink.put_range(start, vals if transform is None else transform(vals))
     bg.state = _positioned(state, sink.n, half).bit_generator.state
+    return sink
+
+
+# [Note: Normal values at fixed positions]
+# NumPy's standard_normal (a ziggurat) takes a variable share of the stream, so no rank could tell where the
+# values of its piece start without drawing everything before them. The normal fills (nn.init.normal_,
+# kaiming_normal_, xavier_normal_, Tensor.normal_ and DTensor.normal_) therefore make value i of a tensor from
+# float64 uniforms at fixed positions, by Box-Muller on pairs (hpcfsdp/_normal_math.py): values 2i and 2i + 1
+# from uniforms 2i and 2i + 1, r = sqrt(-2 log(1 - u[2i])), t = 2 pi u[2i + 1], value 2i = r cos t, value
+# 2i + 1 = r sin t, computed in float64 and rounded once to the tensor's dtype. A uniform is one 64-bit draw
+# (whatever the dtype: float32 values get float64 arithmetic and no 32-bit halves), so a fill of n values
+# takes exactly 2 * ceil(n / 2) draws (an odd n draws its last value's partner too), plain or sharded alike.
+# Box-Muller is exact (not an approximation of the normal: only rounding), needs no rejection, and 1 - u lies
+# in (0, 1], so u = 0 gives r = 0, never log(0); |values| stay below sqrt(2 * 53 ln 2) = 8.57. The polar method
+# and the ziggurat reject, inverse-CDF costs a rational function per value: Box-Muller is the one of fixed share
+# whose cost (log, sqrt, sin, cos per pair) is close to NumPy's own ziggurat. trunc_normal_ needs values in a
+# window and takes the inverse CDF instead (one uniform per value, See [Note: ndtri]), as PyTorch does.
+# The values differ from NumPy's standard_normal and from those hpcfsdp's normal fills gave before this
+# scheme; hp.randn and hp.normal, which are no fills of a sharded tensor, keep NumPy's ziggurat.
+def _normal_span(sink, gen, a, b, keep, dtype, chunk):
+    """Put values [keep, b) of a normal fill into ``sink``, drawing from ``gen`` positioned at uniform ``a`` (even):
+    the uniforms [a, b + b % 2), ``chunk`` (even) at a time."""
+    stop = b + (b & 1)
+    for start in range(a, stop, chunk):
+        k = min(chunk, stop - start)
+        u = _normal_math.uniform64(gen, k)
+        z = _normal_math.box_muller(u, _backend.array_module(u).empty(k, dtype=dtype))
+        lo, hi = max(start, keep), min(start + k, b)
+        if hi > lo:
+            sink.put_range(lo, z[lo - start:hi - start])
+
+
+def _normal_stream(sink, gen, dtype):
+    """Fill ``sink`` with the whole tensor's standard normal values of ``dtype`` from ``gen`` (See [Note: Normal
+    values at fixed positions]): a plain tensor's in one pass, a sharded one's by skipping to its runs where the
+    generator allows (See [Note: Skipping to a shard's values]), else drawing every value and keeping its own.
+    The generator ends past the 2 * ceil(n / 2) uniforms of the whole tensor either way."""
+    if isinstance(sink, _FlatSink):
+        _normal_math.standard_normal_(gen, sink._flat)
+        return sink
+    total = sink.n + (sink.n & 1)
+    bg, runs = _pcg64(gen), getattr(sink, "runs", None)
+    if bg is None or runs is None:
+        even = max(2, sink.block + (sink.block & 1))
+        chunk = min(even, _NORMAL_CHUNK) if isinstance(gen, (np.random.Generator, np.random.RandomState)) else even
+        _normal_span(sink, gen, 0, sink.n, 0, dtype, chunk)
+        return sink
+    state = bg.state
+    chunk = min(max(2, sink.block + (sink.block & 1)), _NORMAL_CHUNK)
+    for a, b in _spans(runs()):
+        _normal_span(sink, _positioned(state, a - (a & 1), False), a - (a & 1), b, a, dtype, chunk)
+    bg.state = _positioned(state, total, False).bit_generator.state
     return sink

@@ -15,7 +15,7 @@ from hpcfsdp.distributed.fsdp import (
     get_cls_to_fsdp_cls,
 )
 from hpcfsdp.distributed.process_group import collective_counts, reset_collective_counts
-from hpcfsdp.distributed.tensor import DTensor
+from hpcfsdp.distributed.tensor import DTensor, Shard
 from hpcfsdp.models import GPT, GPTConfig
 
 from _fsdp_util import full, gpt_batches, local, tiny_gpt, world
@@ -120,6 +120,58 @@ def test_meta_device_init_never_materialises_the_full_model():
     assert np.isfinite(loss.item())
     ln = model.transformer.ln_f.weight
     np.testing.assert_array_equal(full(ln), np.ones(ln.shape, dtype=np.float32))
+
+
+class _Uneven(nn.Module):
+    """Parameters whose rows (7, 9) or columns (Shard(1) on ``down``: 7) do not split evenly at 2 or 4 ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(5, 7)
+        self.down = nn.Linear(7, 9)
+        self.scale = nn.Parameter(hp.ones(7))
+
+
+_NORMAL_INITS = {
+    "normal_": lambda p: nn.init.normal_(p, 0.1, 0.7),
+    "trunc_normal_": lambda p: nn.init.trunc_normal_(p, std=0.8, a=-1.0, b=1.5),
+    "kaiming_normal_": lambda p: nn.init.kaiming_normal_(p, nonlinearity="relu") if p.ndim == 2 else nn.init.normal_(p),
+    "xavier_normal_": lambda p: nn.init.xavier_normal_(p, gain=0.5) if p.ndim == 2 else nn.init.normal_(p),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_NORMAL_INITS))
+def test_meta_model_fully_shard_to_empty_then_normal_init_equals_the_unsharded_fill(how):
+    """FSDP2 on a meta-device model, to_empty(), then a normal-family init of the sharded parameters: each rank's
+    piece is the slice of the unsharded parameter filled from the same seed (uneven rows, a Shard(1) parameter),
+    and the generator ends where the unsharded fills leave it (See [Note: Normal values at fixed positions])."""
+    w, r = world()
+    hp.manual_seed(0)
+    ref = _Uneven()
+    hp.manual_seed(5)
+    with hp.no_grad():
+        for p in ref.parameters():
+            _NORMAL_INITS[how](p)
+    after = hp.rand(6).numpy()
+    with hp.device("meta"):
+        model = _Uneven()
+    fully_shard(model, shard_placement_fn=lambda p: Shard(1) if tuple(p.shape) == (9, 7) else None)
+    model.to_empty(device="cpu")
+    hp.manual_seed(5)
+    with hp.no_grad():
+        for p in model.parameters():
+            _NORMAL_INITS[how](p)
+    np.testing.assert_array_equal(hp.rand(6).numpy(), after)
+    refs = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert isinstance(p, DTensor), name
+        dim = 1 if name == "down.weight" else 0
+        assert p.placements[-1] == Shard(dim), name
+        size = p.shape[dim]
+        c = -(-size // w)
+        want = np.take(refs[name].detach().numpy(), range(min(r * c, size), min((r + 1) * c, size)), axis=dim)
+        np.testing.assert_array_equal(p.to_local().detach().numpy(), want, err_msg=name)
+        np.testing.assert_array_equal(full(p), refs[name].detach().numpy(), err_msg=name)
 
 
 def test_unshard_on_meta_moves_nothing_and_gives_meta_params_in_param_dtype():

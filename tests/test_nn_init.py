@@ -1,5 +1,6 @@
 """nn.init: bounds and moments against PyTorch's published formulas; meta tensors are skipped."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,134 @@ def test_init_skips_meta_and_is_seeded():
     h = hp.empty(1000, dtype=hp.bfloat16)
     init.normal_(h, std=2.0)
     assert h.dtype == hp.bfloat16 and abs(_np(h).std() - 2.0) < 0.2
+
+
+def _moments(a):
+    a = a.astype(np.float64).ravel()
+    c = a - a.mean()
+    var = (c * c).mean()
+    return a.mean(), math.sqrt(var), (c ** 3).mean() / var ** 1.5, (c ** 4).mean() / var ** 2
+
+
+@pytest.mark.parametrize("dtype", [hp.float32, hp.float64])
+def test_normal_moments_on_a_million_values(dtype):
+    """Mean, std, skewness and kurtosis of N(0, 1) within 6 standard errors; neighbouring values uncorrelated (the
+    two of a Box-Muller pair and the second of one with the first of the next)."""
+    hp.manual_seed(11)
+    t = init.normal_(hp.empty(1000, 1000, dtype=dtype), mean=0.0, std=1.0)
+    mean, std, skew, kurt = _moments(_np(t))
+    n = 1e6
+    assert abs(mean) < 6 / math.sqrt(n) and abs(std - 1) < 6 * math.sqrt(0.5 / n)
+    assert abs(skew) < 6 * math.sqrt(6 / n) and abs(kurt - 3) < 6 * math.sqrt(24 / n)
+    z = _np(t).ravel()
+    for a, b in ((z[0::2], z[1::2]), (z[1:-1:2], z[2::2])):
+        assert abs(np.corrcoef(a, b)[0, 1]) < 6 / math.sqrt(n / 2)
+    assert np.abs(z).max() < math.sqrt(2 * 53 * math.log(2))  # Box-Muller's bound for 53-bit uniforms
+    shifted = init.normal_(hp.empty(1000, 1000, dtype=dtype), mean=3.0, std=0.5)
+    m2, s2, _, _ = _moments(_np(shifted))
+    assert abs(m2 - 3.0) < 6 * 0.5 / math.sqrt(n) and abs(s2 - 0.5) < 6 * 0.5 * math.sqrt(0.5 / n)
+
+
+@pytest.mark.parametrize("dtype", [hp.float32, hp.float64])
+@pytest.mark.parametrize("n", [11, 12])
+def test_normal_fill_is_box_muller_on_float64_uniform_pairs(n, dtype):
+    """Value 2i and 2i + 1 from the generator's float64 uniforms 2i and 2i + 1 (math's log, cos and sin here), rounded
+    once to the dtype; an odd count draws its last partner, so the generator ends past 2 ceil(n / 2) draws. Every
+    normal fill gives these values: nn.init's, Tensor.normal_, kaiming_normal_ and xavier_normal_ (their std)."""
+    u = np.random.default_rng(4).random(n + n % 2)
+    want = np.empty(n + n % 2)
+    for i in range(0, n + n % 2, 2):
+        r = math.sqrt(-2 * math.log(1 - u[i]))
+        want[i], want[i + 1] = r * math.cos(2 * math.pi * u[i + 1]), r * math.sin(2 * math.pi * u[i + 1])
+    want = want[:n]
+    rtol = 1e-6 if dtype == hp.float32 else 1e-14
+    g = np.random.default_rng(4)
+    t = init.normal_(hp.empty(n, dtype=dtype), mean=1.0, std=2.0, generator=g)
+    np.testing.assert_allclose(_np(t), 2.0 * want + 1.0, rtol=rtol, atol=1e-14)
+    after = np.random.default_rng(4)
+    after.random(n + n % 2)
+    np.testing.assert_array_equal(g.random(4), after.random(4))
+    hp.manual_seed(8)
+    a = _np(init.normal_(hp.empty(3, n, dtype=dtype), 0.0, 0.5))
+    hp.manual_seed(8)
+    np.testing.assert_array_equal(_np(hp.empty(3, n, dtype=dtype).normal_(0.0, 0.5)), a)
+    hp.manual_seed(8)
+    np.testing.assert_allclose(_np(init.kaiming_normal_(hp.empty(3, n, dtype=dtype))), 2 * a * math.sqrt(2 / n), rtol=rtol)
+    hp.manual_seed(8)
+    xs = math.sqrt(2.0 / (3 + n))
+    np.testing.assert_allclose(_np(init.xavier_normal_(hp.empty(3, n, dtype=dtype))), 2 * a * xs, rtol=rtol)
+
+
+def _truncated_moments(mean, std, a, b):
+    """Mean and variance of N(mean, std^2) truncated to [a, b] (math.erfc: accurate in either tail)."""
+    al, be = (a - mean) / std, (b - mean) / std
+    phi = lambda z: math.exp(-z * z / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    if al + be > 0:  # Z from the upper tail's erfc
+        Z = 0.5 * (math.erfc(al / math.sqrt(2)) - math.erfc(be / math.sqrt(2)))
+    else:
+        Z = 0.5 * (math.erfc(-be / math.sqrt(2)) - math.erfc(-al / math.sqrt(2)))
+    m = (phi(al) - phi(be)) / Z
+    var = 1 + (al * phi(al) - be * phi(be)) / Z - m * m
+    return mean + std * m, std * std * var
+
+
+@pytest.mark.parametrize("dtype", [hp.float32, hp.float64])
+@pytest.mark.parametrize("mean,std,a,b", [(0.0, 1.0, -2.0, 2.0), (0.0, 1.0, -1.0, 2.0), (1.0, 0.5, 1.5, 2.5),
+                                          (0.0, 0.02, -2.0, 2.0), (0.0, 1.0, 5.0, 6.0), (0.0, 1.0, -9.0, -8.0)])
+def test_trunc_normal_values_lie_in_the_window_with_the_truncated_normals_moments(mean, std, a, b, dtype):
+    """Bounds and the first two moments of a million values against the truncated normal's formulas, tail windows
+    (5..6 std, -9..-8 std) included: the inverse CDF, no rejection (See [Note: Truncated normal values])."""
+    hp.manual_seed(21)
+    with pytest.warns(UserWarning, match="more than 2 std") if (mean < a - 2 * std or mean > b + 2 * std) else \
+            warnings.catch_warnings(action="error"):
+        t = init.trunc_normal_(hp.empty(1000, 1000, dtype=dtype), mean=mean, std=std, a=a, b=b)
+    x = _np(t).ravel()
+    assert x.min() >= a and x.max() <= b
+    m, var = _truncated_moments(mean, std, a, b)
+    n = x.size
+    assert abs(x.mean() - m) < 6 * math.sqrt(var / n) + 1e-6 * abs(m)  # float32 rounding of values near 8
+    assert abs(x.var() - var) < 6 * var * math.sqrt(2 / n)
+    if (b - a) / std <= 4:  # a window of a few std is filled to its ends
+        assert abs(x.min() - a) < 2e-2 * (b - a) and abs(x.max() - b) < 2e-2 * (b - a)
+
+
+def test_trunc_normal_is_the_quantile_of_one_float64_uniform_per_value():
+    """Value i = mean + std * ndtri(Phi(lo) + u_i (Phi(hi) - Phi(lo))) from the generator's float64 uniform i (a
+    window above the mean mirrored: -ndtri over Phi(-hi)..Phi(-lo)); Newton on math.erf gives the quantile here."""
+    from test_normal_math import _ndtri_ref
+
+    for mean, std, a, b in ((0.5, 2.0, -1.0, 3.0), (0.0, 1.0, 5.0, 6.0)):
+        lo, hi = (a - mean) / std, (b - mean) / std
+        s = -1.0 if lo + hi > 0 else 1.0
+        p0, p1 = sorted((0.5 * math.erfc(-s * lo / math.sqrt(2)), 0.5 * math.erfc(-s * hi / math.sqrt(2))))
+        u = np.random.default_rng(6).random(33)
+        want = [mean + s * std * _ndtri_ref(p0 + x * (p1 - p0)) for x in u]
+        g = np.random.default_rng(6)
+        with warnings.catch_warnings(action="ignore"):  # 5..6 std: the far-window warning, as PyTorch's
+            t = init.trunc_normal_(hp.empty(3, 11, dtype=hp.float64), mean=mean, std=std, a=a, b=b, generator=g)
+        np.testing.assert_allclose(_np(t).ravel(), want, rtol=1e-13)
+        after = np.random.default_rng(6)
+        after.random(33)
+        np.testing.assert_array_equal(g.random(3), after.random(3))
+
+
+def test_normal_and_trunc_normal_fills_take_the_generators_float64_uniforms_on_every_device(device):
+    """On a CuPy generator too (drawn whole: cuRAND cannot skip ahead), value i comes from the uniforms that
+    hp.rand(dtype=float64) draws from an identically seeded generator: Box-Muller pairs for normal_, the quantile
+    for trunc_normal_ (math's cos, sin, log and Newton on math.erf here)."""
+    from test_normal_math import _ndtri_ref
+
+    n = 35
+    g = hp.Generator(device).manual_seed(3)
+    w = init.normal_(hp.empty(5, 7, device=device, dtype=hp.float64), generator=g)
+    u = hp.rand(n + 1, dtype=hp.float64, device=device, generator=hp.Generator(device).manual_seed(3)).cpu().numpy()
+    want = []
+    for i in range(0, n + 1, 2):
+        r = math.sqrt(-2 * math.log(1 - u[i]))
+        want += [r * math.cos(2 * math.pi * u[i + 1]), r * math.sin(2 * math.pi * u[i + 1])]
+    np.testing.assert_allclose(w.cpu().numpy().ravel(), want[:n], rtol=1e-14, atol=1e-14)
+    g.manual_seed(3)
+    t = init.trunc_normal_(hp.empty(5, 7, device=device, dtype=hp.float64), std=0.5, a=-0.5, b=1.0, generator=g)
+    p0, p1 = 0.5 * math.erfc(2 / math.sqrt(2)), 0.5 * math.erfc(-1 / math.sqrt(2))  # [-1, 2] std, mirrored
+    np.testing.assert_allclose(t.cpu().numpy().ravel(), [-0.5 * _ndtri_ref(p0 + x * (p1 - p0)) for x in u[:n]],
+                               rtol=1e-13)

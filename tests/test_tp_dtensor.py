@@ -73,9 +73,11 @@ def _full(t):
 
 
 def _slice(full, placement, n, r):
+    """Rank r's piece of ``full`` (torch.chunk's split: pieces of ceil(size / n), the last ones short or empty)."""
     if isinstance(placement, Shard):
-        c = full.shape[placement.dim] // n
-        return np.take(full, range(r * c, (r + 1) * c), axis=placement.dim)
+        size = full.shape[placement.dim]
+        c = -(-size // n)
+        return np.take(full, range(min(r * c, size), min((r + 1) * c, size)), axis=placement.dim)
     return full
 
 
@@ -347,11 +349,13 @@ INITS = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("uneven", [False, True])
 @pytest.mark.parametrize("mode", ["blocks-of-7", "spans", "a-jump-per-run", "a-jump-per-run-float64"])
 @pytest.mark.parametrize("how", sorted(INITS))
-def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, mode, monkeypatch):
-    """Normal fills draw the whole stream (in blocks of 7 values here, or 4M); uniform ones skip to the shard's
-    runs ("a-jump-per-run": every run its own jump, after an odd number of float32 values so PCG64 holds a half)."""
+def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, mode, uneven, monkeypatch):
+    """Uniform and normal fills skip to the shard's runs (in blocks of 7 values here, or 4M; "a-jump-per-run": every
+    run its own jump, after an odd number of float32 values so PCG64 holds a half, and normal runs that start or end
+    inside a Box-Muller pair). Uneven: 7 x 5, an odd count (the last pair's partner drawn) and short shards."""
     from hpcfsdp import random as hp_random
     from hpcfsdp.distributed.tensor._rules import random as rules
 
@@ -362,7 +366,7 @@ def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, mode, mon
     dtype = hp.float64 if mode.endswith("float64") else hp.float32
     n, r = dist.get_world_size(), dist.get_rank()
     mesh = _mesh()
-    shape = (4 * n, 3 * n)
+    shape = (7, 5) if uneven else (4 * n, 3 * n)
 
     def seed():
         hp.manual_seed(123)
@@ -385,25 +389,80 @@ def test_random_init_of_a_sharded_tensor_equals_the_unsharded_one(how, mode, mon
 
 
 @pytest.mark.timeout(120)
-def test_a_uniform_fill_of_a_shard_draws_only_the_shards_values(monkeypatch):
-    """Skip-ahead, not the whole stream: a Shard(0) uniform fill hands its sink this rank's values only (a
-    normal fill, whose draws have no fixed share of the stream, still draws every value)."""
+def test_a_random_fill_of_a_shard_draws_only_the_shards_values(monkeypatch):
+    """Skip-ahead, not the whole stream: a Shard(0) fill, uniform or normal, hands its sink this rank's values only,
+    and a normal fill draws this rank's uniforms only, with at most a partner at each end of its run (See [Note:
+    Normal values at fixed positions])."""
+    from hpcfsdp import _normal_math
     from hpcfsdp.distributed.tensor._rules import random as rules
 
-    drawn = []
+    drawn, uniforms = [], []
     put = rules._ShardSink.put_range
     monkeypatch.setattr(rules._ShardSink, "put_range", lambda self, start, v: (drawn.append(v.shape[0]), put(self, start, v)))
+    u64 = _normal_math.uniform64
+    monkeypatch.setattr(_normal_math, "uniform64", lambda gen, k: (uniforms.append(k), u64(gen, k))[1])
     n = dist.get_world_size()
-    dt = distribute_tensor(hp.zeros(256 * n + 3, 64), _mesh(), [Shard(0)])
+    dt = distribute_tensor(hp.zeros(256 * n + 3, 65), _mesh(), [Shard(0)])  # 65 columns: runs start mid-pair
     with hp.no_grad():
         nn.init.kaiming_uniform_(dt, a=math.sqrt(5))
         assert sum(drawn) == dt._data.size and dt._data.size < dt.numel()
         drawn.clear()
         dt.uniform_(-1, 1)
         assert sum(drawn) == dt._data.size
+        for fill in (lambda: nn.init.normal_(dt), lambda: dt.normal_(1.0, 2.0), lambda: nn.init.kaiming_normal_(dt),
+                     lambda: nn.init.xavier_normal_(dt)):
+            drawn.clear()
+            uniforms.clear()
+            fill()
+            assert sum(drawn) == dt._data.size
+            assert dt._data.size <= sum(uniforms) <= dt._data.size + 2
         drawn.clear()
-        nn.init.normal_(dt)
-        assert sum(drawn) == dt.numel()
+        nn.init.trunc_normal_(dt, std=0.02)
+        assert sum(drawn) == dt._data.size
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["hp.Generator", "numpy-Generator", "numpy-RandomState"])
+def test_a_sharded_fill_from_a_generator_argument_equals_the_plain_fill_and_moves_it_alike(kind, monkeypatch):
+    """generator= (an hp.Generator, or a NumPy generator as nn.init takes): values and the generator's state after
+    as the plain fill's. A RandomState cannot be advanced: its sharded normal fill draws the whole stream."""
+    from hpcfsdp import _normal_math
+
+    def make():
+        if kind == "hp.Generator":
+            return hp.Generator().manual_seed(31)
+        return np.random.default_rng(31) if kind == "numpy-Generator" else np.random.RandomState(31)
+
+    def next_draws(g):
+        return hp.rand(4, generator=g)._data if kind == "hp.Generator" else \
+            (g.random(4) if kind == "numpy-Generator" else g.random_sample(4))
+
+    uniforms = []
+    u64 = _normal_math.uniform64
+    monkeypatch.setattr(_normal_math, "uniform64", lambda gen, k: (uniforms.append(k), u64(gen, k))[1])
+    n, r = dist.get_world_size(), dist.get_rank()
+    fills = {"normal_": lambda t, g: nn.init.normal_(t, 0.0, 0.3, generator=g),
+             "kaiming_normal_": lambda t, g: nn.init.kaiming_normal_(t, generator=g),
+             "xavier_normal_": lambda t, g: nn.init.xavier_normal_(t, generator=g),
+             "trunc_normal_": lambda t, g: nn.init.trunc_normal_(t, std=0.5, generator=g)}
+    if kind == "hp.Generator":
+        fills["Tensor.normal_"] = lambda t, g: t.normal_(2.0, 0.1, generator=g)
+    for name, fill in fills.items():
+        for placement in (Shard(0), Shard(1)):
+            g = make()
+            ref = hp.zeros(7, 3 * n + 1)
+            with hp.no_grad():
+                fill(ref, g)
+            after = next_draws(g)
+            g = make()
+            dt = distribute_tensor(hp.zeros(7, 3 * n + 1), _mesh(), [placement])
+            uniforms.clear()
+            with hp.no_grad():
+                fill(dt, g)
+            np.testing.assert_array_equal(dt._data, _slice(ref._data, placement, n, r), err_msg=f"{name} {placement}")
+            np.testing.assert_array_equal(next_draws(g), after, err_msg=f"{name} {placement}")
+            if kind == "numpy-RandomState" and name != "trunc_normal_":
+                assert sum(uniforms) == 7 * (3 * n + 1) + (7 * (3 * n + 1)) % 2  # drawn whole
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 
-from hpcfsdp import _backend
+from hpcfsdp import _backend, _normal_math
 from hpcfsdp import random as _random
 from hpcfsdp._tensor import Tensor
 
@@ -41,12 +41,6 @@ def _rand01(gen, shape, dtype):
     if isinstance(gen, np.random.RandomState):
         return gen.random_sample(shape).astype(dtype)
     return gen.random_sample(shape, dtype=dtype)  # CuPy RandomState
-
-
-def _randn(gen, shape, dtype):
-    if isinstance(gen, np.random.RandomState):
-        return gen.standard_normal(shape).astype(dtype)
-    return gen.standard_normal(shape, dtype=dtype)  # NumPy Generator, CuPy RandomState
 
 
 def _write(tensor, values):
@@ -107,17 +101,19 @@ def uniform_(tensor, a=0.0, b=1.0, generator=None):
 
 
 def normal_(tensor, mean=0.0, std=1.0, generator=None):
-    """Fill with N(mean, std^2)."""
+    """Fill with N(mean, std^2) (Box-Muller on uniform pairs: See [Note: Normal values at fixed positions])."""
     if not _check(tensor, "normal_"):
         return tensor
     arr = tensor._data
     gen, dt = _generator(arr, generator), _gen_dtype(arr)
-    z = _random._stream(_random._sink(tensor, dt), lambda shape: _randn(gen, shape, dt)).result()
+    z = _random._normal_stream(_random._sink(tensor, dt), gen, dt).result()
     return _write(tensor, z * std + mean)
 
 
 def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-    """Fill with N(mean, std^2) truncated to [a, b] (a, b in absolute units, as PyTorch)."""
+    """Fill with N(mean, std^2) truncated to [a, b] (a, b in absolute units, as PyTorch), by the inverse CDF:
+    x = mean + std * ndtri(u) with u uniform on [Phi(lo), Phi(hi)], one float64 uniform per value (See [Note:
+    Truncated normal values])."""
     if not _check(tensor, "trunc_normal_"):
         return tensor
     if not a < b:
@@ -130,29 +126,25 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     gen = _generator(arr, generator)
     dt = _gen_dtype(arr)
     lo, hi = (a - mean) / std, (b - mean) / std
-    # Rejection sampling of the standard normal on [lo, hi]: exact; the acceptance probability is
-    # Phi(hi) - Phi(lo), so the loop is short unless the window is a far tail.
-    p_accept = 0.5 * (math.erf(hi / math.sqrt(2)) - math.erf(lo / math.sqrt(2)))
-    sink = _random._sink(tensor, dt)  # the whole tensor's values, this rank's piece of them kept
-    if p_accept > 1e-3:
-        todo = []
-        for start in range(0, sink.n, sink.block):  # the first round: every value
-            z = _randn(gen, (min(sink.block, sink.n - start),), dt)
-            sink.put_range(start, z)
-            todo.append(xp.nonzero((z < lo) | (z > hi))[0] + start)
-        todo = xp.concatenate(todo) if todo else xp.arange(0)
-        for _ in range(63):
-            if todo.size == 0:
-                break
-            z = _randn(gen, (int(todo.size),), dt)
-            sink.put_index(todo, z)
-            todo = todo[(z < lo) | (z > hi)]
-        if todo.size:  # far-tail window: uniform fill is a sound fallback inside the bounds
-            sink.put_index(todo, _rand01(gen, (int(todo.size),), dt) * (hi - lo) + lo)
-    else:
-        _random._uniform_stream(sink, gen, dt, lambda shape: _rand01(gen, shape, dt), lambda u: u * (hi - lo) + lo)
-    vals = sink.result() * std + mean
-    return _write(tensor, xp.clip(vals, a, b))
+    sign = -1.0 if lo + hi > 0 else 1.0  # the window's lower-tail mirror when it lies mostly above the mean
+    p_lo, p_hi = _normal_math.normal_cdf(min(sign * lo, sign * hi)), _normal_math.normal_cdf(max(sign * lo, sign * hi))
+
+    def values(u):  # float64 U[0, 1) -> float64 values in [a, b]
+        return _normal_math.truncated_normal(u, p_lo, p_hi, sign * std, mean, a, b)
+
+    sink = _random._uniform_stream(_random._sink(tensor, dt), gen, np.float64,
+                                   lambda shape: _rand01(gen, shape, np.float64), values)
+    return _write(tensor, xp.clip(sink.result(), a, b))
+
+
+# [Note: Truncated normal values]
+# trunc_normal_ takes one float64 uniform (one 64-bit draw) per value, a fixed share of the stream, so a sharded
+# tensor skips to its piece's values as a uniform fill does (See [Note: Skipping to a shard's values]). Rejection
+# sampling (a variable share) is gone: u in [0, 1) maps to p in [Phi(lo), Phi(hi)) and the value is
+# mean + std * ndtri(p), in float64 (See [Note: ndtri]), clipped into [a, b] against rounding and rounded once to
+# the tensor's dtype. PyTorch does the same with erfinv on [2 Phi(lo) - 1, 2 Phi(hi) - 1]; a window above the
+# mean is mirrored here (p from the lower tail of -hi .. -lo, the value negated), since p near 1 keeps only the
+# absolute precision of float64 and a far upper tail (a = 5 std) would be all one value.
 
 
 def constant_(tensor, val):

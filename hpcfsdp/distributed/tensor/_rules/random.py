@@ -1,7 +1,7 @@
 """Random in-place ops on DTensors (``normal_``, ``uniform_``; nn.init's fills through the same sink): the values are
-those the unsharded tensor gets from the same seed. A uniform fill jumps the generator to the runs of this rank's
-piece and draws only those; a normal fill draws the whole tensor's stream block by block and keeps its piece (See
-[Note: Random values of a sharded tensor] and [Note: Skipping to a shard's values] in hpcfsdp/random.py)."""
+those the unsharded tensor gets from the same seed. A uniform or normal fill jumps the generator to the runs of this
+rank's piece and draws only those (a CuPy generator draws the whole tensor's stream block by block and keeps its
+piece; See [Note: Random values of a sharded tensor] and [Note: Skipping to a shard's values] in hpcfsdp/random.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -106,10 +106,11 @@ def fill(call: OpCall):
     dtype = arr.dtype if arr.dtype == np.float64 else np.dtype(np.float32)
     dev = device_of_array(arr)
     gen = generator_for(call.kwargs.get("generator"), dev)
-    kind = "randn" if normal else "rand"
-    draw = lambda shape: random_array(kind, shape, dtype, dev, gen=gen)  # noqa: E731
-    sink = _random._uniform_stream(_random._sink(d, dtype), gen, dtype, draw) if not normal else \
-        _random._stream(_random._sink(d, dtype), draw)
+    if normal:
+        sink = _random._normal_stream(_random._sink(d, dtype), gen, dtype)
+    else:
+        draw = lambda shape: random_array("rand", shape, dtype, dev, gen=gen)  # noqa: E731
+        sink = _random._uniform_stream(_random._sink(d, dtype), gen, dtype, draw)
     vals = sink.result()
     arr[...] = vals * hi + lo if normal else vals * (hi - lo) + lo
     return d
