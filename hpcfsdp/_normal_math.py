@@ -158,20 +158,26 @@ def _ndtri_pass(p, out, xp, ws):
     return out
 
 
+def _passes(flat_in, flat_out, xp, buffers):
+    """(input piece, output piece, work buffers) over L2-sized pieces of the flat arrays (one piece on CuPy)."""
+    n = flat_in.shape[0]
+    step = min(n, _VALUES) if xp is np else n
+    if step == 0:
+        return
+    ws = [xp.empty(step, dtype=np.float64) for _ in range(buffers)]
+    for s in range(0, n, step):
+        k = min(step, n - s)
+        yield flat_in[s:s + k], flat_out[s:s + k], [w[:k] for w in ws]
+
+
 def ndtri(p, out=None):
     """The standard normal quantile of float64 probabilities ``p`` (NumPy or CuPy, any shape; into ``out``, float64,
     if given; See [Note: ndtri])."""
     xp = array_module(p)
     p = xp.ascontiguousarray(p, dtype=np.float64)
     out = xp.empty_like(p) if out is None else out
-    flat_p, flat_o = p.reshape(-1), out.reshape(-1)
-    step = min(flat_p.shape[0], _VALUES) if xp is np else flat_p.shape[0]
-    if step == 0:
-        return out
-    ws = [xp.empty(step, dtype=np.float64) for _ in range(3)]
-    for s in range(0, flat_p.shape[0], step):
-        k = min(step, flat_p.shape[0] - s)
-        _ndtri_pass(flat_p[s:s + k], flat_o[s:s + k], xp, [w[:k] for w in ws])
+    for piece, o, ws in _passes(p.reshape(-1), out.reshape(-1), xp, 3):
+        _ndtri_pass(piece, o, xp, ws)
     return out
 
 
@@ -180,17 +186,11 @@ def truncated_normal(u, p_lo, p_hi, scale, shift, a, b):
     L2-sized passes on NumPy): trunc_normal_'s values (See [Note: Truncated normal values] in hpcfsdp/nn/init.py)."""
     xp = array_module(u)
     out = xp.empty(u.shape, dtype=np.float64)
-    flat_u, flat_o = u.reshape(-1), out.reshape(-1)
-    step = min(flat_u.shape[0], _VALUES) if xp is np else flat_u.shape[0]
-    if step == 0:
-        return out
-    ws = [xp.empty(step, dtype=np.float64) for _ in range(4)]
-    for s in range(0, flat_u.shape[0], step):
-        k = min(step, flat_u.shape[0] - s)
-        p, rest = ws[0][:k], [w[:k] for w in ws[1:]]
-        xp.multiply(flat_u[s:s + k], p_hi - p_lo, out=p)
+    for piece, o, ws in _passes(u.reshape(-1), out.reshape(-1), xp, 4):
+        p = ws[0]
+        xp.multiply(piece, p_hi - p_lo, out=p)
         p += p_lo
-        o = _ndtri_pass(p, flat_o[s:s + k], xp, rest)
+        o = _ndtri_pass(p, o, xp, ws[1:])
         o *= scale
         o += shift
         xp.clip(o, a, b, out=o)
