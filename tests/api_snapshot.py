@@ -44,6 +44,7 @@ def _signature(obj):
         text = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(?)"
+    text = re.sub(r"<module '([\w.]+)' from '[^']*'>", r"<module '\1'>", text)  # no install path
     return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
 
 

@@ -6,15 +6,13 @@ ordering and device rules, so a missing synchronisation fails these tests with t
 """
 import numpy as np
 import pytest
+from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
 
 import hpcfsdp as hp
 from hpcfsdp import _backend
-from hpcfsdp.distributed import _c10d_groups
-from hpcfsdp.distributed import _mpi
-from hpcfsdp.distributed.fsdp import (AllGather, CPUOffloadPolicy, MixedPrecisionPolicy, ReduceScatter,
-                                      fully_shard)
-
-from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
+from hpcfsdp.distributed import _c10d_groups, _mpi
+from hpcfsdp.distributed.fsdp import AllGather, CPUOffloadPolicy, MixedPrecisionPolicy, ReduceScatter, fully_shard
+from hpcfsdp.distributed.fsdp._fully_shard import _fsdp_init
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi(min_size=2)]
 
@@ -31,14 +29,22 @@ def _mpi_paths():
 
 @pytest.fixture(params=_mpi_paths())
 def mpi_path(request, monkeypatch):
-    """Run the test with the default group's device arrays on one MPI path (see _mpi_paths), whatever
-    HPCFSDP_GPU_COMM says: its path is chosen again at its next device collective, under this setting."""
+    """Run the test's device collectives on one MPI path (see _mpi_paths), whatever HPCFSDP_GPU_COMM says: the
+    default group and the groups of the cached default meshes (fully_shard's mesh when none is given; an earlier
+    test may have put them on NCCL) choose their path again at their next device collective, under this
+    setting. New groups choose under it anyway."""
     aware = request.param == "cuda_aware"
     if _backend.cuda_simulated():
         monkeypatch.setattr(_mpi, "_CUDA_AWARE", (aware, "test: simulated device memory is host memory"))
     monkeypatch.setenv("HPCFSDP_GPU_COMM", "mpi" if aware else "staged")
-    monkeypatch.setattr(_c10d_groups.default_group(), "_gpu", None)
-    return request.param
+    groups = [_c10d_groups.default_group()]
+    groups += [g for mesh in _fsdp_init._default_meshes.values() for g in mesh._groups if g is not None]
+    for g in groups:
+        monkeypatch.setattr(g, "_gpu", None)
+    yield request.param
+    want = "mpi" if aware else "staged"
+    for g in groups:
+        assert g._gpu is None or g._gpu.path == want, (g._gdesc(), g._gpu.path)
 
 
 @pytest.fixture

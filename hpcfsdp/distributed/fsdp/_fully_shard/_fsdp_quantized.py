@@ -345,10 +345,11 @@ class QuantizedReduceScatter(ReduceScatter):
         return io.issue(f"quantized all-reduce of {flat.size} elements ({self.dtype})", run, async_op,
                         [(g, "all_to_all", n * payload), (g, "all_gather", payload)])
 
-    def take_residual(self, k: int, xp=np):
+    def take_residual(self, k: int, xp=None):
         """The float32 residual (k,) owed to this rank's reduced output of size ``k``, in that output's units
         (before FSDP's post-divide), with the hops' residuals moved into it (collective over the hops' groups;
         See [Note: Residual state]). It stays owed: the next reduction of size ``k`` adds it."""
+        xp = np if xp is None else xp
         owed = self.pending.get(k)
         owed = xp.zeros(k, np.float32) if owed is None else owed
         rs, ar = self.residuals.pop(("rs", k), None), self.residuals.pop(("ar", k), None)
