@@ -137,6 +137,10 @@ class TrainConfig:
     async_checkpoint: bool = False  # periodic checkpoints written in the background (dcp.async_save)
     keep_last: int = 0  # >0: save to CHECKPOINT_DIR/step-NNNNNNNN, keep the last K, `latest` links to the newest
     requeue: bool = False  # after a stop signal under Slurm: `scontrol requeue $SLURM_JOB_ID` once checkpointed
+    # surviving lost ranks (in-job, over ULFM): See [Note: Elastic training] in _elastic.py
+    elastic: bool = False  # a lost rank or host: the survivors shrink the world, reshard and go on
+    memory_checkpoint_interval: int = 1  # FULL_SHARD/SHARD_GRAD_OP with elastic: copy state to a partner every N steps
+    min_ranks: int = 1  # with elastic: stop (exit 1, the disk checkpoint remains) when fewer ranks survive
     # logging and evaluation
     seed: int = 1337  # same on every rank; data order and init derive from it
     log_interval: int = 10  # print and log metrics every N steps
@@ -247,6 +251,7 @@ class TrainConfig:
             if _step_spec(self.resume_from) is not None and not self.checkpoint_dir:
                 raise ConfigError(f"resume_from={self.resume_from!r}: a step needs checkpoint_dir (--checkpoint-dir "
                                   "DIR) to find it in")
+        self._validate_elastic(world_size)
         if not self.out_dir:
             raise ConfigError(f"out_dir={self.out_dir!r}: expected a directory path")
         from ._metrics import check_metrics
@@ -289,6 +294,23 @@ class TrainConfig:
         from ._model import model_config
 
         return model_config(self).intermediate_size if self.model == "llama" else 4 * self.n_embd
+
+    def _validate_elastic(self, world_size: int) -> None:
+        if self.min_ranks < 1 or self.memory_checkpoint_interval < 0:
+            bad = "min_ranks" if self.min_ranks < 1 else "memory_checkpoint_interval"
+            raise ConfigError(f"{bad}={getattr(self, bad)}: expected {'>= 1' if bad == 'min_ranks' else '>= 0'}")
+        if not self.elastic:
+            return
+        if self.min_ranks > world_size:
+            raise ConfigError(f"min_ranks={self.min_ranks}: larger than the world ({world_size} ranks)")
+        refused = [("tp", self.tp > 1, "tensor parallelism"), ("quantize_grads", self.quantize_grads != "none",
+                   "quantized gradients (their residual state)"), ("device", self.device != "cpu",
+                   "CUDA devices (NCCL communicators cannot be revoked)"),
+                   ("async_checkpoint", self.async_checkpoint, "background checkpoints"),
+                   ("soak", self.soak, "soak runs")]
+        for name, bad, what in refused:
+            if bad:
+                raise ConfigError(f"elastic=True does not support {what} yet ({name}={getattr(self, name)!r})")
 
     def _validate_tp(self, world_size: int) -> None:
         tp = self.tp
@@ -715,6 +737,16 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     g.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("requeue", "after SIGTERM/SIGUSR1 and the final checkpoint, requeue this Slurm job "
                               "(scontrol requeue $SLURM_JOB_ID)"))
+    g = parser.add_argument_group("surviving lost ranks")
+    g.add_argument("--elastic", action=argparse.BooleanOptionalAction, default=S,
+                   help=_help("elastic", "survive a lost rank or host inside the job: the survivors shrink the world "
+                              "and go on (needs Open MPI with ULFM under `mpirun --with-ft ulfm`)"))
+    g.add_argument("--memory-checkpoint-interval", type=int, metavar="N", default=S,
+                   help=_help("memory_checkpoint_interval", "with --elastic and FULL_SHARD: copy each rank's state "
+                              "to a partner on another host every N steps (a loss rolls back at most N steps); "
+                              "HYBRID_SHARD copies nothing"))
+    g.add_argument("--min-ranks", type=int, metavar="M", default=S,
+                   help=_help("min_ranks", "with --elastic: stop when fewer than M ranks survive"))
     g = parser.add_argument_group("logging and evaluation")
     g.add_argument("--seed", type=int, default=S, help=_help("seed", "random seed (same on every rank)"))
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))

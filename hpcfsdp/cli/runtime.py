@@ -327,7 +327,8 @@ class Context:
 
         from ._common import compute_device
 
-        dist.init_process_group()
+        if not dist.is_initialized():  # an elastic recovery made the survivors' group already
+            dist.init_process_group()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # data parallelism: the tp ranks of one data-parallel rank (consecutive ranks) read the same batches
         self.data_rank, self.data_world = self.rank // cfg.tp, self.world // cfg.tp
@@ -423,14 +424,22 @@ class Session:
             del state[key]
         residual = state.pop("residual", None)
         dcp.load(state, checkpoint_id=path)
-        dcp.set_model_state_dict(self.model, state["model"])
-        dcp.set_optimizer_state_dict(self.model, self.optim, state["optim"])
         if residual is not None:  # a checkpoint of an unquantized run owes nothing
-            from hpcfsdp.distributed.fsdp import set_residual_state_dict
-
             kept = {"residual": residual}
             dcp.load(kept, checkpoint_id=path, strict=False)  # what it lacks stays zero
-            set_residual_state_dict(self.model, kept["residual"])
+            state["residual"] = kept["residual"]
+        self.apply_state(state)
+
+    def apply_state(self, state):
+        """Set model, optimizer, residual, sampler and step from a filled ``state_dict()``."""
+        from hpcfsdp.distributed import checkpoint as dcp
+
+        dcp.set_model_state_dict(self.model, state["model"])
+        dcp.set_optimizer_state_dict(self.model, self.optim, state["optim"])
+        if state.get("residual") is not None:
+            from hpcfsdp.distributed.fsdp import set_residual_state_dict
+
+            set_residual_state_dict(self.model, state["residual"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         self._batches = None

@@ -151,6 +151,12 @@ def run(args) -> int:
         cfg.validate(world)
         if cfg.soak and cfg.resume:
             raise ConfigError("soak=True: a soak run starts from scratch; drop --resume")
+        if cfg.elastic:
+            from hpcfsdp.distributed.elastic import ulfm_status
+
+            ok, why = ulfm_status()
+            if not ok:
+                raise ConfigError(f"elastic=True: {why}")
     except ConfigError as err:
         if stop is not None:
             stop.restore()
@@ -160,6 +166,10 @@ def run(args) -> int:
             from ._soak import soak
 
             return soak(cfg)
+        if cfg.elastic:
+            from ._elastic import train_elastic
+
+            return train_elastic(cfg, stop=stop)
         return train(cfg, crash_after=crash_after, stop=stop)
     except Agreed as err:
         return exit_together(str(err))

@@ -221,6 +221,20 @@ def _ranks_per_node_override() -> int | None:
     return _settings.get("HPCFSDP_RANKS_PER_NODE")
 
 
+_WORLD = None  # the job's world when it is not MPI.COMM_WORLD: See [Note: The job's world] in process_group.py
+
+
+def set_world(comm) -> None:
+    """Make ``comm`` the job's world (None: MPI.COMM_WORLD again), as an elastic recovery does."""
+    global _WORLD
+    _WORLD = comm
+
+
+def world_comm():
+    """The job's world: MPI.COMM_WORLD, or the survivors' communicator after an elastic recovery."""
+    return get_mpi().COMM_WORLD if _WORLD is None else _WORLD
+
+
 def node_comm(comm=None):
     """Split ``comm`` into per-node communicators (a new communicator the caller frees).
 
@@ -229,10 +243,10 @@ def node_comm(comm=None):
     (one machine standing in for several nodes). Collective over ``comm``.
     """
     MPI = get_mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = world_comm() if comm is None else comm
     k = _ranks_per_node_override()
     if k is not None:
-        return comm.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
+        return comm.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())  # the process's launch rank
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
@@ -269,8 +283,7 @@ def node_split_info(comm) -> tuple[int, tuple[Any, Any, list[int]] | None]:
 
 def node_layout(comm=None) -> dict[str, Any]:
     """Node of every rank of ``comm`` (collective): ids, local rank/size, node-major numbering."""
-    MPI = get_mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = world_comm() if comm is None else comm
     nc = node_comm(comm)
     try:
         leader = nc.bcast(comm.Get_rank(), root=0)  # comm rank of this node's first rank

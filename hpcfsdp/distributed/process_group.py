@@ -5,7 +5,7 @@ their element counts matter; ``op`` is a ``ReduceOp`` or its name; ``src`` is a 
 group*; every call returns ``Work`` when ``async_op`` is true, else None after completion):
 
     pg.rank() -> int;  pg.size() -> int;  pg.comm (the duplicated mpi4py communicator)
-    pg.world_ranks -> tuple[int, ...]   (COMM_WORLD rank of every group rank)
+    pg.world_ranks -> tuple[int, ...]   (world rank of every group rank; see [Note: The job's world])
     pg.all_gather_into(out_flat, in_flat, async_op=False)
         out_flat.size == in_flat.size * pg.size(), same dtype; rank r's input lands at
         out_flat[r*k:(r+1)*k]. in_flat may be exactly that slot of out_flat (in place).
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -74,7 +75,8 @@ from hpcfsdp.distributed._hier import (
 )
 from hpcfsdp.distributed._comm_thread import Work  # public here too
 from hpcfsdp.distributed._failure import debug_enabled, recent_collectives  # public here too
-from hpcfsdp.distributed._mpi import comm_timeout, get_mpi, node_split_info, progress_mode, set_default_timeout
+from hpcfsdp.distributed._mpi import (comm_timeout, get_mpi, node_split_info, progress_mode, set_default_timeout,
+                                      world_comm)
 from hpcfsdp.distributed._p2p import PointToPoint
 from hpcfsdp.distributed._rooted import RootedCollectives
 
@@ -138,6 +140,19 @@ def reset_collective_counts() -> None:
     _BYTES.clear()
 
 
+# [Note: The job's world]
+# world_ranks are ranks of the job's world: MPI.COMM_WORLD, until an elastic recovery shrinks the world to its
+# survivors (hpcfsdp.distributed.elastic): _mpi.set_world(shrunk) then makes the shrunk communicator the world every
+# later group's world_ranks refer to, as the new default group's ranks do. Every live group is kept (weakly) so
+# that a recovery can revoke all of their communicators (see live_groups).
+_LIVE: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
+
+
+def live_groups() -> list:
+    """Every ProcessGroup not yet destroyed or collected."""
+    return [g for g in list(_LIVE) if g.comm is not None]
+
+
 class ProcessGroup(RootedCollectives, PointToPoint):
     """A group of ranks over one (duplicated) MPI intracommunicator.
 
@@ -161,7 +176,7 @@ class ProcessGroup(RootedCollectives, PointToPoint):
         self._check_comm = CT.call_sync("Comm.Dup", self.comm.Dup) if self._debug else None
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
-        wg = MPI.COMM_WORLD.Get_group()
+        wg = world_comm().Get_group()
         g = self.comm.Get_group()
         try:
             self.world_ranks: tuple[int, ...] = tuple(
@@ -188,6 +203,12 @@ class ProcessGroup(RootedCollectives, PointToPoint):
                 self._hier = (split[0], split[1], perm, _node_major(perm, split[1].Get_size(), split[0].Get_size()))
         if self._size > 1:
             F.install_abort_hooks()
+        _LIVE.add(self)
+
+    def _comms(self) -> list:
+        """Every MPI communicator this group holds (for an elastic recovery's revoke)."""
+        out = [self.comm, self._check_comm] + (list(self._hier[:2]) if self._hier is not None else [])
+        return [c for c in out if c is not None]
 
     _as_op = staticmethod(_as_op)  # for the mixins' methods
 
