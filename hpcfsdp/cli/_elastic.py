@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections import Counter
 
@@ -144,6 +145,7 @@ class _Run:
 
         from . import _keep
         from hpcfsdp.distributed import elastic
+        from hpcfsdp.distributed._mpi import get_mpi
 
         if not dist.is_initialized():
             dist.init_process_group()
@@ -154,6 +156,8 @@ class _Run:
         replicated = self.cfg.strategy in _REPLICATED  # an image of its own each step, sent nowhere
         self.copies = elastic.PartnerCopies(1 if replicated else self.cfg.memory_checkpoint_interval,
                                             send=not replicated)
+        MPI = get_mpi()  # who each rank is in the launcher's numbering, and where (for the recovery's line)
+        self.launched = self.ctx.comm.allgather((MPI.COMM_WORLD.Get_rank(), MPI.Get_processor_name()))
         self.ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
         self.ckpts = _keep.CheckpointDir(self.cfg, self.ctx, self.session) if self.ckpt else None
         self.out = None
@@ -232,7 +236,10 @@ def train_elastic(cfg, *, stop=None) -> int:
                 if not elastic.is_process_failure(e):
                     raise
                 losses += 1
-                run = _recover(cfg, run, e)
+                try:
+                    run = _recover(cfg, run, e)
+                except (elastic.ProcessFailure, elastic.StateLost) as err:
+                    return _give_up(run, err)
         if run.ckpts is not None:
             run.ckpts.save(final=True)
         stop.settle()
@@ -248,6 +255,19 @@ def train_elastic(cfg, *, stop=None) -> int:
     return 0
 
 
+def _give_up(run, err) -> int:
+    """Too few survivors, or a step's state lost with its partner: one line, exit 1 (the disk checkpoint stays)."""
+    from hpcfsdp.distributed import _failure
+
+    _failure.UNREPORTED.clear()  # the lost rank's failed collectives: reported by this line, not at exit
+    rec = getattr(err, "recovery", None)  # set by elastic.recover; a StateLost gets new_rank from _recover
+    first = (rec.new_rank if rec is not None else getattr(err, "new_rank", run.ctx.rank)) == 0
+    if first:
+        saved = run.ckpts.describe() if run.ckpts is not None else "nothing on disk (no --checkpoint-dir)"
+        print(f"hpcfsdp train: elastic: {err}; stopping: {saved}", file=sys.stderr, flush=True)
+    return 1
+
+
 def _recover(cfg, run, exc):
     """The survivors' way on after a lost rank: See [Note: Elastic training]."""
     from hpcfsdp.distributed import elastic
@@ -261,11 +281,18 @@ def _recover(cfg, run, exc):
     old_world = run.ctx.world
     rec = elastic.recover(exc, min_ranks=cfg.min_ranks)
     new = _Run(cfg, global_batch=run.session.sampler.global_batch)
-    step = _restore(new, images)
+    try:
+        step = _restore(new, images)
+    except elastic.StateLost as e:
+        e.new_rank = new.ctx.rank
+        raise
     new.start(step)
     if new.ctx.rank == 0:
-        new.out.record({"step": step, "event": "recovered", "lost_ranks": list(rec.lost), "world_size": rec.new_size,
+        lost = [run.launched[r] for r in rec.lost]
+        new.out.record({"step": step, "event": "recovered", "lost_ranks": [r for r, _ in lost],
+                        "lost_hosts": sorted({h for _, h in lost}), "world_size": rec.new_size,
                         "failed_at_step": at, "recovery_s": time.perf_counter() - t0})
-        print(f"elastic: lost rank(s) {list(rec.lost)} of {old_world} at step {at}; {rec.new_size} rank(s) go on "
-              f"from step {step} ({at - step} step(s) redone) after {time.perf_counter() - t0:.2f} s", flush=True)
+        where = ", ".join(f"{r} ({h})" for r, h in lost)
+        print(f"elastic: lost rank(s) {where} of {old_world} at step {at}; {rec.new_size} rank(s) go on from step "
+              f"{step} ({at - step} step(s) redone) after {time.perf_counter() - t0:.2f} s", flush=True)
     return new

@@ -180,8 +180,10 @@ def recover(exc: BaseException | None = None, *, min_ranks: int = 1) -> Recovery
     rec = Recovery(old_size=old.Get_size(), lost=lost, old_rank=old.Get_rank(), new_rank=new.Get_rank(),
                    survivors=survivors, seconds=0.0)
     if len(survivors) < min_ranks:
-        raise ProcessFailure(f"{len(lost)} rank(s) lost ({list(lost)}): {len(survivors)} left, fewer than "
-                             f"--min-ranks {min_ranks}") from exc
+        err = ProcessFailure(f"{len(lost)} rank(s) lost ({list(lost)}): {len(survivors)} left, fewer than "
+                             f"min_ranks={min_ranks}")
+        err.recovery = rec
+        raise err from exc
     _forget_groups()
     _mpi.set_world(new)
     G.init_process_group(comm=new)
