@@ -239,7 +239,7 @@ def train_elastic(cfg, *, stop=None) -> int:
                 try:
                     run = _recover(cfg, run, e)
                 except (elastic.ProcessFailure, elastic.StateLost) as err:
-                    return _give_up(run, err)
+                    return _leave(_give_up(run, err))
         if run.ckpts is not None:
             run.ckpts.save(final=True)
         stop.settle()
@@ -252,7 +252,21 @@ def train_elastic(cfg, *, stop=None) -> int:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps} on {run.ctx.world} rank(s) "
               f"after {losses} recovery(ies); metrics: {run.out.where}"
               + (f"; checkpoint: {run.ckpt} (step {cfg.steps})" if run.ckpt else ""), flush=True)
-    return 0
+    return _leave(0, run) if losses else 0
+
+
+def _leave(code: int, run=None) -> int:
+    """End a process that survived a loss without MPI_Finalize, which Open MPI's ULFM does not always return from
+    once a host's ranks are all gone (seen in every such run): every survivor has finished first (a barrier of
+    the survivors' world, when there is one), everything is flushed, then the process exits with ``code``."""
+    try:
+        if run is not None:
+            run.ctx.comm.Barrier()
+    except Exception:  # noqa: BLE001 - a world lost again while finishing: exit all the same
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _give_up(run, err) -> int:

@@ -62,15 +62,30 @@ def is_process_failure(exc: BaseException | None) -> bool:
     MPI = get_mpi()
     classes = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
                if hasattr(MPI, n)}
-    seen = set()
+    seen, other = set(), False
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, ProcessFailure):
             return True
-        if isinstance(exc, MPI.Exception) and exc.Get_error_class() in classes:
-            return True
+        if isinstance(exc, MPI.Exception):
+            if exc.Get_error_class() in classes:
+                return True
+            other = True
         exc = exc.__cause__ or exc.__context__
-    return False
+    # some collective algorithms report a peer's death as MPI_ERR_OTHER: ask ULFM whether the world lost one
+    return other and _known_failures() > 0
+
+
+def _known_failures() -> int:
+    """How many processes of the world this process knows to have failed (0 without ULFM)."""
+    try:
+        g = _mpi.world_comm().Get_failed()
+    except Exception:  # noqa: BLE001 - an MPI without ULFM
+        return 0
+    try:
+        return g.Get_size()
+    finally:
+        g.Free()
 
 
 def track(comm) -> None:
