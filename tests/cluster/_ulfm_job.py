@@ -5,7 +5,9 @@ KILL_AT each rank in VICTIMS (comma-separated world ranks) writes DIR/killed<ran
 itself. The survivors catch the error of their all-reduce, revoke the communicator, shrink it, agree on a flag
 and all-reduce their world ranks over the shrunk communicator; each prints one line
 `SURVIVOR <json>`: rank, host, error class, when it saw the error, the shrunk size and rank, the agreed flag,
-the sum, and whether the all-reduces before the failure summed to the world size.
+the sum, whether the all-reduces before iteration KILL_AT summed to the world size, and the iterations from
+KILL_AT on that completed without an error and what they summed to. (ULFM lets an all-reduce a rank died in
+succeed at some survivors with a wrong sum: only an agreement afterwards tells them it failed.)
 """
 import json
 import os
@@ -23,7 +25,7 @@ def main():
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_errhandler(MPI.ERRORS_RETURN)
     rank, size = comm.Get_rank(), comm.Get_size()
-    out, it, sums_ok = np.zeros(1), 0, True
+    out, it, sums_ok, after = np.zeros(1), 0, True, []
     while True:
         if rank in victims and it == kill_at:
             with open(os.path.join(d, f"killed{rank}"), "w") as f:
@@ -34,7 +36,10 @@ def main():
         except MPI.Exception as err:
             seen, error_class = time.time(), err.Get_error_class()
             break
-        sums_ok &= out[0] == size
+        if it < kill_at:
+            sums_ok &= bool(out[0] == size)
+        else:
+            after.append([it, float(out[0])])
         it += 1
         time.sleep(0.01)
     comm.Revoke()
@@ -45,7 +50,8 @@ def main():
     print("SURVIVOR " + json.dumps({
         "rank": rank, "host": socket.gethostname(), "error_class": error_class,
         "error": MPI.Get_error_string(error_class), "iteration": it, "seen": seen, "size": shrunk.Get_size(),
-        "new_rank": shrunk.Get_rank(), "agreed": flag, "sum": float(total[0]), "sums_before_ok": bool(sums_ok)}),
+        "new_rank": shrunk.Get_rank(), "agreed": flag, "sum": float(total[0]), "sums_before_ok": sums_ok,
+        "completed_after": after}),
         flush=True)
     shrunk.Free()
     comm.Free()

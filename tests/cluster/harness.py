@@ -368,7 +368,7 @@ exec ip netns exec {self.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@
 case "$1" in --version|-V|--help|-h) exec {real} "$@" ;; esac
 n=${{HPCFSDP_CLUSTER_HOSTS:-{self.nhosts}}}
 ppn=${{HPCFSDP_CLUSTER_PPN:-1}}
-list=$(echo "{','.join(self.addresses)}" | cut -d, -f1-"$n" | sed "s/,/:$ppn,/g; s/\$/:$ppn/")
+list=$(echo "{','.join(self.addresses)}" | cut -d, -f1-"$n" | sed "s/,/:$ppn,/g; s/\\$/:$ppn/")
 ft=
 [ "${{HPCFSDP_CLUSTER_FT:-}}" = ulfm ] && ft="--with-ft ulfm"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="{os.path.dirname(real)}:$PATH"
