@@ -96,7 +96,8 @@ def test_ulfm_survivors_of_a_rank_killed_from_outside_shrink(cluster, ompi_pytho
     with job:
         ranks = job.ranks()
         assert [ranks[r].host for r in range(6)] == [0, 0, 1, 1, 2, 2], ranks
-        job.kill_rank(4, after=2.0)  # the ranks are in their all-reduce loop by then
+        job.wait_for(r"^READY \d+$", count=6, timeout=180)  # every rank is in its all-reduce loop
+        job.kill_rank(4, after=0.5)
         res = job.wait()
     surv = _check_shrunk(res, job, [4], 240)
     (when, rank, pid, sig), = res.kills
