@@ -6,9 +6,11 @@
 killed (see [Note: A rank lost across hosts] in hpcfsdp/cli/launch.py), a ULFM job goes on without it. The ranks
 are found from /proc (the namespaces share the PID space): each is the topmost process below mpirun with
 OMPI_COMM_WORLD_RANK in its environment, on the host whose network namespace it is in. ``kill_rank`` and
-``kill_host`` send a signal now or ``after`` seconds (a timer); the times are kept in ``kills``.
+``kill_host`` send a signal now or ``after`` seconds (a timer); the times are kept in ``kills``. Kill a rank
+only once every rank is past MPI_Init (``wait_for`` a line the job prints then): a rank lost inside MPI_Init
+left the others there until the timeout, or mpirun ended at once with status 0 and no output.
 
-PRRTE 5.0.x's mpirun sometimes does not end after its job has (about 1 run in 8-16 on simulated hosts, even
+PRRTE 5.0.x's mpirun sometimes does not end after its job has (1 run in 10 of jobs that end at once, even
 with --leave-session-attached, see [Note: Open MPI on simulated hosts]; the daemons and mpirun wait in their
 event loops). ``wait`` therefore watches the ranks: once every rank has exited and mpirun still runs
 ``linger`` seconds later it kills mpirun's whole process tree and says so (``hung``); the same at its
