@@ -30,7 +30,7 @@ HAVE_GPU = _have_gpu()  # real or simulated (HPCFSDP_CUDA_SIM=1): runs the `gpu`
 REAL_GPU = HAVE_GPU and not _backend.cuda_simulated()  # runs the `gpu_hw` tests too
 
 # ---- system tier: the simulated multi-host cluster (fixture `cluster`, tests/cluster/) ----
-from cluster.fixtures import cluster  # noqa: E402,F401
+from cluster.fixtures import cluster, ompi_python  # noqa: E402,F401
 
 # ---- end system tier ----
 

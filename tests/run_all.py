@@ -8,7 +8,8 @@ each phase is expected to run tests.
 `--system` adds the system tier after those phases: tests marked `system`, which need root or a long
 setup (simulated hosts on network namespaces), and the GPU code paths on the simulated CUDA device
 (hpcfsdp/testing/cuda_sim.py, serially, and at 2 and 4 ranks on NCCL and staged), within SYSTEM_TIMEOUT. There a test whose setup cannot
-start fails instead of skipping (HPCFSDP_SYSTEM_TIER=1), and so does a system test that is skipped.
+start fails instead of skipping (HPCFSDP_SYSTEM_TIER=1), and so does a system test that is skipped. Its Open MPI
+tests take the python of HPCFSDP_OMPI_PYTHON (default .venv-ompi beside this checkout's .venv).
 Its peer phases run tests/ported on PyTorch (the `peer` extra), all of it.
 """
 import os
@@ -109,6 +110,8 @@ def main() -> int:
         penv = dict(env, HPCFSDP_TEST_LOGDIR=logdir or "", **(extra_env[0] if extra_env else {}))
         if name == "system":
             penv["HPCFSDP_SYSTEM_TIER"] = "1"
+            # the Open MPI environment of the Open MPI system tests (.ci/run builds it; see tests/cluster/harness.py)
+            penv.setdefault("HPCFSDP_OMPI_PYTHON", os.path.join(ROOT, ".venv-ompi", "bin", "python"))
             penv["HPCFSDP_TEST_CUPY_NAMES"] = names
         argv = argv + [f"--junitxml={xml}", *extra]
         rc, counts, took = _phase(name, argv, penv, xml, logdir, SYSTEM_TIMEOUT if name == "system" else PHASE_TIMEOUT)

