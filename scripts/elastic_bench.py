@@ -102,7 +102,7 @@ def run_job(out_dir: str, *, ranks: int, per_host: int, strategy: str, steps: in
     py = ompi_python(python)
     mpirun = os.path.join(os.path.dirname(py), "mpirun")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               HPCFSDP_RANKS_PER_NODE=str(per_host), HPCFSDP_PROGRESS="0")
+               HPCFSDP_RANKS_PER_NODE=str(per_host))
     mesh = ["--mesh", f"{ranks // per_host}x{per_host}"] if strategy == "HYBRID_SHARD" else []
     cmd = [mpirun, "--with-ft", "ulfm", "--oversubscribe", "-n", str(ranks), py, "-m", "hpcfsdp.cli.main", "train",
            "--elastic", *MODEL, "--steps", str(steps), "--strategy", strategy, *mesh, "--out-dir", out_dir,
