@@ -177,7 +177,15 @@ def summary(res: dict) -> dict:
                                                                             "recovery_s", "lost_ranks")}
                                                           for e in events],
             "redone_steps": sum(e["failed_at_step"] - e["step"] for e in events),
-            "world_sizes": sorted({r.get("world_size") for r in done}, reverse=True)}
+            "world_sizes": sorted({r.get("world_size") for r in done}, reverse=True),
+            "memory_copy_s_median": _median([r["memory_copy_s"] for r in done if "memory_copy_s" in r]),
+            "memory_copy_bytes_max": max([r.get("memory_copy_bytes", 0) for r in done]),
+            "step_time_s_median": _median([r["step_time_s"] for r in done])}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
 
 
 def compare(ref: dict, res: dict) -> dict:

@@ -214,6 +214,8 @@ def train_elastic(cfg, *, stop=None) -> int:
                 done = rec["step"]
                 if run.copies.due(done):
                     run.copies.save(run.session.state_dict(), done)
+                    rec["memory_copy_s"] = run.copies.stall_s[-1]  # what the copy made this step wait
+                rec["memory_copy_bytes"] = run.copies.memory_bytes()  # this rank's images, its own and held
                 first = rec["loss"] if first is None else first
                 last = rec["loss"]
                 if run.ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
