@@ -75,9 +75,44 @@ def _unrecognized(parser, args, extras):
     sub.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; {', '.join(hints)}" if hints else ""))
 
 
+# [Note: A rank under plain mpiexec]
+# `mpiexec -n 4 hpcfsdp train` starts no rank wrapper (see [Note: Rank wrapper] in rankwrap.py): a rank killed by
+# kill -9 or the OOM killer then ends the job in a tenth of a second with Hydra's banner only, whose PID is
+# not even the killed rank's (it names the first process Hydra saw end, often one it killed itself). So a
+# command that runs as a rank (RANKED), started by an MPI launcher or srun (a launcher rank, see [Note:
+# Launcher rank] in _launcher_env.py) and not by a rank wrapper, replaces itself by one (exec: the pid, the
+# file descriptors such as Hydra's PMI_FD and the environment the launcher knows stay), which runs the
+# same command (under `python -m mpi4py` if it ran so) as its child and names the rank, host, pid and signal
+# of a child that dies by a signal. Before MPI starts, and never from main(argv) called in a program.
+RANKED = ("train", "demo", "bench")
+
+
+def _wrap_rank(argv) -> None:
+    """Exec this process into a rank wrapper running the same command, if [Note: A rank under plain mpiexec]
+    says so; returns where it does not."""
+    from hpcfsdp._launcher_env import launcher_rank
+
+    from .rankwrap import is_rank_wrapper
+
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in RANKED or launcher_rank() is None or "mpi4py.MPI" in sys.modules:
+        return
+    if is_rank_wrapper(os.getppid()):
+        return
+    inner = [sys.executable, *(["-m", "mpi4py"] if "mpi4py.run" in sys.modules else []), "-m", "hpcfsdp.cli.main"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(sys.executable, [sys.executable, "-m", "hpcfsdp.cli.rankwrap", "--", *inner, *argv])
+    except OSError:
+        return  # run unwrapped: the rank is then not named when it is killed
+
+
 def main(argv=None) -> int:
     from .runtime import release_early_stop_request
 
+    if argv is None:
+        _wrap_rank(sys.argv[1:])
     name = ["hpcfsdp"]
     try:
         return _main(argv, name)
