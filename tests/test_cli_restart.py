@@ -218,3 +218,21 @@ def test_bad_restart_arguments_are_one_line_and_exit_2(tmp_path, args, msg):
                          env=_clean_env())
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("hpcfsdp launch: error: ") and msg in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_remove_since_keeps_older_and_mapped_segments(tmp_path):
+    import mmap
+    import time
+
+    from hpcfsdp.cli import _shm
+
+    old = tmp_path / "mpich_shm_old_0"
+    old.write_bytes(b"x" * 16)
+    since = time.time() + 0.05
+    time.sleep(0.1)
+    new, mapped, other = (tmp_path / n for n in ("mpich_shm_new_0", "vader_segment.h.1", "unrelated"))
+    for f in (new, mapped, other):
+        f.write_bytes(b"x" * 4096)
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert _shm.remove_since(since, str(tmp_path)) == ["mpich_shm_new_0"]
+    assert sorted(os.listdir(tmp_path)) == ["mpich_shm_old_0", "unrelated", "vader_segment.h.1"]

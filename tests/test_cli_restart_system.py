@@ -195,3 +195,76 @@ def test_a_rank_killed_on_one_of_3_hosts_restarts_on_the_2_others(cluster, tmp_p
     assert f"hpcfsdp: rank 3 (host {hosts[1]}, pid " in out, out[-3000:]
     assert f"dropping host(s) {hosts[1]}; restarting on 4 rank(s) (hosts {hosts[0]}:2, {hosts[2]}:2)" in out, out[-3000:]
     _check_resumed(out, proc.returncode, metrics, seen, world=4, wall=wall)
+
+
+def _private_shm_stand_in(cluster, tmp_path):
+    """Like _stand_in, but each host gets a /dev/shm of its own (tmp_path/shm/<host>, bind-mounted where its
+    processes run), as real hosts have: the harness's hosts share the machine's."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    nsexec = tmp_path / "nsexec"
+    nsexec.write_text(f"""#!/bin/sh
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -o|-p|-l|-i|-F|-E|-b|-c|-m|-J|-L|-R|-D|-W|-w) shift 2 ;;
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+host=$1; shift
+case "$host" in
+    10.77.0.*) ns="{cluster.name}-h$((${{host##*.}} - 1))" ;;
+    *) ns=$host ;;
+esac
+mkdir -p "{shm}/$ns"
+exec ip netns exec "$ns" unshare --uts -- sh -c 'mount --bind "$2" /dev/shm && hostname "$0" && exec sh -c "$1"' \\
+    "$ns" "$*" "{shm}/$ns"
+""")
+    nsexec.chmod(0o755)
+    real = _mpiexec()
+    genv = " ".join(f"-genv {k} {v}" for k, v in NET_ENV[cluster.net].items())
+    mpiexec = tmp_path / "mpiexec"
+    mpiexec.write_text(f"""#!/bin/sh
+case "$1" in --version|-version|-info) exec {real} "$@" ;; esac
+exec ip netns exec {cluster.head} unshare --uts -- sh -c 'hostname "$0" && exec "$@"' {cluster.head} \\
+    {real} -launcher ssh -launcher-exec {nsexec} {genv} "$@"
+""")
+    mpiexec.chmod(0o755)
+    return str(mpiexec), shm
+
+
+def _segments(d):
+    return sorted(n for n in os.listdir(d) if n.startswith(("mpich_shm_", "vader_segment.", "sm_segment.")))
+
+
+@pytest.mark.timeout(120)
+def test_the_segments_of_a_killed_job_are_removed_on_every_host(cluster, tmp_path):
+    mpiexec, shm = _private_shm_stand_in(cluster, tmp_path)
+    hosts = cluster.hosts[:2]
+    job = os.path.join(ROOT, "tests", "cluster", "_job.py")
+    proc = subprocess.Popen([*HPC, "launch", "--mpiexec", mpiexec, "-n", "4", "--hosts", ",".join(hosts),
+                             "--timeout", "100", "--", PY, job, "hang", str(tmp_path)],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        files = [tmp_path / f"rank{r}.pid" for r in range(4)]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() for f in files):
+            assert proc.poll() is None, f"the job ended before every rank started:\n{proc.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "the ranks did not all start within 60 s"
+            time.sleep(0.2)
+        time.sleep(1.0)  # inside their all-reduce loop
+        held = {h: _segments(shm / h) for h in hosts}
+        assert all(held.values()), f"each host's ranks share a segment in its /dev/shm: {held}"
+        os.kill(int((tmp_path / "rank3.pid").read_text().split()[0]), signal.SIGKILL)  # on hosts[1]
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert f"hpcfsdp: rank 3 (host {hosts[1]}, pid " in out, out[-3000:]
+    left = {h: _segments(shm / h) for h in hosts}
+    assert left == {h: [] for h in hosts}, f"segments left behind: {left}\n{out[-3000:]}"
+    for h in hosts:
+        assert re.search(rf"hpcfsdp launch: removed \d+ shared-memory segment\(s\) the job left on {h}: ", out), \
+            out[-3000:]

@@ -54,6 +54,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -210,13 +211,17 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
     restarts = 0
     while True:
         outcome = {}
-        before = _shm.segments()
+        before, since = _shm.segments(), time.time() - 1.0
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
             code = _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=left, mpiexec=mpiexec, grace=grace,
                            hosts=placed, outcome=outcome)
         finally:
             _shm.remove_stale(before)
+        here = socket.gethostname()
+        if code != 0 and "mpiexec" in outcome and (placed or any(x.host not in ("?", here, here.split(".")[0])
+                                                                 for x in outcome.get("lost", ()))):
+            _shm.clean_hosts(outcome["mpiexec"], outcome["vendor"], nprocs, placed, since)  # [Note: Every host's ...]
         if not max_restarts:
             return code
         per_node = ranks_per_node or (int(k) if (k := os.environ.get("HPCFSDP_RANKS_PER_NODE", "")).isdigit() else None)
@@ -245,8 +250,10 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
         if ranks_per_node < 1 or nprocs % ranks_per_node:
             raise ValueError(f"--ranks-per-node {ranks_per_node} must divide -n {nprocs}")
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
-    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env, hosts=hosts)
+    vendor = mpi_vendor(exe)
+    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=vendor, env=env, hosts=hosts)
     outcome = {} if outcome is None else outcome
+    outcome.update(mpiexec=exe, vendor=vendor)
     outcome["lost"] = lost = []  # _restart.Lost of the ranks their wrappers reported killed
     relay = "-print-all-exitcodes" in argv
     received, stopped = [], []
