@@ -83,7 +83,8 @@ def _unrecognized(parser, args, extras):
 # Launcher rank] in _launcher_env.py) and not by a rank wrapper, replaces itself by one (exec: the pid, the
 # file descriptors such as Hydra's PMI_FD and the environment the launcher knows stay), which runs the
 # same command (under `python -m mpi4py` if it ran so) as its child and names the rank, host, pid and signal
-# of a child that dies by a signal. Before MPI starts, and never from main(argv) called in a program.
+# of a child that dies by a signal. Before MPI starts, and never from main(argv) called in a program, nor
+# for `train --elastic`, whose ranks outlive a lost one.
 RANKED = ("train", "demo", "bench")
 
 
@@ -95,8 +96,8 @@ def _wrap_rank(argv) -> None:
     from .rankwrap import is_rank_wrapper
 
     command = next((a for a in argv if not a.startswith("-")), None)
-    if command not in RANKED or launcher_rank() is None or "mpi4py.MPI" in sys.modules:
-        return
+    if command not in RANKED or launcher_rank() is None or "mpi4py.MPI" in sys.modules or "--elastic" in argv:
+        return  # `train --elastic` (ULFM) survives a lost rank in the job and reports it itself
     if is_rank_wrapper(os.getppid()):
         return
     inner = [sys.executable, *(["-m", "mpi4py"] if "mpi4py.run" in sys.modules else []), "-m", "hpcfsdp.cli.main"]
