@@ -144,6 +144,7 @@ def _stand_in(tmp_path, script):
     fake.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         if [ "$1" = "--version" ]; then echo "HYDRA build details: stand-in"; exit 0; fi
+        case "$*" in *_shm.py*) echo "$*" >> {tmp_path}/cleanings; exit 0 ;; esac  # the per-host cleaning step
         echo "$*" >> {tmp_path}/starts
         n=$(wc -l < {tmp_path}/starts)
         """) + textwrap.dedent(script))
@@ -173,6 +174,8 @@ def test_a_job_that_lost_a_host_reruns_on_the_others(tmp_path):
     starts = (tmp_path / "starts").read_text().splitlines()
     assert len(starts) == 2
     assert starts[0].startswith("-n 6 -hosts a:2,b:2,c:2 ") and starts[1].startswith("-n 4 -hosts a:2,c:2 "), starts
+    cleanings = (tmp_path / "cleanings").read_text().splitlines()  # after the failed run, one process per host
+    assert len(cleanings) == 1 and cleanings[0].startswith("-n 3 -hosts a:1,b:1,c:1 "), cleanings
     assert ("hpcfsdp launch: restart 1/2: lost rank 3 (host b, SIGKILL); dropping host(s) b; restarting on 4 rank(s) "
             "(hosts a:2, c:2), the command is not `hpcfsdp train`: rerun unchanged") in out.stderr
 

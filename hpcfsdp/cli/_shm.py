@@ -11,8 +11,9 @@ job and, when the job has ended, removes each new one that belongs to this user 
 [Note: Every host's segments]
 A job across hosts leaves segments in each host's /dev/shm, which the launcher does not see, and the rank
 wrappers cannot clean them: Hydra SIGKILLs them as it tears the job down. So after a failed job that ran on
-other hosts (--hosts/--hostfile, or a rank wrapper reported a rank lost on another host), the launcher runs
-one more short step through the same mpiexec, on the same hosts: `python _shm.py --since T` (this file run
+other hosts (--hosts/--hostfile, or a rank wrapper reported a rank lost on another host and mpiexec then
+ended the job itself: one that hung may hang again), the launcher runs one more short step through the same
+mpiexec, on the same hosts, for at most CLEAN_TIMEOUT seconds: `python _shm.py --since T` (this file run
 by path, so the hpcfsdp package is not imported: a fraction of a second), which removes on its host the
 segments of this user that were created or changed since T (the job's start, less a second) and that no
 process maps, and says how many it removed. A segment of another job of this user keeps being mapped while
@@ -27,7 +28,7 @@ import time
 
 __all__ = ["segments", "remove_stale", "remove_since", "clean_hosts", "CLEAN_TIMEOUT"]
 
-CLEAN_TIMEOUT = 30.0  # seconds the per-host cleaning step may take
+CLEAN_TIMEOUT = 10.0  # seconds the per-host cleaning step may take
 
 SHM = "/dev/shm"
 _PREFIXES = ("mpich_shm_", "vader_segment.", "sm_segment.")
@@ -115,12 +116,20 @@ def clean_hosts(mpiexec: str, vendor: str, nprocs: int, hosts, since: float, env
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     argv += [sys.executable, "-S", os.path.abspath(__file__), "--since", repr(since)]
     try:
-        out = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             timeout=CLEAN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return 124
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     except OSError:
         return 127
+    try:
+        text = proc.communicate(timeout=CLEAN_TIMEOUT)[0]
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)  # mpiexec's session: its children too
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.communicate()
+        return 124
+    out = subprocess.CompletedProcess(argv, proc.returncode, text)
     said = [ln for ln in out.stdout.decode(errors="replace").splitlines() if ln.startswith("hpcfsdp launch: ")]
     if said:
         sys.stderr.write("".join(f"{ln}\n" for ln in dict.fromkeys(said)))

@@ -219,8 +219,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
         finally:
             _shm.remove_stale(before)
         here = socket.gethostname()
-        if code != 0 and "mpiexec" in outcome and (placed or any(x.host not in ("?", here, here.split(".")[0])
-                                                                 for x in outcome.get("lost", ()))):
+        if code != 0 and "mpiexec" in outcome and (placed or not outcome.get("hung") and any(
+                x.host not in ("?", here, here.split(".")[0]) for x in outcome.get("lost", ()))):
             _shm.clean_hosts(outcome["mpiexec"], outcome["vendor"], nprocs, placed, since)  # [Note: Every host's ...]
         if not max_restarts:
             return code
@@ -343,6 +343,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
                     _pass_on(held.pop(0))  # one at a time: a second Ctrl-C is one of its own
                     continue
                 if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
+                    outcome["hung"] = True
                     code = _end_lost_rank(proc, *killed[0][1:])
                     break
                 if limit is not None and time.monotonic() >= limit:
