@@ -26,9 +26,11 @@ from, and in one line why it stops restarting; the exit status is then the failu
 import argparse
 import dataclasses
 import os
+import sys
+import time
 
 __all__ = ["Lost", "Decision", "parse_hosts", "read_hostfile", "place", "host_of_rank", "decide", "resume_command",
-           "check_min_ranks", "NEVER_RESTARTED"]
+           "check_min_ranks", "run", "NEVER_RESTARTED"]
 
 NEVER_RESTARTED = {0, 75, 124, 130}  # done, stopped (runtime.STOPPED_EXIT), --timeout, Ctrl-C (INTERRUPTED_EXIT)
 
@@ -170,6 +172,37 @@ def decide(code: int, lost, *, nprocs: int, min_ranks: int, restarts: int, max_r
         return Decision(False, f"{what}; not restarted: {world} rank(s) would remain, fewer than --min-ranks "
                         f"{min_ranks}")
     return Decision(True, what, world, left)
+
+
+def run(attempt, nprocs, cmd, *, hosts=None, timeout=None, max_restarts=0, min_ranks=None, ranks_per_node=None) -> int:
+    """Run ``attempt(nprocs, cmd, placed, timeout, outcome) -> exit status`` (one job; it fills ``outcome`` with
+    "lost", the Lost records, and "stopped") and rerun it as [Note: Restarts without ULFM] says; ``timeout``
+    bounds every attempt together. Returns the last attempt's status."""
+    placed = place(hosts, nprocs) if hosts else None
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts {max_restarts} must be 0 or more")
+    check_min_ranks(min_ranks, nprocs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    restarts = 0
+    while True:
+        outcome = {}
+        code = attempt(nprocs, cmd, placed, None if deadline is None else max(deadline - time.monotonic(), 0.001),
+                       outcome)
+        if not max_restarts:
+            return code
+        d = decide(code, outcome.get("lost", ()), nprocs=nprocs, min_ranks=min_ranks or 1, restarts=restarts,
+                   max_restarts=max_restarts, hosts=placed, ranks_per_node=ranks_per_node,
+                   stopped=outcome.get("stopped", False))
+        if not d.restart:
+            if d.why:
+                print(f"hpcfsdp launch: {d.why}; exit {code}", file=sys.stderr, flush=True)
+            return code
+        restarts += 1
+        cmd, where = resume_command(cmd)
+        on = f" (hosts {', '.join(f'{h}:{s}' for h, s in d.hosts)})" if d.hosts else ""
+        print(f"hpcfsdp launch: restart {restarts}/{max_restarts}: {d.why}; restarting on {d.nprocs} rank(s){on}, "
+              f"{where}", file=sys.stderr, flush=True)
+        nprocs, placed = d.nprocs, list(d.hosts) or None
 
 
 # ----------------------------------------------------------------------------------- resuming

@@ -22,7 +22,7 @@ the script waits for tee to finish before it reads the file.
 
 import shlex
 
-__all__ = ["SETUP", "after_step", "launch_words"]
+__all__ = ["SETUP", "check", "after_step", "launch_words"]
 
 RERUN = '${rerun[@]+"${rerun[@]}"}'  # srun's (or mpiexec's) options of a rerun, after the first run's
 AGAIN = '${again[@]+"${again[@]}"}'  # train's flags of a rerun, after the rendered ones
@@ -86,6 +86,21 @@ again=({again})
 echo "hpcfsdp: restart $restarts/{max_restarts}: lost node(s) $lost; rerunning on $nodes node(s) x {per_node} rank(s) without $exclude, $from"
 done
 """
+
+
+def check(max_restarts, min_ranks, world_size) -> str:
+    """ConfigError for bad restart settings; else the script's header lines about them ("" without restarts)."""
+    from .config import ConfigError
+
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts={max_restarts!r}: expected 0 or more restarts")
+    if isinstance(min_ranks, bool) or not isinstance(min_ranks, int) or not 1 <= min_ranks <= world_size:
+        raise ConfigError(f"min_ranks={min_ranks!r}: expected 1..{world_size} (the job's nodes x ranks per node)")
+    if not max_restarts:
+        return ""
+    return (f"# Node failure: the step is rerun without the lost nodes, resuming from CHECKPOINT_DIR/latest,\n"
+            f"#   up to {max_restarts} times (--max-restarts); below {min_ranks} rank(s) (--min-ranks) the job is "
+            "requeued.\n")
 
 
 def after_step(*, launcher, per_node, max_restarts, min_ranks, stopped, checkpoint_dir, resume_from, hsdp_mesh):

@@ -47,6 +47,10 @@ until the watchdog (HPCFSDP_COMM_TIMEOUT, 10 minutes by default). So the launche
 as it passes it on, and when a wrapper's line says a rank was killed and mpiexec is still running
 LOST_RANK_GRACE seconds later, it interrupts mpiexec (SIGINT: Hydra tears down every host's proxy), and
 SIGKILLs what is left after LOST_RANK_GRACE more. The exit status is then the dead rank's (128 + signal).
+
+With --max-restarts the launcher reruns a job that lost ranks on what survived, and `hpcfsdp train` resumes
+from its newest checkpoint (see [Note: Restarts without ULFM] in _restart.py); --hosts/--hostfile pass the
+hosts to mpiexec with their slots (Hydra's -hosts, Open MPI's --host), so a rerun can leave a host out.
 """
 
 import argparse
@@ -203,16 +207,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
     A job that loses ranks is rerun on what survives up to ``max_restarts`` times while ``min_ranks`` remain (see
     [Note: Restarts without ULFM] in _restart.py). The job's leftover shared-memory segments are removed when it
     has ended (see [Note: Stale shared-memory segments] in _shm.py)."""
-    placed = _restart.place(hosts, nprocs) if hosts else None
-    if max_restarts < 0:
-        raise ValueError(f"--max-restarts {max_restarts} must be 0 or more")
-    _restart.check_min_ranks(min_ranks, nprocs)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    restarts = 0
-    while True:
-        outcome = {}
+    def attempt(nprocs, cmd, placed, left, outcome):
         before, since = _shm.segments(), time.time() - 1.0
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
             code = _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=left, mpiexec=mpiexec, grace=grace,
                            hosts=placed, outcome=outcome)
@@ -222,22 +218,11 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
         if code != 0 and "mpiexec" in outcome and (placed or not outcome.get("hung") and any(
                 x.host not in ("?", here, here.split(".")[0]) for x in outcome.get("lost", ()))):
             _shm.clean_hosts(outcome["mpiexec"], outcome["vendor"], nprocs, placed, since)  # [Note: Every host's ...]
-        if not max_restarts:
-            return code
-        per_node = ranks_per_node or (int(k) if (k := os.environ.get("HPCFSDP_RANKS_PER_NODE", "")).isdigit() else None)
-        d = _restart.decide(code, outcome.get("lost", ()), nprocs=nprocs, min_ranks=min_ranks or 1, restarts=restarts,
-                            max_restarts=max_restarts, hosts=placed, ranks_per_node=per_node,
-                            stopped=outcome.get("stopped", False))
-        if not d.restart:
-            if d.why:
-                print(f"hpcfsdp launch: {d.why}; exit {code}", file=sys.stderr, flush=True)
-            return code
-        restarts += 1
-        cmd, where = _restart.resume_command(cmd)
-        on = f" (hosts {', '.join(f'{h}:{s}' for h, s in d.hosts)})" if d.hosts else ""
-        print(f"hpcfsdp launch: restart {restarts}/{max_restarts}: {d.why}; restarting on {d.nprocs} rank(s){on}, "
-              f"{where}", file=sys.stderr, flush=True)
-        nprocs, placed = d.nprocs, list(d.hosts) or None
+        return code
+
+    per_node = ranks_per_node or (int(k) if (k := os.environ.get("HPCFSDP_RANKS_PER_NODE", "")).isdigit() else None)
+    return _restart.run(attempt, nprocs, cmd, hosts=hosts, timeout=timeout, max_restarts=max_restarts,
+                        min_ranks=min_ranks, ranks_per_node=per_node)
 
 
 def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None, outcome=None) -> int:

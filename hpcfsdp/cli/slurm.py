@@ -193,13 +193,7 @@ def render_script(
     from hpcfsdp.cli.runtime import STOPPED_EXIT
 
     restartable = template != "bench-comm"
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError(f"max_restarts={max_restarts!r}: expected 0 or more restarts")
-    if isinstance(min_ranks, bool) or not isinstance(min_ranks, int) or not 1 <= min_ranks <= world_size:
-        raise ConfigError(f"min_ranks={min_ranks!r}: expected 1..{world_size} (the job's nodes x ranks per node)")
-    restart_doc = (f"# Node failure: the step is rerun without the lost nodes, resuming from CHECKPOINT_DIR/latest,\n"
-                   f"#   up to {max_restarts} times (--max-restarts); below {min_ranks} rank(s) (--min-ranks) the job "
-                   "is requeued.\n" if restartable and max_restarts else "")
+    restart_doc = _slurm_restart.check(max_restarts, min_ranks, world_size) if restartable else ""
 
     requeue_doc = (f"Then (exit {STOPPED_EXIT}) this script runs `scontrol requeue $SLURM_JOB_ID` (--requeue)."
                    if requeue else "Render with --requeue to requeue the job then.")
