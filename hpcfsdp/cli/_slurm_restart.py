@@ -4,7 +4,9 @@
 A training template runs its step in a loop. When the step fails (any status but 0, STOPPED_EXIT and 130,
 and no stop signal forwarded: see [Note: Forwarding the warning signal] in slurm.py), the script asks
 which nodes of its allocation were lost: those a rank wrapper named for a rank killed by a signal
-(`hpcfsdp: rank R (host H, pid P) killed by ...`, see [Note: A rank under plain mpiexec] in main.py), those
+(`hpcfsdp: rank R (host H, pid P) killed by ...`: with --launcher mpiexec, see [Note: A rank under plain
+mpiexec] in main.py, or a rank wrapper put in front of the program; srun's own "task R: Killed" lines are
+not used, since srun SIGKILLs the tasks of healthy nodes too when they do not end in time), those
 srun names in "Node failure on H", and those Slurm reports down, draining, failed or not responding
 (`sinfo`). It then reruns the step on the allocation's other nodes (`srun --nodes=K --exclude=...`, which
 override the first run's, or Hydra's `-n`/`-hosts`), at most --max-restarts times; `hpcfsdp train` resumes

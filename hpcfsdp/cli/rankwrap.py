@@ -16,7 +16,7 @@ process outside the terminal's foreground group may not read it. Before starting
 RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
 the launcher's variables (values the user set are kept; see [Note: torchrun variables] in
 distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank, and
-`hpcfsdp train` (demo, bench) under plain mpiexec or srun execs into it (see [Note: A rank under plain
+`hpcfsdp train` (demo, bench) under a plain mpiexec execs into it (see [Note: A rank under plain
 mpiexec] in main.py); for other programs, put it in front of the command yourself:
     mpiexec -n 4 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
     srun --mpi=pmi2 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
