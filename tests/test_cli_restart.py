@@ -239,3 +239,29 @@ def test_remove_since_keeps_older_and_mapped_segments(tmp_path):
     with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
         assert _shm.remove_since(since, str(tmp_path)) == ["mpich_shm_new_0"]
     assert sorted(os.listdir(tmp_path)) == ["mpich_shm_old_0", "unrelated", "vader_segment.h.1"]
+
+
+def test_a_lost_proxy_drops_the_hosts_that_do_not_answer():
+    placed = _restart.place([("a", 2), ("b", 2), ("c", 2)], 6)
+    proxy = Lost(_restart.PROXY_LOST, 0)
+    d = _decide(255, [proxy], nprocs=6, hosts=placed, unreachable={"b"})
+    assert d.restart and d.hosts == (("a", 2), ("c", 2)) and d.nprocs == 4
+    assert d.why == "mpiexec lost a host's proxy (unreachable: b); dropping host(s) b"
+    d = _decide(255, [proxy], nprocs=6, hosts=placed)  # every host answers: the same hosts again
+    assert d.restart and d.nprocs == 6 and d.why == "mpiexec lost a host's proxy (every host answers again)"
+    d = _decide(255, [proxy, Lost(0, 9, "a")], nprocs=6, hosts=placed, unreachable={"c"})
+    assert d.hosts == (("b", 2),) and "lost rank 0 (host a, SIGKILL); mpiexec lost a host's proxy" in d.why
+    d = _decide(255, [proxy])  # one machine, no host list: which host is unknown
+    assert not d.restart and "cannot tell which host" in d.why
+
+
+def test_relay_stderr_reports_hydras_lost_proxy():
+    data = (b"[mpiexec@hd] control_cb (/mpich/src/pm/hydra/mpiexec/pmiserv_cb.c:280): assert (!closed) failed\n"
+            b"[mpiexec@hd] main (/mpich/mpiexec.c:270): process manager error waiting for completion\n")
+    chunks = iter([data])
+    dst_r, dst_w = os.pipe()
+    got = []
+    launch.relay_stderr(lambda: next(chunks, b""), dst_w, lambda rank, sig: None, on_lost=got.append)
+    os.close(dst_w)
+    os.close(dst_r)
+    assert got == [Lost(_restart.PROXY_LOST, 0)]

@@ -96,7 +96,7 @@ def _check_resumed(out, rc, metrics, seen, world, wall):
     """The job ended 0 at STEPS, resumed once at a step >= ``seen`` on ``world`` ranks; each step after the resume
     point logged once; returns the efficiency."""
     assert rc == 0, out[-4000:]
-    m = re.search(r"hpcfsdp launch: restart 1/2: lost rank \d+ .*; restarting on (\d+) rank\(s\).*, resuming from "
+    m = re.search(r"hpcfsdp launch: restart 1/2: (?:lost rank \d+|mpiexec lost a host).*; restarting on (\d+) rank\(s\).*, resuming from "
                   r"\S+/latest \(step (\d+)\)", out)
     assert m, out[-4000:]
     assert int(m[1]) == world
@@ -199,9 +199,11 @@ def test_a_rank_killed_on_one_of_3_hosts_restarts_on_the_2_others(cluster, tmp_p
 
 def _private_shm_stand_in(cluster, tmp_path):
     """Like _stand_in, but each host gets a /dev/shm of its own (tmp_path/shm/<host>, bind-mounted where its
-    processes run), as real hosts have: the harness's hosts share the machine's."""
+    processes run), as real hosts have: the harness's hosts share the machine's; and a host with a file
+    tmp_path/down/<host> cannot be reached (the ssh stand-in fails as ssh to a dead host does)."""
     shm = tmp_path / "shm"
     shm.mkdir()
+    (tmp_path / "down").mkdir()
     nsexec = tmp_path / "nsexec"
     nsexec.write_text(f"""#!/bin/sh
 while [ $# -gt 0 ]; do
@@ -216,6 +218,7 @@ case "$host" in
     10.77.0.*) ns="{cluster.name}-h$((${{host##*.}} - 1))" ;;
     *) ns=$host ;;
 esac
+[ -e "{tmp_path}/down/$ns" ] && {{ echo "ssh: connect to host $ns: No route to host" >&2; exit 255; }}
 mkdir -p "{shm}/$ns"
 exec ip netns exec "$ns" unshare --uts -- sh -c 'mount --bind "$2" /dev/shm && hostname "$0" && exec sh -c "$1"' \\
     "$ns" "$*" "{shm}/$ns"
@@ -268,3 +271,43 @@ def test_the_segments_of_a_killed_job_are_removed_on_every_host(cluster, tmp_pat
     for h in hosts:
         assert re.search(rf"hpcfsdp launch: removed \d+ shared-memory segment\(s\) the job left on {h}: ", out), \
             out[-3000:]
+
+
+@pytest.mark.timeout(150)
+def test_a_host_lost_with_all_its_ranks_is_found_by_probing_and_dropped(cluster, tmp_path):
+    # no rank wrapper is left to name anything: Hydra only says it lost a proxy; the launcher probes each host
+    mpiexec, _ = _private_shm_stand_in(cluster, tmp_path)
+    hosts = cluster.hosts[:3]
+    metrics = str(tmp_path / "metrics.jsonl")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*HPC, "launch", "--mpiexec", mpiexec, "-n", "6", "--hosts", ",".join(hosts),
+                             "--max-restarts", "2", "--min-ranks", "2", "--timeout", "130", "--", "hpcfsdp", "train",
+                             *TINY, "--steps", str(STEPS), "--out-dir", str(tmp_path), "--checkpoint-dir",
+                             str(tmp_path / "ck")],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"the job ended early:\n{proc.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "step 4 not logged within 90 s"
+            steps = [r["step"] for r in _records(metrics) if "loss" in r]
+            if steps and steps[-1] >= 4 and len(_train_ranks(str(tmp_path))) == 6:
+                break
+            time.sleep(0.2)
+        seen = steps[-1]
+        (tmp_path / "down" / hosts[1]).write_text("")  # unreachable from now on
+        for pid in subprocess.run(["ip", "netns", "pids", hosts[1]], capture_output=True, text=True,
+                                  timeout=30).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)  # the host's proxy, rank wrappers and ranks: as if it died
+            except ProcessLookupError:
+                pass
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wall = time.monotonic() - t0
+    assert (f"mpiexec lost a host's proxy (unreachable: {hosts[1]}); dropping host(s) {hosts[1]}; restarting on 4 "
+            f"rank(s) (hosts {hosts[0]}:2, {hosts[2]}:2)") in out, out[-3000:]
+    _check_resumed(out, proc.returncode, metrics, seen, world=4, wall=wall)

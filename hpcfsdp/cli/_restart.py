@@ -30,16 +30,17 @@ import sys
 import time
 
 __all__ = ["Lost", "Decision", "parse_hosts", "read_hostfile", "place", "host_of_rank", "decide", "resume_command",
-           "check_min_ranks", "run", "NEVER_RESTARTED"]
+           "check_min_ranks", "run", "probe_hosts", "NEVER_RESTARTED", "PROXY_LOST"]
 
-NEVER_RESTARTED = {0, 75, 124, 130}  # done, stopped (runtime.STOPPED_EXIT), --timeout, Ctrl-C (INTERRUPTED_EXIT)
+NEVER_RESTARTED = {0, 75, 124, 130}
+PROXY_LOST = -1  # Lost.rank of Hydra's "control_cb ... assert (!closed) failed": a host's proxy is gone  # done, stopped (runtime.STOPPED_EXIT), --timeout, Ctrl-C (INTERRUPTED_EXIT)
 
 
 @dataclasses.dataclass(frozen=True)
 class Lost:
     """A rank its wrapper reported killed by a signal."""
 
-    rank: int
+    rank: int  # PROXY_LOST: mpiexec lost a host's proxy (the host died, or every process on it), host unknown
     signal: int
     host: str = "?"  # the hostname the wrapper printed
 
@@ -143,22 +144,29 @@ def _lost_words(lost) -> str:
 
 
 def decide(code: int, lost, *, nprocs: int, min_ranks: int, restarts: int, max_restarts: int, hosts=None,
-           ranks_per_node=None, stopped=False) -> Decision:
+           ranks_per_node=None, stopped=False, unreachable=()) -> Decision:
     """Whether a job of ``nprocs`` ranks that ended with ``code`` after losing ``lost`` (Lost records) is restarted,
     having been restarted ``restarts`` times; ``hosts`` is its placement ((host, slots), see place) if it has a
-    host list. See [Note: Restarts without ULFM]."""
+    host list, ``unreachable`` the hosts that did not answer after a host's proxy was lost (probe_hosts). See
+    [Note: Restarts without ULFM]."""
     if code in NEVER_RESTARTED or stopped:
         return Decision(False, "")
-    lost = sorted({x.rank: x for x in lost}.values(), key=lambda x: x.rank)
-    if not lost:
-        return Decision(False, f"the job failed (exit {code}) without losing a rank: not restarted (it would fail "
-                        "again)")
-    what = f"lost {_lost_words(lost)}"
+    proxy = any(x.rank == PROXY_LOST for x in lost)
+    lost = sorted({x.rank: x for x in lost if x.rank >= 0}.values(), key=lambda x: x.rank)
+    if not lost and not (proxy and hosts):
+        why = ("mpiexec lost a host's proxy, and without --hosts/--hostfile the launcher cannot tell which host"
+               if proxy else "without losing a rank")
+        return Decision(False, f"the job failed (exit {code}) {why}: not restarted" +
+                        ("" if proxy else " (it would fail again)"))
+    what = "; ".join(([f"lost {_lost_words(lost)}"] if lost else []) +
+                     ([f"mpiexec lost a host's proxy ({'unreachable: ' + ', '.join(sorted(unreachable)) if unreachable else 'every host answers again'})"]
+                      if proxy else []))
     if hosts:
-        gone = {host_of_rank(hosts, x.rank, x.host) for x in lost}
+        gone = {host_of_rank(hosts, x.rank, x.host) for x in lost} | set(unreachable)
         left = tuple((n, s) for n, s in hosts if n not in gone)
         world = sum(s for _, s in left)
-        what += f"; dropping host(s) {', '.join(sorted(gone))}"
+        if gone:
+            what += f"; dropping host(s) {', '.join(sorted(gone))}"
     else:
         left = ()
         if ranks_per_node:
@@ -192,7 +200,7 @@ def run(attempt, nprocs, cmd, *, hosts=None, timeout=None, max_restarts=0, min_r
             return code
         d = decide(code, outcome.get("lost", ()), nprocs=nprocs, min_ranks=min_ranks or 1, restarts=restarts,
                    max_restarts=max_restarts, hosts=placed, ranks_per_node=ranks_per_node,
-                   stopped=outcome.get("stopped", False))
+                   stopped=outcome.get("stopped", False), unreachable=outcome.get("unreachable", ()))
         if not d.restart:
             if d.why:
                 print(f"hpcfsdp launch: {d.why}; exit {code}", file=sys.stderr, flush=True)
@@ -203,6 +211,39 @@ def run(attempt, nprocs, cmd, *, hosts=None, timeout=None, max_restarts=0, min_r
         print(f"hpcfsdp launch: restart {restarts}/{max_restarts}: {d.why}; restarting on {d.nprocs} rank(s){on}, "
               f"{where}", file=sys.stderr, flush=True)
         nprocs, placed = d.nprocs, list(d.hosts) or None
+
+
+def probe_hosts(mpiexec, vendor, hosts, timeout=10.0) -> set:
+    """The hosts of ``hosts`` ((host, slots) pairs) on which ``mpiexec`` cannot run `true` within ``timeout``
+    seconds, each probed on its own, all at once."""
+    import signal
+    import subprocess
+
+    procs = {}
+    for h, _ in hosts:
+        argv = [mpiexec, "-n", "1", "--host" if vendor == "openmpi" else "-hosts", f"{h}:1", "true"]
+        try:
+            procs[h] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            procs[h] = None
+    deadline = time.monotonic() + timeout
+    bad = set()
+    for h, p in procs.items():
+        if p is None:
+            bad.add(h)
+            continue
+        try:
+            if p.wait(timeout=max(deadline - time.monotonic(), 0.01)) != 0:
+                bad.add(h)
+        except subprocess.TimeoutExpired:
+            bad.add(h)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+    return bad
 
 
 # ----------------------------------------------------------------------------------- resuming

@@ -80,6 +80,8 @@ HOLD_LIMIT = 15.0  # seconds after the start a SIGINT waits at most for the rank
 _STOPPED_CODES = {0, 75, 130}  # exit statuses of ranks that stopped on request (runtime.STOPPED_EXIT, INTERRUPTED_EXIT)
 # Hydra's lines when it forwards a Ctrl-C: the ranks say what they do about it
 _HYDRA_CTRL_C = (b"Sending Ctrl-C to processes as requested", b"Press Ctrl-C again to force abort")
+# Hydra's line when it lost a host's proxy (the host died, or every process on it): no wrapper is left to say so
+_PROXY_LOST = re.compile(rb"\[mpiexec@[^\]]*\] control_cb \(.*\): assert \(!closed\) failed")
 # the rank wrapper's line for a rank killed by a signal (rankwrap.main)
 _KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host ([^\n]*), pid \d+\) killed by \S+ \(signal (\d+)\)")
 
@@ -214,6 +216,8 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
                            hosts=placed, outcome=outcome)
         finally:
             _shm.remove_stale(before)
+        if code != 0 and placed and any(x.rank == _restart.PROXY_LOST for x in outcome.get("lost", ())):
+            outcome["unreachable"] = _restart.probe_hosts(outcome["mpiexec"], outcome["vendor"], placed)
         here = socket.gethostname()
         if code != 0 and "mpiexec" in outcome and (placed or not outcome.get("hung") and any(
                 x.host not in ("?", here, here.split(".")[0]) for x in outcome.get("lost", ()))):
@@ -465,6 +469,8 @@ def relay_stderr(read, fd: int, on_killed, on_lost=None) -> None:
                 on_killed(int(m[1]), int(m[3]))
                 if on_lost is not None:
                     on_lost(_restart.Lost(int(m[1]), int(m[3]), m[2].decode(errors="replace")))
+            elif on_lost is not None and _PROXY_LOST.search(text):
+                on_lost(_restart.Lost(_restart.PROXY_LOST, 0))
 
 
 def relay_stdout(read, fd: int, stopping=None, codes=None) -> None:
