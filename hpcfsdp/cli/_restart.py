@@ -11,6 +11,10 @@ the job failed with at least one such rank, the launcher starts it again on what
     of ranks lost (with --ranks-per-node K, by each simulated node that lost a rank: K ranks each);
   * with --hosts or --hostfile, every host but the ones a lost rank ran on (a host that kills one rank
     may kill the next; Slurm drains such a node too). Each surviving host keeps its number of slots.
+    A host that died with all its ranks leaves no wrapper to say so; Hydra then says it lost the
+    connection to that host's proxy ("control_cb ... assert (!closed) failed") and exits 255. The
+    launcher then probes every host (`mpiexec -n 1 -hosts H:1 true`, all at once, 10 s at most) and
+    drops those that do not answer; without a host list it cannot tell which host it was, and stops.
 
 A relaunched `hpcfsdp train` resumes from the newest disk checkpoint, CHECKPOINT_DIR/latest (the
 launcher adds `--resume` once it exists, overriding the command's own resume flags, which named the
