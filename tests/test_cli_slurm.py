@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from hpcfsdp.cli import slurm
+from hpcfsdp.cli import _slurm_restart, slurm
 from hpcfsdp.cli.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ SBATCH_LONG_OPTIONS = frozenset("""
     wait-all-nodes wckey wrap
 """.split())
 # Options that take no value.
-SBATCH_FLAGS = frozenset({"contiguous", "exclusive", "hold", "ignore-pbs", "no-requeue", "overcommit",
+SBATCH_FLAGS = frozenset({"contiguous", "exclusive", "hold", "ignore-pbs", "no-kill", "no-requeue", "overcommit",
                           "oversubscribe", "parsable", "quiet", "reboot", "requeue", "spread-job", "test-only",
                           "use-min-nodes", "verbose", "wait"})
 _DIRECTIVE = re.compile(r"^#SBATCH --([a-z][a-z-]*)(?:=(\S+))?\s*$")
@@ -72,7 +72,8 @@ def _launch_command(text):
     assert len(lines) == 1, lines
     tokens = shlex.split(lines[0])
     assert tokens[-1] == "&", tokens  # the step runs in the background so the batch shell's trap can run
-    tokens = tokens[:-1]
+    # a rerun's srun options and train flags (see [Note: Node failures in a Slurm job]): empty in the first run
+    tokens = [t for t in tokens[:-1] if t not in (shlex.split(_slurm_restart.RERUN) + shlex.split(_slurm_restart.AGAIN))]
     for i, tok in enumerate(tokens):
         if tok == "hpcfsdp":
             return tokens[:i], tokens[i + 1:]
@@ -109,8 +110,11 @@ def _check_script(text, *, nodes, ntasks_per_node, gpus_per_node, bench=False):
     if launcher[0] == "srun":
         assert f"--nodes={nodes}" in launcher and f"--ntasks-per-node={ntasks_per_node}" in launcher
         assert "--kill-on-bad-exit=1" in launcher
-    else:
+    elif bench:
         assert launcher[:5] == ["mpiexec", "-n", str(nodes * ntasks_per_node), "-ppn", str(ntasks_per_node)]
+    else:  # a rerun has fewer ranks: the shell's $ranks, set to the first run's count
+        assert launcher[:5] == ["mpiexec", "-n", "$ranks", "-ppn", str(ntasks_per_node)]
+        assert f"\nnodes={nodes}; ranks={nodes * ntasks_per_node}; " in text
     assert not any("gpus-per-task" in t for t in launcher)
     if bench:
         assert prog[:2] == ["bench", "comm"], prog
@@ -342,8 +346,9 @@ def test_mpiexec_launcher_runs_the_mpiexec_next_to_the_rendering_interpreter(tmp
     venv.mkdir()
     (venv / "python").write_text("")
     kw = dict(gpus_per_node=0, ntasks_per_node=2, launcher="mpiexec", python=str(venv / "python"))
-    assert "\nmpiexec -n 2 -ppn 2 \\\n" in slurm.render_script("single-node", **kw)  # none there: PATH's
+    rerun = " " + _slurm_restart.RERUN
+    assert f'\nmpiexec -n "$ranks" -ppn 2{rerun} \\\n' in slurm.render_script("single-node", **kw)  # none there: PATH's
     (venv / "mpiexec").write_text("#!/bin/sh\n")
     (venv / "mpiexec").chmod(0o755)
     text = slurm.render_script("single-node", **kw)
-    assert f"\n'{venv / 'mpiexec'}' -n 2 -ppn 2 \\\n" in text
+    assert f"\n'{venv / 'mpiexec'}' -n \"$ranks\" -ppn 2{rerun} \\\n" in text

@@ -28,7 +28,8 @@ def _train_words(text):
     line = next(ln for ln in text.replace("\\\n", " ").splitlines() if ln.startswith(("srun ", "mpiexec ")))
     words = shlex.split(line)
     assert words[-1] == "&", words
-    return words[words.index("train") + 1:-1]
+    assert words[-2] == shlex.split(slurm._slurm_restart.AGAIN)[0], words  # a rerun's flags: none in the first run
+    return words[words.index("train") + 1:-2]
 
 
 def _given(words):

@@ -47,6 +47,10 @@ until the watchdog (HPCFSDP_COMM_TIMEOUT, 10 minutes by default). So the launche
 as it passes it on, and when a wrapper's line says a rank was killed and mpiexec is still running
 LOST_RANK_GRACE seconds later, it interrupts mpiexec (SIGINT: Hydra tears down every host's proxy), and
 SIGKILLs what is left after LOST_RANK_GRACE more. The exit status is then the dead rank's (128 + signal).
+
+With --max-restarts the launcher reruns a job that lost ranks on what survived, and `hpcfsdp train` resumes
+from its newest checkpoint (see [Note: Restarts without ULFM] in _restart.py); --hosts/--hostfile pass the
+hosts to mpiexec with their slots (Hydra's -hosts, Open MPI's --host), so a rerun can leave a host out.
 """
 
 import argparse
@@ -54,6 +58,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -61,7 +66,7 @@ import time
 
 from hpcfsdp._launcher_env import forget_inherited
 
-from . import _shm
+from . import _restart, _shm
 from .rankwrap import describe_status, is_rank_wrapper
 
 __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper", "relay_stdout",
@@ -75,8 +80,10 @@ HOLD_LIMIT = 15.0  # seconds after the start a SIGINT waits at most for the rank
 _STOPPED_CODES = {0, 75, 130}  # exit statuses of ranks that stopped on request (runtime.STOPPED_EXIT, INTERRUPTED_EXIT)
 # Hydra's lines when it forwards a Ctrl-C: the ranks say what they do about it
 _HYDRA_CTRL_C = (b"Sending Ctrl-C to processes as requested", b"Press Ctrl-C again to force abort")
+# Hydra's line when it lost a host's proxy (the host died, or every process on it): no wrapper is left to say so
+_PROXY_LOST = re.compile(rb"\[mpiexec@[^\]]*\] control_cb \(.*\): assert \(!closed\) failed")
 # the rank wrapper's line for a rank killed by a signal (rankwrap.main)
-_KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host [^\n]*, pid \d+\) killed by \S+ \(signal (\d+)\)")
+_KILLED = re.compile(rb"hpcfsdp: rank (\d+) \(host ([^\n]*), pid \d+\) killed by \S+ \(signal (\d+)\)")
 
 _EXTRAS_HINT = (
     "no `mpiexec` found next to {python} or on PATH; install an MPI: "
@@ -103,6 +110,15 @@ def add_parser(subparsers):
                    help="after SIGTERM or SIGINT (forwarded to every rank), kill the job if it has not ended within S "
                    "seconds")
     p.add_argument("--mpiexec", default=None, help="path of the mpiexec to use (default: auto)")
+    p.add_argument("--hosts", default=None, help="run on these hosts: NAME[:SLOTS],... (ranks fill a host's slots, "
+                   "then the next host's; without SLOTS the -n ranks spread evenly)")
+    p.add_argument("--hostfile", default=None, help="the hosts, one NAME[:SLOTS] per line")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="when ranks are lost (killed by a signal), rerun the job up to K times on what survives "
+                   "(without the lost ranks; with --hosts/--hostfile, without their hosts); `hpcfsdp train` then "
+                   "resumes from the newest checkpoint in its --checkpoint-dir")
+    p.add_argument("--min-ranks", type=int, default=None,
+                   help="restart only while at least M ranks remain (default 1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after `--`")
     p.set_defaults(func=_run)
 
@@ -147,8 +163,8 @@ def rank_env_wrapper(vendor=None, ranks_per_node=None) -> list:
     return [sys.executable, "-m", "hpcfsdp.cli.rankwrap", *extra, "--"]
 
 
-def build_command(nprocs, cmd, *, mpiexec, vendor, env):
-    """The argv and environment that run `cmd` on `nprocs` ranks."""
+def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None):
+    """The argv and environment that run `cmd` on `nprocs` ranks (on ``hosts``, (host, slots) pairs, if given)."""
     if nprocs < 1:
         raise ValueError(f"-n must be a positive number of ranks, got {nprocs}")
     if not cmd:
@@ -161,6 +177,8 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
     if _is_python(cmd[0]) and cmd[1:3] != ["-m", "mpi4py"]:
         cmd = [cmd[0], "-m", "mpi4py", *cmd[1:]]
     argv = [mpiexec, "-n", str(nprocs)]
+    if hosts:
+        argv += ["--host" if vendor == "openmpi" else "-hosts", ",".join(f"{h}:{s}" for h, s in hosts)]
     env = dict(env)
     forget_inherited(env)  # exported by an hpcfsdp process for itself: not this job's values
     k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
@@ -185,17 +203,33 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env):
     return argv + cmd, env
 
 
-def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grace=DEFAULT_GRACE) -> int:
-    """Run ``cmd`` on ``nprocs`` ranks; returns the job's exit status. The job's leftover shared-memory
-    segments are removed when it has ended (see [Note: Stale shared-memory segments] in _shm.py)."""
-    before = _shm.segments()
-    try:
-        return _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=timeout, mpiexec=mpiexec, grace=grace)
-    finally:
-        _shm.remove_stale(before)
+def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grace=DEFAULT_GRACE, hosts=None,
+           max_restarts=0, min_ranks=None) -> int:
+    """Run ``cmd`` on ``nprocs`` ranks (on ``hosts``, (host, slots) pairs, if given); returns the job's exit status.
+    A job that loses ranks is rerun on what survives up to ``max_restarts`` times while ``min_ranks`` remain (see
+    [Note: Restarts without ULFM] in _restart.py). The job's leftover shared-memory segments are removed when it
+    has ended (see [Note: Stale shared-memory segments] in _shm.py)."""
+    def attempt(nprocs, cmd, placed, left, outcome):
+        before, since = _shm.segments(), time.time() - 1.0
+        try:
+            code = _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=left, mpiexec=mpiexec, grace=grace,
+                           hosts=placed, outcome=outcome)
+        finally:
+            _shm.remove_stale(before)
+        if code != 0 and placed and any(x.rank == _restart.PROXY_LOST for x in outcome.get("lost", ())):
+            outcome["unreachable"] = _restart.probe_hosts(outcome["mpiexec"], outcome["vendor"], placed)
+        here = socket.gethostname()
+        if code != 0 and "mpiexec" in outcome and (placed or not outcome.get("hung") and any(
+                x.host not in ("?", here, here.split(".")[0]) for x in outcome.get("lost", ()))):
+            _shm.clean_hosts(outcome["mpiexec"], outcome["vendor"], nprocs, placed, since)  # [Note: Every host's ...]
+        return code
+
+    per_node = ranks_per_node or (int(k) if (k := os.environ.get("HPCFSDP_RANKS_PER_NODE", "")).isdigit() else None)
+    return _restart.run(attempt, nprocs, cmd, hosts=hosts, timeout=timeout, max_restarts=max_restarts,
+                        min_ranks=min_ranks, ranks_per_node=per_node)
 
 
-def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
+def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None, outcome=None) -> int:
     from hpcfsdp.distributed._mpi import check_library
 
     check_library()  # no MPI library: one line now, not one traceback per rank (see [Note: No MPI library])
@@ -205,7 +239,11 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         if ranks_per_node < 1 or nprocs % ranks_per_node:
             raise ValueError(f"--ranks-per-node {ranks_per_node} must divide -n {nprocs}")
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
-    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=mpi_vendor(exe), env=env)
+    vendor = mpi_vendor(exe)
+    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=vendor, env=env, hosts=hosts)
+    outcome = {} if outcome is None else outcome
+    outcome.update(mpiexec=exe, vendor=vendor)
+    outcome["lost"] = lost = []  # _restart.Lost of the ranks their wrappers reported killed
     relay = "-print-all-exitcodes" in argv
     received, stopped = [], []
     again = []  # when a second SIGINT was passed to the rank wrappers
@@ -270,7 +308,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
         err = proc.stderr.fileno()
         relays.append(threading.Thread(target=relay_stderr, daemon=True, args=(
             lambda: os.read(err, 65536), _fd_of(sys.stderr, 2),
-            lambda rank, sig: killed.append((time.monotonic(), rank, sig)))))
+            lambda rank, sig: killed.append((time.monotonic(), rank, sig))), kwargs={"on_lost": lost.append}))
         for t in relays:
             t.start()
         if early:  # came while mpiexec was being started: pass them on as if they came now
@@ -294,6 +332,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
                     _pass_on(held.pop(0))  # one at a time: a second Ctrl-C is one of its own
                     continue
                 if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
+                    outcome["hung"] = True
                     code = _end_lost_rank(proc, *killed[0][1:])
                     break
                 if limit is not None and time.monotonic() >= limit:
@@ -308,6 +347,7 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        outcome["stopped"] = bool(received)  # told to stop (or signalled): never restarted
     _kill_tree(proc)  # nothing of the job outlives mpiexec
     for t in relays:
         t.join(timeout=5)
@@ -411,9 +451,10 @@ def _end_lost_rank(proc, rank: int, sig: int) -> int:
     return 128 + sig
 
 
-def relay_stderr(read, fd: int, on_killed) -> None:
+def relay_stderr(read, fd: int, on_killed, on_lost=None) -> None:
     """Copy the job's stderr (``read()`` returns its next bytes, b"" at the end) to file descriptor ``fd`` as it
-    arrives, calling ``on_killed(rank, signal)`` for each rank wrapper's line reporting a rank killed."""
+    arrives, calling ``on_killed(rank, signal)`` (and ``on_lost(_restart.Lost)``) for each rank wrapper's line
+    reporting a rank killed."""
     line = b""
     while True:
         chunk = read()
@@ -425,7 +466,11 @@ def relay_stderr(read, fd: int, on_killed) -> None:
         for text in done:
             m = _KILLED.search(text)
             if m:
-                on_killed(int(m[1]), int(m[2]))
+                on_killed(int(m[1]), int(m[3]))
+                if on_lost is not None:
+                    on_lost(_restart.Lost(int(m[1]), int(m[3]), m[2].decode(errors="replace")))
+            elif on_lost is not None and _PROXY_LOST.search(text):
+                on_lost(_restart.Lost(_restart.PROXY_LOST, 0))
 
 
 def relay_stdout(read, fd: int, stopping=None, codes=None) -> None:
@@ -543,8 +588,12 @@ def _kill_tree(proc):
 def _run(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
+        if args.hosts and args.hostfile:
+            raise ValueError("give --hosts or --hostfile, not both")
+        hosts = _restart.parse_hosts(args.hosts) if args.hosts else (
+            _restart.read_hostfile(args.hostfile) if args.hostfile else None)
         return launch(args.nprocs, cmd, ranks_per_node=args.ranks_per_node, timeout=args.timeout, mpiexec=args.mpiexec,
-                      grace=args.grace)
+                      grace=args.grace, hosts=hosts, max_restarts=args.max_restarts, min_ranks=args.min_ranks)
     except (ValueError, FileNotFoundError) as err:
         print(f"hpcfsdp launch: error: {err}", file=sys.stderr)
         return 2

@@ -75,9 +75,54 @@ def _unrecognized(parser, args, extras):
     sub.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; {', '.join(hints)}" if hints else ""))
 
 
+# [Note: A rank under plain mpiexec]
+# `mpiexec -n 4 hpcfsdp train` starts no rank wrapper (see [Note: Rank wrapper] in rankwrap.py): a rank killed by
+# kill -9 or the OOM killer then ends the job in a tenth of a second with Hydra's banner only, whose PID is
+# not even the killed rank's (it names the first process Hydra saw end, often one it killed itself). So a
+# command that runs as a rank (RANKED), started by an MPI launcher (a launcher rank, see [Note: Launcher
+# rank] in _launcher_env.py) and not by a rank wrapper nor directly by srun's slurmstepd (srun says
+# "srun: error: NODE: task R: Killed" itself), replaces itself by one (exec: the pid, the
+# file descriptors such as Hydra's PMI_FD and the environment the launcher knows stay), which runs the
+# same command (under `python -m mpi4py` if it ran so) as its child and names the rank, host, pid and signal
+# of a child that dies by a signal. Before MPI starts, and never from main(argv) called in a program, nor
+# for `train --elastic`, whose ranks outlive a lost one.
+RANKED = ("train", "demo", "bench")
+
+
+def _parent_is(name) -> bool:
+    try:
+        with open(f"/proc/{os.getppid()}/comm") as f:
+            return f.read().strip() == name
+    except OSError:
+        return False
+
+
+def _wrap_rank(argv) -> None:
+    """Exec this process into a rank wrapper running the same command, if [Note: A rank under plain mpiexec]
+    says so; returns where it does not."""
+    from hpcfsdp._launcher_env import launcher_rank
+
+    from .rankwrap import is_rank_wrapper
+
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in RANKED or launcher_rank() is None or "mpi4py.MPI" in sys.modules or "--elastic" in argv:
+        return  # `train --elastic` (ULFM) survives a lost rank in the job and reports it itself
+    if is_rank_wrapper(os.getppid()) or _parent_is("slurmstepd"):
+        return  # srun names the node and task of a killed rank itself, and signals every process of a task
+    inner = [sys.executable, *(["-m", "mpi4py"] if "mpi4py.run" in sys.modules else []), "-m", "hpcfsdp.cli.main"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(sys.executable, [sys.executable, "-m", "hpcfsdp.cli.rankwrap", "--", *inner, *argv])
+    except OSError:
+        return  # run unwrapped: the rank is then not named when it is killed
+
+
 def main(argv=None) -> int:
     from .runtime import release_early_stop_request
 
+    if argv is None:
+        _wrap_rank(sys.argv[1:])
     name = ["hpcfsdp"]
     try:
         return _main(argv, name)

@@ -4,8 +4,8 @@
 A rank killed by SIGKILL (the OOM killer, a node failing, `kill -9`) or dying of a segfault writes no
 Python traceback, and mpiexec's own report names processes by exit code, not by rank, host and pid.
 `python -m hpcfsdp.cli.rankwrap [--ranks-per-node K] -- CMD ...` runs CMD as its child and, when the
-child ends by a signal, writes one line naming the rank, host, pid and signal (not for a SIGINT it passed
-on: the user pressed Ctrl-C), then exits with the shell's status for it (128 + signal), so the launcher
+child ends by a signal, writes one line naming the rank, host, pid and signal (not for a signal it passed
+on: the user pressed Ctrl-C, or the launcher asked the job to stop while this rank was still starting), then exits with the shell's status for it (128 + signal), so the launcher
 ends the rest of the job. It forwards SIGTERM,
 SIGINT, SIGUSR1 and SIGUSR2 to the child (mpiexec and srun signal the process they started: this
 one), and asks the kernel to SIGKILL the child if the wrapper itself dies, so no rank outlives its
@@ -15,8 +15,9 @@ once" (see [Note: Ctrl-C] in runtime.py). Not when its stdin is a terminal (the 
 process outside the terminal's foreground group may not read it. Before starting the child it exports
 RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
 the launcher's variables (values the user set are kept; see [Note: torchrun variables] in
-distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank;
-under plain mpiexec or srun, put it in front of the command yourself:
+distributed/_mpi.py), marked with the child's pid. `hpcfsdp launch` puts it in front of every rank, and
+`hpcfsdp train` (demo, bench) under a plain mpiexec execs into it (see [Note: A rank under plain
+mpiexec] in main.py); for other programs, put it in front of the command yourself:
     mpiexec -n 4 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
     srun --mpi=pmi2 python -m hpcfsdp.cli.rankwrap -- python -m mpi4py train.py
 The child inherits every file descriptor (Hydra's PMI_FD is one).
@@ -181,8 +182,8 @@ def main(argv=None) -> int:
             continue
     if code < 0:
         sig = -code
-        if sig == signal.SIGINT and sig in forwarded:
-            return 128 + sig  # Ctrl-C, passed on: Python's KeyboardInterrupt ends by SIGINT after its own report
+        if sig in forwarded:  # passed on by this wrapper: a stop the launcher asked for (a rank still starting
+            return 128 + sig  # dies of it), or Ctrl-C, whose KeyboardInterrupt ends by SIGINT after its own report
         sys.stderr.write(f"hpcfsdp: rank {_this_rank()} (host {socket.gethostname()}, pid {child.pid}) "
                          f"{describe_status(code)} without a Python traceback\n")
         sys.stderr.flush()

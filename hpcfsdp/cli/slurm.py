@@ -38,6 +38,8 @@ from hpcfsdp.cli.config import (
 )
 from hpcfsdp.cli.config import _step_spec
 
+from . import _slurm_restart
+
 __all__ = [
     "add_parser",
     "render_script",
@@ -76,7 +78,7 @@ _COMMON_DOC = """\
 #   --cpus-per-task on to srun (Slurm >= 22.05 no longer passes it by itself).
 # Failure: srun --kill-on-bad-exit=1 ends the step when a rank fails, and
 #   `python -m mpi4py` aborts MPI on an uncaught exception: no rank is left in a collective.
-# Interpreter: {python} (the Python `hpcfsdp slurm render` ran under; with
+{restart_doc}# Interpreter: {python} (the Python `hpcfsdp slurm render` ran under; with
 #   --launcher mpiexec, the mpiexec next to it if there is one);
 #   PYTHON=/path/to/venv/bin/python sbatch <this file> runs another.
 # Preemption: Slurm sends USR1 to this batch shell {signal_seconds} s before the time limit
@@ -151,6 +153,8 @@ def render_script(
     requeue=None,
     setup=None,
     workdir=None,
+    max_restarts=2,
+    min_ranks=1,
 ) -> str:
     """Fill a template; returns the sbatch script. Bad settings raise ConfigError naming the field.
 
@@ -161,7 +165,8 @@ def render_script(
 
     `setup` (a string or a list of them, bash) runs in the batch shell before the launch; `workdir`
     (default: the current directory) is what relative paths of the configuration and `output` are
-    resolved against.
+    resolved against. A training job whose step loses nodes reruns it on the others up to `max_restarts` times
+    while `min_ranks` remain, and requeues itself below that (see [Note: Node failures in a Slurm job]).
     """
     cfg = TrainConfig(**vars(config)) if config is not None else TrainConfig()
     workdir = os.path.abspath(os.getcwd() if workdir is None else os.path.expanduser(workdir))
@@ -187,13 +192,19 @@ def render_script(
     world_size = nodes * ntasks_per_node
     from hpcfsdp.cli.runtime import STOPPED_EXIT
 
+    restartable = template != "bench-comm"
+    restart_doc = _slurm_restart.check(max_restarts, min_ranks, world_size) if restartable else ""
+
     requeue_doc = (f"Then (exit {STOPPED_EXIT}) this script runs `scontrol requeue $SLURM_JOB_ID` (--requeue)."
                    if requeue else "Render with --requeue to requeue the job then.")
     extra = [f"#SBATCH --signal=B:USR1@{signal_seconds}"]
+    if restartable and max_restarts and nodes > 1:
+        extra.append("#SBATCH --no-kill")  # a failed node does not end the job: the script reruns the step
     if requeue:  # a requeued job writes the same --output file: append, keeping the first run's log
         extra += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     values = {
         "common_doc": _COMMON_DOC.format(template=template, python=python, signal_seconds=signal_seconds,
+                                         restart_doc=restart_doc,
                                          stopped=STOPPED_EXIT, requeue_doc=requeue_doc,
                                          settings_doc=_SETTINGS_DOC.format(workdir=workdir)
                                          if template != "bench-comm" else ""),
@@ -209,11 +220,17 @@ def render_script(
                                                          account=account, qos=qos, constraint=constraint)),
         "site_setup": site_setup,
         "env_setup": "\n".join(_env_setup(mpi, gpus_per_node, cuda_aware, python)),
-        "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, _mpiexec_of(python))),
+        "launch": " ".join(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, _mpiexec_of(python),
+                                         restartable)),
+        "restart_setup": _slurm_restart.SETUP.format(nodes=nodes, ranks=world_size) if restartable else "",
         "entry": '"$PYTHON" -m mpi4py -m hpcfsdp.cli.main' if entry == "module" else "hpcfsdp",
-        "train_args": _format_args(_resolved(cfg).to_args(only_changed=False)) + " &",
+        "train_args": _format_args(_resolved(cfg).to_args(only_changed=False)) + f" {_slurm_restart.AGAIN} &",
         "bench_args": "".join(" " + shlex.quote(t) for t in (_bench_words(bench_args, gpus_per_node))) + " &",
-        "wait_step": _RUN_STEP.format(stopped=STOPPED_EXIT, requeue=1 if requeue else 0),
+        "wait_step": _RUN_STEP.format(stopped=STOPPED_EXIT, requeue=1 if requeue else 0) + (_slurm_restart.after_step(
+            launcher=launcher, per_node=ntasks_per_node, max_restarts=max_restarts, min_ranks=min_ranks,
+            stopped=STOPPED_EXIT, checkpoint_dir=cfg.checkpoint_dir, resume_from=cfg.resume_from,
+            hsdp_mesh=template == "hsdp" and (mesh_auto or "mesh" not in set(config_explicit)))
+            if restartable else 'exit "$status"\n'),
     }
     text = string.Template(template_text(template)).substitute(values)
     while "\n\n\n" in text:  # an empty placeholder line
@@ -251,7 +268,6 @@ if [ "$status" -eq {stopped} ] && [ {requeue} -eq 1 ] && [ -n "${{SLURM_JOB_ID:-
     echo "hpcfsdp: stopped with a final checkpoint: requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
 fi
-exit "$status"
 """
 
 
@@ -493,8 +509,12 @@ def _mpiexec_of(python) -> str:
     return "mpiexec"
 
 
-def _launch_words(launcher, mpi, nodes, ntasks_per_node, template, mpiexec="mpiexec") -> list:
-    """srun (with the MPI plugin and block distribution for HSDP) or mpiexec inside the allocation."""
+def _launch_words(launcher, mpi, nodes, ntasks_per_node, template, mpiexec="mpiexec", restartable=False) -> list:
+    """srun (with the MPI plugin and block distribution for HSDP) or mpiexec inside the allocation; with a rerun's
+    options if ``restartable`` (see [Note: Node failures in a Slurm job])."""
+    if restartable:
+        return _slurm_restart.launch_words(_launch_words(launcher, mpi, nodes, ntasks_per_node, template, mpiexec),
+                                           launcher)
     if launcher == "srun":
         launch = ["srun"]
         if mpi != "default":
@@ -570,6 +590,11 @@ def add_parser(subparsers):
     j.add_argument("--signal-seconds", type=int, default=120,
                    help="Slurm sends USR1 this long before the time limit; the job checkpoints and stops "
                    "(--requeue: and is requeued) (default: 120)")
+    j.add_argument("--max-restarts", type=int, default=2,
+                   help="a training step that loses nodes is rerun without them, resuming from the newest "
+                   "checkpoint, up to K times (0: never) (default: 2)")
+    j.add_argument("--min-ranks", type=int, default=1,
+                   help="below M ranks left the job requeues itself (scontrol requeue) instead (default: 1)")
     j.add_argument("--bench-args", default="", help="arguments for `hpcfsdp bench comm` (bench-comm template)")
     j.add_argument("--setup", action="append", default=[], metavar="COMMANDS",
                    help="site setup run in the batch script before the launch, e.g. \"module load mpich; source "
@@ -604,7 +629,8 @@ def _run_render(args) -> int:
             output=args.sbatch_output, cpus_per_task=args.cpus_per_task, exclusive=args.exclusive,
             qos=args.qos, constraint=args.constraint, mpi=args.mpi, launcher=args.launcher, entry=args.entry,
             cuda_aware=args.cuda_aware, bench_args=args.bench_args, python=sys.executable,
-            signal_seconds=args.signal_seconds, setup=args.setup,
+            signal_seconds=args.signal_seconds, setup=args.setup, max_restarts=args.max_restarts,
+            min_ranks=args.min_ranks,
         )
     except ConfigError as err:
         return exit_with_config_error(err, prog)
