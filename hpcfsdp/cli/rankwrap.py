@@ -130,7 +130,26 @@ def restore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+STATUS_DIR_ENV = "HPCFSDP_LAUNCH_STATUS_DIR"  # set by `hpcfsdp launch --elastic`: See [Note: Elastic jobs] in launch.py
+
+
+def _report_status(code: int) -> int:
+    """Write the rank's exit status where `hpcfsdp launch --elastic` reads it; return it."""
+    where = os.environ.get(STATUS_DIR_ENV)
+    if where:
+        try:
+            with open(os.path.join(where, str(os.getpid())), "w") as f:
+                f.write(str(code))
+        except OSError:  # the launcher's host only; elsewhere the directory does not exist
+            pass
+    return code
+
+
 def main(argv=None) -> int:
+    return _report_status(_main(argv))
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcfsdp.cli.rankwrap",
                                 description="Run CMD as this rank's child; name the rank if it dies by a signal.")
     p.add_argument("--ranks-per-node", type=int, default=None)

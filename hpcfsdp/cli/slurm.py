@@ -593,8 +593,6 @@ def add_parser(subparsers):
     j.add_argument("--max-restarts", type=int, default=2,
                    help="a training step that loses nodes is rerun without them, resuming from the newest "
                    "checkpoint, up to K times (0: never) (default: 2)")
-    j.add_argument("--min-ranks", type=int, default=1,
-                   help="below M ranks left the job requeues itself (scontrol requeue) instead (default: 1)")
     j.add_argument("--bench-args", default="", help="arguments for `hpcfsdp bench comm` (bench-comm template)")
     j.add_argument("--setup", action="append", default=[], metavar="COMMANDS",
                    help="site setup run in the batch script before the launch, e.g. \"module load mpich; source "
@@ -630,7 +628,7 @@ def _run_render(args) -> int:
             qos=args.qos, constraint=args.constraint, mpi=args.mpi, launcher=args.launcher, entry=args.entry,
             cuda_aware=args.cuda_aware, bench_args=args.bench_args, python=sys.executable,
             signal_seconds=args.signal_seconds, setup=args.setup, max_restarts=args.max_restarts,
-            min_ranks=args.min_ranks,
+            min_ranks=cfg.min_ranks,  # the train flag --min-ranks: below it the job requeues itself
         )
     except ConfigError as err:
         return exit_with_config_error(err, prog)
