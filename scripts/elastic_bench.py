@@ -77,7 +77,7 @@ def _rank_pids(root: int) -> dict:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if b"hpcfsdp.cli.main" in cmd and b"train" in cmd:
+        if b"hpcfsdp.cli.main" in cmd and b"train" in cmd and b"hpcfsdp.cli.rankwrap" not in cmd:  # the rank itself
             for kv in env:
                 if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
                     pids[int(kv.split(b"=", 1)[1])] = pid

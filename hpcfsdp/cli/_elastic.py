@@ -29,6 +29,7 @@ from collections import Counter
 
 import numpy as np
 
+from .rankwrap import report_status
 from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed
 
 __all__ = ["GlobalSampler", "train_elastic"]
@@ -254,7 +255,7 @@ def train_elastic(cfg, *, stop=None) -> int:
         print(f"loss {first:.4f} -> {last:.4f} over steps {start + 1}..{cfg.steps} on {run.ctx.world} rank(s) "
               f"after {losses} recovery(ies); metrics: {run.out.where}"
               + (f"; checkpoint: {run.ckpt} (step {cfg.steps})" if run.ckpt else ""), flush=True)
-    return _leave(0, run) if losses else 0
+    return _leave(0, run) if losses else report_status(0)
 
 
 def _leave(code: int, run=None) -> int:
@@ -266,6 +267,7 @@ def _leave(code: int, run=None) -> int:
             run.ctx.comm.Barrier()
     except Exception:  # noqa: BLE001 - a world lost again while finishing: exit all the same
         pass
+    report_status(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -186,7 +186,8 @@ def build_command(nprocs, cmd, *, mpiexec, vendor, env, hosts=None, elastic=Fals
     env = dict(env)
     forget_inherited(env)  # exported by an hpcfsdp process for itself: not this job's values
     k = env.get("HPCFSDP_RANKS_PER_NODE", "").strip()
-    cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
+    if not elastic:  # (an elastic job's rank is the process mpirun started: ULFM saw no death below a wrapper)
+        cmd = rank_env_wrapper(vendor, int(k) if k.isdigit() else None) + cmd
     if vendor == "mpich":
         # Hydra then collects every rank's exit status, and across hosts it tears the job down when one
         # rank dies: without it, after kill -9 of a rank on one host the other host's ranks ran on (seen
@@ -387,12 +388,15 @@ def _launch(nprocs, cmd, *, ranks_per_node, timeout, mpiexec, grace, hosts=None,
 
 # [Note: Elastic jobs]
 # `hpcfsdp launch --elastic` runs Open MPI's mpirun with --with-ft ulfm, and a rank killed is not the end of the
-# job (its survivors go on: hpcfsdp/cli/_elastic.py), so the launcher does not end the job after a lost rank as
-# it does otherwise ([Note: A rank lost across hosts]). PRRTE's mpirun now and then does not exit after every
-# rank has (seen on simulated hosts after jobs that lost ranks, and after short jobs): so once this host's rank
-# wrappers have all exited and mpirun is still there ELASTIC_LINGER seconds later, the launcher ends mpirun's
-# tree and returns the worst exit status of this host's ranks (each wrapper writes its rank's into a directory
-# the launcher names, HPCFSDP_LAUNCH_STATUS_DIR); the survivors of an elastic job end together (a barrier).
+# job (its survivors go on: hpcfsdp/cli/_elastic.py, whose line names the lost ranks and hosts), so the launcher
+# does not end the job after a lost rank as it does otherwise ([Note: A rank lost across hosts]). The ranks run
+# without the rank wrapper: with it, the process ULFM watches is the wrapper, and the death of the rank below
+# it reached no survivor (tried: the survivors waited until --timeout). PRRTE's mpirun now and then does not
+# exit after every rank has (seen on simulated hosts, after jobs that lost ranks and after short ones): so once
+# this host's ranks (mpirun's descendants with OMPI_COMM_WORLD_RANK) have all exited and mpirun is still there
+# ELASTIC_LINGER seconds later, the launcher ends mpirun's tree and returns the worst exit status this host's
+# ranks wrote into the directory HPCFSDP_LAUNCH_STATUS_DIR names (`hpcfsdp train --elastic` does; 1 when
+# none did); the survivors of an elastic job end together (a barrier).
 ELASTIC_LINGER = 15.0
 
 
@@ -406,7 +410,7 @@ class _ElasticGuard:
 
     def lingering(self, pid) -> bool:
         """Whether mpirun has outlived this host's rank wrappers by ELASTIC_LINGER seconds (polled)."""
-        if _rank_wrappers(pid):
+        if _ranks_below(pid):
             self.seen, self.gone = True, None
             return False
         if self.seen and self.gone is None:
@@ -426,6 +430,19 @@ class _ElasticGuard:
               f"ULFM teardown hang); ended it: exit {code}", file=sys.stderr)
         _kill_tree(proc)
         return code
+
+
+def _ranks_below(pid) -> list:
+    """The pids of the MPI ranks below ``pid`` on this host (Open MPI gives each OMPI_COMM_WORLD_RANK)."""
+    out = []
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/environ", "rb") as f:
+                if b"\0OMPI_COMM_WORLD_RANK=" in b"\0" + f.read():
+                    out.append(child)
+        except OSError:
+            continue
+    return out
 
 
 def _stop_status(received) -> int:

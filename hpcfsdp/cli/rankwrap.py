@@ -133,8 +133,9 @@ def restore_sigint() -> None:
 STATUS_DIR_ENV = "HPCFSDP_LAUNCH_STATUS_DIR"  # set by `hpcfsdp launch --elastic`: See [Note: Elastic jobs] in launch.py
 
 
-def _report_status(code: int) -> int:
-    """Write the rank's exit status where `hpcfsdp launch --elastic` reads it; return it."""
+def report_status(code: int) -> int:
+    """Write this rank's exit status where `hpcfsdp launch --elastic` reads it (when it set the directory, on
+    its host); return it."""
     where = os.environ.get(STATUS_DIR_ENV)
     if where:
         try:
@@ -146,7 +147,7 @@ def _report_status(code: int) -> int:
 
 
 def main(argv=None) -> int:
-    return _report_status(_main(argv))
+    return report_status(_main(argv))
 
 
 def _main(argv=None) -> int:
