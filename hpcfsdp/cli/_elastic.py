@@ -213,17 +213,20 @@ def train_elastic(cfg, *, stop=None) -> int:
             try:
                 rec = run.session.train_step()
                 done = rec["step"]
-                if run.copies.due(done):
-                    run.copies.save(run.session.state_dict(), done)
-                    rec["memory_copy_s"] = run.copies.stall_s[-1]  # what the copy made this step wait
-                rec["memory_copy_bytes"] = run.copies.memory_bytes()  # this rank's images, its own and held
                 first = rec["loss"] if first is None else first
                 last = rec["loss"]
-                if run.ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                    run.ckpts.save()  # synchronous (elastic refuses async_checkpoint): none is in flight at a loss
+                # logged before it is copied or saved: a step restored from a copy has its record (a record of a
+                # step done again is trimmed by the new log, see Output)
+                if run.copies.stall_s:
+                    rec["memory_copy_s"] = run.copies.stall_s[-1]  # what the last copy made its step wait
+                rec["memory_copy_bytes"] = run.copies.memory_bytes()  # this rank's images, its own and held
                 if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                     peaks = gather_peaks(run.ctx)
                     run.out.log_step({**rec, "peak_mem_bytes": peaks, "world_size": run.ctx.world}, peaks)
+                if run.copies.due(done):
+                    run.copies.save(run.session.state_dict(), done)
+                if run.ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
+                    run.ckpts.save()  # synchronous (elastic refuses async_checkpoint): none is in flight at a loss
                 if cfg.eval_interval and (done % cfg.eval_interval == 0 or done == cfg.steps):
                     val = run.session.evaluate()
                     run.out.record({"step": done, "val_loss": val})
@@ -234,7 +237,8 @@ def train_elastic(cfg, *, stop=None) -> int:
                     stop.settle()
                     from .train import _stop
 
-                    return _stop(run.cfg, run.ctx, run.session, run.out, run.ckpts, got, stop)
+                    code = _stop(run.cfg, run.ctx, run.session, run.out, run.ckpts, got, stop, finalize=not losses)
+                    return _leave(code, run) if losses else report_status(code)
             except Exception as e:
                 if not elastic.is_process_failure(e):
                     raise

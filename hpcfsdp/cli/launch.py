@@ -409,7 +409,8 @@ class _ElasticGuard:
         self.seen, self.gone = False, None
 
     def lingering(self, pid) -> bool:
-        """Whether mpirun has outlived this host's rank wrappers by ELASTIC_LINGER seconds (polled)."""
+        """Whether mpirun has outlived this host's ranks by ELASTIC_LINGER seconds (polled; never on a launching
+        host that runs no rank: there --timeout is the guard)."""
         if _ranks_below(pid):
             self.seen, self.gone = True, None
             return False

@@ -296,11 +296,11 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
             done = rec["step"]
             first = rec["loss"] if first is None else first
             last = rec["loss"]
+            if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:  # logged, then saved: a
+                peaks = gather_peaks(ctx)  # kill between the two never leaves a saved step without its record
+                out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
             if ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
                 ckpts.save()
-            if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
-                peaks = gather_peaks(ctx)
-                out.log_step({**rec, "peak_mem_bytes": peaks}, peaks)
             if cfg.eval_interval and (done % cfg.eval_interval == 0 or done == cfg.steps):
                 val = session.evaluate()
                 out.record({"step": done, "val_loss": val})
@@ -344,7 +344,7 @@ def _saved(ckpts) -> str:
     return ckpts.describe()
 
 
-def _stop(cfg, ctx, session, out, ckpts, sig, stop) -> int:
+def _stop(cfg, ctx, session, out, ckpts, sig, stop, finalize: bool = True) -> int:
     """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT (SIGTERM,
     SIGUSR1) or INTERRUPTED_EXIT (SIGINT, never requeued); see [Note: Ctrl-C] in runtime.py."""
     import signal
@@ -361,7 +361,7 @@ def _stop(cfg, ctx, session, out, ckpts, sig, stop) -> int:
             print(requeue_slurm_job(), flush=True)
     ctx.comm.Barrier()  # no rank exits (and so has mpiexec end the others) before rank 0 has said it
     MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+    if finalize and MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
     return code
 
