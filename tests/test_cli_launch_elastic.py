@@ -49,7 +49,7 @@ def test_an_mpirun_that_outlives_its_ranks_is_ended_with_their_status(tmp_path, 
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(L, "ELASTIC_LINGER", 1.0)
     # the rank reports its status as `hpcfsdp train --elastic` does (None: it says nothing, and exits 0)
-    code = "import sys" if status is None else (
+    code = "import time; time.sleep(1)" if status is None else (
         f"import sys; from hpcfsdp.cli.rankwrap import report_status; sys.exit(report_status({status}))")
     t0 = time.monotonic()
     got = L.launch(1, [sys.executable, "-c", code], mpiexec=str(fake), elastic=True)

@@ -414,6 +414,7 @@ class _ElasticGuard:
         if _ranks_below(pid):
             self.seen, self.gone = True, None
             return False
+        self.seen = self.seen or bool(os.listdir(self.dir))  # a rank that ended before the first look
         if self.seen and self.gone is None:
             self.gone = time.monotonic()
         return self.gone is not None and time.monotonic() - self.gone >= ELASTIC_LINGER
