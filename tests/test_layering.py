@@ -26,7 +26,8 @@ LEVELS = {
     "hpcfsdp.nn.functional": 1,
     "hpcfsdp.nn._functional": 1,  # the implementation modules nn.functional re-exports (conv, pooling, losses)
     "hpcfsdp.distributed": 2,  # the comm layer: raw arrays and Tensors, never nn
-    "hpcfsdp.distributed.elastic": 2,  # torchelastic's error files (@record): the standard library only
+    "hpcfsdp.distributed.elastic": 6,  # in-job recovery: rebuilds groups, restores state dicts like checkpoint
+    "hpcfsdp.distributed.elastic.multiprocessing": 2,  # torchelastic's error files (@record): the standard library only
     "hpcfsdp.multiprocessing": 2,  # torch.multiprocessing.spawn under MPI: the MPI world size (_mpi) on use
     "hpcfsdp.distributed.tensor": 3,  # the package re-exports distribute_module (nn modules); DTensor itself is 2:
     "hpcfsdp.distributed.tensor._dtensor": 2,

@@ -30,7 +30,7 @@ from collections import Counter
 import numpy as np
 
 from .rankwrap import report_status
-from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed
+from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed, stop_job
 
 __all__ = ["GlobalSampler", "train_elastic"]
 
@@ -189,15 +189,15 @@ def train_elastic(cfg, *, stop=None) -> int:
     """`hpcfsdp train --elastic`. See [Note: Elastic training]."""
     from hpcfsdp.distributed import elastic
 
-    from .train import _clean_stale, _resume
+    from ._resume import clean_stale, resume
     from .config import resume_target
 
     run = _Run(cfg)
     if run.ckpt:
-        _clean_stale(run.cfg, run.ctx)
+        clean_stale(run.cfg, run.ctx)
     source = resume_target(cfg)
     if source is not None:
-        _resume(run.cfg, run.ctx, run.session, source)
+        resume(run.cfg, run.ctx, run.session, source)
     start = run.session.step
     if start >= cfg.steps:
         if run.ctx.rank == 0:
@@ -235,9 +235,7 @@ def train_elastic(cfg, *, stop=None) -> int:
                 got, _ = stop.poll(run.ctx.comm)
                 if got and done < cfg.steps:
                     stop.settle()
-                    from .train import _stop
-
-                    code = _stop(run.cfg, run.ctx, run.session, run.out, run.ckpts, got, stop, finalize=not losses)
+                    code = stop_job(run.cfg, run.ctx, run.session, run.out, run.ckpts, got, stop, finalize=not losses)
                     return _leave(code, run) if losses else report_status(code)
             except Exception as e:
                 if not elastic.is_process_failure(e):

@@ -238,7 +238,9 @@ def launch(nprocs, cmd, *, ranks_per_node=None, timeout=None, mpiexec=None, grac
             _shm.clean_hosts(outcome["mpiexec"], outcome["vendor"], nprocs, placed, since)  # [Note: Every host's ...]
         return code
 
-    per_node = ranks_per_node or (int(k) if (k := os.environ.get("HPCFSDP_RANKS_PER_NODE", "")).isdigit() else None)
+    from hpcfsdp import _settings
+
+    per_node = ranks_per_node or _settings.get("HPCFSDP_RANKS_PER_NODE")
     return _restart.run(attempt, nprocs, cmd, hosts=hosts, timeout=timeout, max_restarts=max_restarts,
                         min_ranks=min_ranks, ranks_per_node=per_node)
 

@@ -136,7 +136,9 @@ STATUS_DIR_ENV = "HPCFSDP_LAUNCH_STATUS_DIR"  # set by `hpcfsdp launch --elastic
 def report_status(code: int) -> int:
     """Write this rank's exit status where `hpcfsdp launch --elastic` reads it (when it set the directory, on
     its host); return it."""
-    where = os.environ.get(STATUS_DIR_ENV)
+    from hpcfsdp import _settings
+
+    where = _settings.get(STATUS_DIR_ENV)
     if where:
         try:
             with open(os.path.join(where, str(os.getpid())), "w") as f:

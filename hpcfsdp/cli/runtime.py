@@ -588,3 +588,32 @@ def gather_peaks(ctx):
     from ._common import peak_memory_bytes
 
     return ctx.comm.gather(peak_memory_bytes(ctx.device), root=0)
+
+
+def saved_words(ckpts) -> str:
+    """What a rerun can continue from, in words (no communication)."""
+    if ckpts is None:
+        return "nothing saved (no --checkpoint-dir): a rerun starts from step 0"
+    return ckpts.describe()
+
+
+def stop_job(cfg, ctx, session, out, ckpts, sig, stop, finalize: bool = True) -> int:
+    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT (SIGTERM,
+    SIGUSR1) or INTERRUPTED_EXIT (SIGINT, never requeued); see [Note: Ctrl-C] in runtime.py."""
+    import signal
+
+    name = signal.Signals(sig).name
+    code = stop_exit_status(sig)
+    if ckpts is not None:
+        ckpts.save(final=True)
+    out.close()
+    stop.last_words = None  # said below: a second Ctrl-C from here on adds no line
+    if ctx.rank == 0:
+        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {saved_words(ckpts)}; exit {code}", flush=True)
+        if cfg.requeue and code == STOPPED_EXIT:
+            print(requeue_slurm_job(), flush=True)
+    ctx.comm.Barrier()  # no rank exits (and so has mpiexec end the others) before rank 0 has said it
+    MPI = sys.modules.get("mpi4py.MPI")
+    if finalize and MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    return code

@@ -28,9 +28,10 @@ import types
 
 from hpcfsdp import _settings
 
+from ._resume import clean_stale, resume
 from .runtime import (INTERRUPTED_EXIT, PROGRESS_ENV, STOPPED_EXIT, VAL_FRACTION, Agreed, Context, Output, Session,
-                      StopRequest, exit_together, gather_peaks, guarded, launch_rank, requeue_slurm_job, say_error,
-                      stop_exit_status)
+                      StopRequest, exit_together, gather_peaks, guarded, launch_rank, saved_words, say_error,
+                      stop_job)
 
 __all__ = ["add_parser", "run", "train", "check_slurm_world", "CRASH_ENV", "PROGRESS_ENV", "STOPPED_EXIT",
            "INTERRUPTED_EXIT", "VAL_FRACTION"]
@@ -190,79 +191,7 @@ def check_slurm_world(world, environ=None):
                           "render the job with `hpcfsdp slurm render --mpi pmi2`")
 
 
-# ----------------------------------------------------------------------------------- resume
-
-
-_SAME_ON_RESUME = ("seed",)  # and the model's keys, resolved (See [Note: Model keys] in _model.py), and the tokenizer
-
-
-def _check_resumable(cfg, path, tokenizer=None):
-    """The checkpoint at `path` was written for this model and this data; raise ValueError if not."""
-    import dataclasses
-
-    from hpcfsdp.distributed import checkpoint as dcp
-
-    from ._model import model_config, model_config_of
-
-    md = dcp.read_metadata(path)
-    skeleton = (md.extras or {}).get("skeleton") or {}
-    saved = skeleton.get("config")
-    if not isinstance(saved, dict):
-        raise ValueError(f"{path} holds no training configuration: not written by hpcfsdp train")
-    mine = cfg.to_dict()
-    theirs = {"model": saved.get("model") or "gpt", **dataclasses.asdict(model_config_of({**saved, "dropout": None}))}
-    ours = {"model": cfg.model, **dataclasses.asdict(model_config(dataclasses.replace(cfg, dropout=0.0)))}
-    for name in list(theirs) + list(_SAME_ON_RESUME):
-        a, b = (ours.get(name), theirs.get(name)) if name in theirs else (mine[name], saved.get(name, mine[name]))
-        if a != b:
-            raise ValueError(f"{name}={a!r}, but the checkpoint {path} was written with "
-                             f"{name}={b!r}; resume with the same model, data and seed")
-    had = skeleton.get("tokenizer")
-    if isinstance(had, dict) and isinstance(tokenizer, dict) and (had.get("type"), had.get("json")) != (
-            tokenizer.get("type"), tokenizer.get("json")):
-        raise ValueError(f"data={cfg.data!r} was written with another tokenizer ({tokenizer.get('type')}, vocabulary "
-                         f"{tokenizer.get('vocab_size')}) than the checkpoint {path} ({had.get('type')}, vocabulary "
-                         f"{had.get('vocab_size')}); resume with the same model, data and seed")
-
-
-def _resume(cfg, ctx, session, ckpt):
-    seen = ctx.comm.allgather(os.path.lexists(ckpt))
-    if any(seen) and not all(seen):
-        raise Agreed(f"resume: {ckpt} exists on ranks {[r for r, s in enumerate(seen) if s]} only; "
-                      f"checkpoints must be on a file system every rank sees")
-    if not seen[0]:
-        if cfg.resume_if_exists:
-            if ctx.rank == 0:
-                print(f"no checkpoint at {ckpt} yet: starting from step 0", flush=True)
-            return
-        held = sorted(n for n in (os.listdir(cfg.checkpoint_dir) if cfg.checkpoint_dir and
-                                  os.path.isdir(cfg.checkpoint_dir) else []) if n.startswith("step-") and
-                      ".ckpt-" not in n)  # the kept steps (their .ckpt- directories are what they link to)
-        what = f"; it holds {', '.join(held)}" if held else (
-            "" if cfg.checkpoint_dir and os.path.isdir(cfg.checkpoint_dir) else
-            f"; {cfg.checkpoint_dir} does not exist (a mistyped --checkpoint-dir?)" if cfg.checkpoint_dir else "")
-        raise Agreed(f"resume: no checkpoint at {ckpt}{what}; --resume-if-exists starts from step 0 when there is "
-                     "none")
-    guarded(ctx.comm, "resume", lambda: _check_resumable(cfg, ckpt, session.tokenizer))
-    guarded(ctx.comm, f"resume from {ckpt}", lambda: session.load(ckpt))
-    if ctx.rank == 0:
-        print(f"resumed from {ckpt} at step {session.step}", flush=True)
-
-
 # ----------------------------------------------------------------------------------- train
-
-
-def _clean_stale(cfg, ctx):
-    from . import _keep
-
-    def clean():
-        if ctx.rank == 0 and os.path.isdir(cfg.checkpoint_dir):
-            gone = _keep.remove_stale_temporaries(cfg.checkpoint_dir, _keep.job_start_time())
-            if gone:
-                print(f"removed {len(gone)} temporary file(s) of earlier, unfinished saves from "
-                      f"{cfg.checkpoint_dir}: {', '.join(sorted(gone))}", flush=True)
-
-    guarded(ctx.comm, f"checkpoint_dir={cfg.checkpoint_dir!r}", clean)
 
 
 def train(cfg, *, crash_after=None, stop=None) -> int:
@@ -273,12 +202,12 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
     ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
     ckpts = _keep.CheckpointDir(cfg, ctx, session) if ckpt else None  # See [Note: Keeping the last K]
     if ckpt:
-        _clean_stale(cfg, ctx)
+        clean_stale(cfg, ctx)
     from .config import resume_target
 
     source = resume_target(cfg)
     if source is not None:
-        _resume(cfg, ctx, session, source)
+        resume(cfg, ctx, session, source)
         if ckpts is not None and session.step and os.path.realpath(source) == os.path.realpath(ckpt):
             ckpts.saved_step = session.step
     start = session.step
@@ -289,7 +218,7 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
     out = guarded(ctx.comm, f"out_dir={cfg.out_dir!r}", lambda: Output(cfg, ctx, start))
     first = last = None
     stop = stop if stop is not None else StopRequest().install()  # See [Note: Stopping on a signal] in runtime.py
-    stop.last_words = lambda: _saved(ckpts)
+    stop.last_words = lambda: saved_words(ckpts)
     try:
         while session.step < cfg.steps:
             rec = session.train_step()
@@ -313,7 +242,7 @@ def train(cfg, *, crash_after=None, stop=None) -> int:
                 ckpts.finish()  # every rank's background save has committed: link and prune now
             if got and done < cfg.steps:
                 stop.settle()
-                return _stop(cfg, ctx, session, out, ckpts, got, stop)
+                return stop_job(cfg, ctx, session, out, ckpts, got, stop)
         if ckpts is not None:
             ckpts.save(final=True)
         stop.settle()  # trained: a late stop signal (Slurm's warning) must not kill the ranks as they exit
@@ -335,35 +264,6 @@ def _untouched(cfg) -> str:
     if os.path.lexists(latest):
         return f"checkpoint {latest} is as this run found it: rerun with --resume to continue from it"
     return f"no checkpoint saved in {cfg.checkpoint_dir} yet: a rerun starts from step 0"
-
-
-def _saved(ckpts) -> str:
-    """What a rerun can continue from, in words (no communication)."""
-    if ckpts is None:
-        return "nothing saved (no --checkpoint-dir): a rerun starts from step 0"
-    return ckpts.describe()
-
-
-def _stop(cfg, ctx, session, out, ckpts, sig, stop, finalize: bool = True) -> int:
-    """Every rank got here at the same step: save, say so once, leave MPI cleanly, exit STOPPED_EXIT (SIGTERM,
-    SIGUSR1) or INTERRUPTED_EXIT (SIGINT, never requeued); see [Note: Ctrl-C] in runtime.py."""
-    import signal
-
-    name = signal.Signals(sig).name
-    code = stop_exit_status(sig)
-    if ckpts is not None:
-        ckpts.save(final=True)
-    out.close()
-    stop.last_words = None  # said below: a second Ctrl-C from here on adds no line
-    if ctx.rank == 0:
-        print(f"{name}: stopped after step {session.step}/{cfg.steps}; {_saved(ckpts)}; exit {code}", flush=True)
-        if cfg.requeue and code == STOPPED_EXIT:
-            print(requeue_slurm_job(), flush=True)
-    ctx.comm.Barrier()  # no rank exits (and so has mpiexec end the others) before rank 0 has said it
-    MPI = sys.modules.get("mpi4py.MPI")
-    if finalize and MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
-        MPI.Finalize()
-    return code
 
 
 def _crash(ctx, out, step):
