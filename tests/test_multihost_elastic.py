@@ -39,12 +39,11 @@ def test_a_rank_then_a_host_lost_across_hosts(cluster, ompi_python, tmp_path, st
     _, ref, _ = _run(cluster, tmp_path / "ref", strategy)
     res, got, events = _run(cluster, tmp_path / "killed", strategy, kills=[(3, ("rank", 0)), (7, ("host", 2))])
     assert [r["step"] for r in got] == list(range(1, 13)), [r["step"] for r in got]  # each step once
-    assert [r["world_size"] for r in got][:3] == [6] * 3 and got[-1]["world_size"] == 3
+    # a rank killed right after step 3 was logged may take that step's copy (or, HYBRID_SHARD, the survivors'
+    # own images, whose state dict is collective) with it: step 3 is then done again on 5 ranks
+    assert [r["world_size"] for r in got][:2] == [6] * 2 and got[-1]["world_size"] == 3
     assert [e["world_size"] for e in events] == [5, 3], events
-    if strategy == "HYBRID_SHARD":  # the replicas hold every shard: no step redone
-        assert all(e["failed_at_step"] == e["step"] for e in events), events
-    else:  # partner copies every step: at most one step back
-        assert all(e["failed_at_step"] - e["step"] <= 1 for e in events), events
+    assert all(e["failed_at_step"] - e["step"] <= 1 for e in events), events  # images every step: one back at most
     for a, b in zip(ref, got):
         if b["world_size"] == 6:
             assert a["loss"] == b["loss"], (a, b)  # bit for bit while the world is unchanged

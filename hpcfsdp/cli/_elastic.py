@@ -300,6 +300,8 @@ def _recover(cfg, run, exc):
     images = run.copies.images()
     old_world = run.ctx.world
     rec = elastic.recover(exc, min_ranks=cfg.min_ranks)
+    if not rec.lost:  # an MPI error that was no lost rank (every rank took part in the shrink): it ends the job
+        raise exc
     new = _Run(cfg, global_batch=run.session.sampler.global_batch)
     try:
         step = _restore(new, images)
