@@ -135,12 +135,10 @@ def run_job(out_dir: str, *, ranks: int, per_host: int, strategy: str, steps: in
                 rc = "timeout"
             elif _rank_pids(proc.pid):
                 gone, seen = None, True
-            elif not seen:
-                pass
-            elif gone is None:
-                gone = time.time()
-            elif time.time() - gone > MPIRUN_GRACE:
-                rc, hung = "mpirun-hung", True
+            elif seen:  # every rank gone (after at least one was seen): mpirun has MPIRUN_GRACE to follow
+                gone = gone or time.time()
+                if time.time() - gone > MPIRUN_GRACE:
+                    rc, hung = "mpirun-hung", True
             time.sleep(0.1)
         if not isinstance(rc, int):  # the whole tree goes
             os.killpg(proc.pid, signal.SIGKILL)

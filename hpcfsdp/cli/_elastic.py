@@ -175,9 +175,7 @@ def _restore(run, images) -> int:
     """Fill the new run's model, optimizer and sampler from the survivors' images; return the step."""
     from hpcfsdp.distributed import elastic
 
-    state = run.session.state_dict()
-    for key in ("tokenizer", "model_config", "hf_config"):
-        del state[key]
+    state = run.session.state_to_fill()
     step = elastic.restore(state, images, run.ctx.comm)
     if step is None:  # lost before the first copy: the first step again, from the seed's initial state
         return run.session.step

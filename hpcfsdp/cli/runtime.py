@@ -419,9 +419,7 @@ class Session:
     def load(self, path):
         from hpcfsdp.distributed import checkpoint as dcp
 
-        state = self.state_dict()
-        for key in ("tokenizer", "model_config", "hf_config"):  # this run's own (checked against the checkpoint's)
-            del state[key]
+        state = self.state_to_fill()
         residual = state.pop("residual", None)
         dcp.load(state, checkpoint_id=path)
         if residual is not None:  # a checkpoint of an unquantized run owes nothing
@@ -429,6 +427,13 @@ class Session:
             dcp.load(kept, checkpoint_id=path, strict=False)  # what it lacks stays zero
             state["residual"] = kept["residual"]
         self.apply_state(state)
+
+    def state_to_fill(self):
+        """``state_dict()`` without what stays this run's own (checked against a checkpoint's, never loaded)."""
+        state = self.state_dict()
+        for key in ("tokenizer", "model_config", "hf_config"):
+            del state[key]
+        return state
 
     def apply_state(self, state):
         """Set model, optimizer, residual, sampler and step from a filled ``state_dict()``."""
