@@ -91,9 +91,14 @@ def test_bench_compare_quick_fsdp_overhead_regression(tmp_path):
     summaries = []
     for attempt in range(2):
         js = tmp_path / f"cmp{attempt}.json"
-        _run(HP + ["bench", "compare", "--quick", "--json", str(js)], timeout=400)
+        out = subprocess.run(HP + ["bench", "compare", "--quick", "--json", str(js)], capture_output=True, text=True,
+                             timeout=400, env=ENV)
+        assert js.exists(), out.stdout[-2000:] + out.stderr[-3000:]
         summaries.append(json.loads(js.read_text()))
-        if 0 < summaries[-1]["hp_ratio"] <= 1.5:
+        over = summaries[-1]["hp_ratio"] > 1.5  # the command's own verdict: exit 1 and a line saying so
+        assert out.returncode == int(over), out.stdout[-2000:] + out.stderr[-3000:]
+        assert ("exceeds 1.5" in out.stderr) == over, out.stderr[-2000:]
+        if not over:
             break
     assert 0 < min(s["hp_ratio"] for s in summaries) <= 1.5, summaries
 

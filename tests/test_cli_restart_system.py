@@ -93,7 +93,7 @@ def _kill_when_trained(proc, metrics, mark, victim, nranks, after=4, limit=60):
 
 
 def _check_resumed(out, rc, metrics, seen, world, wall):
-    """The job ended 0 at STEPS, resumed once at a step >= ``seen`` on ``world`` ranks; each step after the resume
+    """The job ended 0 at STEPS, resumed once at a step >= ``seen`` - 1 on ``world`` ranks; each step after the resume
     point logged once; returns the efficiency."""
     assert rc == 0, out[-4000:]
     m = re.search(r"hpcfsdp launch: restart 1/2: (?:lost rank \d+|mpiexec lost a host).*; restarting on (\d+) rank\(s\).*, resuming from "
@@ -101,7 +101,9 @@ def _check_resumed(out, rc, metrics, seen, world, wall):
     assert m, out[-4000:]
     assert int(m[1]) == world
     resumed = int(m[2])
-    assert resumed >= seen, (resumed, seen)  # every step whose record was logged had been checkpointed
+    # a step is logged, then saved (train.py: a saved step always has its record), so a kill between the two
+    # resumes one step before the last record seen; the trimmed log then holds each later step once
+    assert resumed >= seen - 1, (resumed, seen)
     assert f"resumed from {os.path.dirname(metrics)}/ck/latest at step {resumed}" in out
     assert re.search(rf"over steps {resumed + 1}\.\.{STEPS}; ", out), out[-2000:]
     recs = _records(metrics)

@@ -497,7 +497,7 @@ def add_compare_parser(subparsers):
     p.add_argument("--peer-script", default=None,
                    help="path of torch_fsdp2_bench.py (default: benchmarks/peer/ of the source tree)")
     p.add_argument("--quick", action="store_true",
-                   help="small model, one round (CI regression check: fails if the FSDP overhead exceeds --max-ratio)")
+                   help="small model, three A/B rounds of 6 steps (CI regression check: fails if the FSDP overhead exceeds --max-ratio)")
     p.add_argument("--max-ratio", type=float, default=1.5)
     p.add_argument("--json", default=None, help="write the summary JSON here")
     p.set_defaults(func=run_compare)
@@ -547,7 +547,7 @@ def _torch_cmd(args, mode, out_json):
 def run_compare(args) -> int:
     if args.quick:
         args.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd = 1024, 64, 4, 4, 128
-        args.batch_size, args.repeats, args.warmup, args.steps = 4, 1, 1, 3
+        args.batch_size, args.repeats, args.warmup, args.steps = 4, 3, 2, 6
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                HPCFSDP_PROGRESS="0")
     launch = [sys.executable, "-m", "hpcfsdp.cli.main", "launch", "-n", str(args.nprocs), "--"]
