@@ -61,8 +61,11 @@ def _parents() -> dict:
     return out
 
 
-def _rank_pids(root: int) -> dict:
-    """OMPI_COMM_WORLD_RANK -> pid of the `hpcfsdp train` ranks below process ``root``."""
+ENTRY = ("-m", "hpcfsdp.cli.main")  # how each rank starts `hpcfsdp train`
+
+
+def _rank_pids(root: int, entry=ENTRY) -> dict:
+    """OMPI_COMM_WORLD_RANK -> pid of the `hpcfsdp train` ranks (started by ``entry``) below process ``root``."""
     parents, pids = _parents(), {}
     for pid in parents:
         up = pid
@@ -77,7 +80,7 @@ def _rank_pids(root: int) -> dict:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if b"hpcfsdp.cli.main" in cmd and b"train" in cmd and b"hpcfsdp.cli.rankwrap" not in cmd:  # the rank itself
+        if entry[-1].encode() in cmd and b"train" in cmd and b"hpcfsdp.cli.rankwrap" not in cmd:  # the rank itself
             for kv in env:
                 if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
                     pids[int(kv.split(b"=", 1)[1])] = pid
@@ -97,14 +100,15 @@ def _last_step(out_dir: str) -> int:
 
 
 def run_job(out_dir: str, *, ranks: int, per_host: int, strategy: str, steps: int, kills=(), extra=(),
-            python: str | None = None, limit: float = 300.0) -> dict:
-    """Run the job with its kills; return rc, wall time, kill times, the metrics records and the output."""
+            python: str | None = None, limit: float = 300.0, entry=ENTRY) -> dict:
+    """Run the job with its kills; return rc, wall time, kill times, the metrics records and the output.
+    ``entry``: what follows the Python on each rank's command line before `train` (a test's driver script)."""
     py = ompi_python(python)
     mpirun = os.path.join(os.path.dirname(py), "mpirun")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                HPCFSDP_RANKS_PER_NODE=str(per_host))
     mesh = ["--mesh", f"{ranks // per_host}x{per_host}"] if strategy == "HYBRID_SHARD" else []
-    cmd = [mpirun, "--with-ft", "ulfm", "--oversubscribe", "-n", str(ranks), py, "-m", "hpcfsdp.cli.main", "train",
+    cmd = [mpirun, "--with-ft", "ulfm", "--oversubscribe", "-n", str(ranks), py, *entry, "train",
            "--elastic", *MODEL, "--steps", str(steps), "--strategy", strategy, *mesh, "--out-dir", out_dir,
            *extra]
     t0 = time.time()
@@ -121,7 +125,7 @@ def run_job(out_dir: str, *, ranks: int, per_host: int, strategy: str, steps: in
                         kind == "s" and started is not None and time.time() - started >= at):
                     break
                 time.sleep(0.02)
-            pids = _rank_pids(proc.pid)
+            pids = _rank_pids(proc.pid, entry)
             for r in who:
                 if r in pids:
                     os.kill(pids[r], signal.SIGKILL)
@@ -133,7 +137,7 @@ def run_job(out_dir: str, *, ranks: int, per_host: int, strategy: str, steps: in
                 break
             if time.time() - t0 > limit:
                 rc = "timeout"
-            elif _rank_pids(proc.pid):
+            elif _rank_pids(proc.pid, entry):
                 gone, seen = None, True
             elif seen:  # every rank gone (after at least one was seen): mpirun has MPIRUN_GRACE to follow
                 gone = gone or time.time()

@@ -93,3 +93,20 @@ def test_fewer_survivors_than_min_ranks_stop_with_one_line_and_the_checkpoint(tm
     assert len(lines) == 1 and "fewer than min_ranks=4" in lines[0] and "checkpoint" in lines[0], res["output"]
     assert "MPI_Abort" not in res["output"] and "Traceback" not in res["output"]
     assert (ck / "latest").exists()
+
+
+@pytest.mark.system
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("victim", [0, 3])
+def test_hybrid_shard_loses_no_step_to_a_rank_lost_right_after_its_commit(tmp_path, victim):
+    """The victim dies right after it (and so every survivor) committed step 5: the survivors' images of step
+    5 come before anything that can fail, so they go on from step 5 with its record (rank 0's lost with it
+    when the victim is rank 0) and do no step again."""
+    kw = dict(ranks=4, strategy="HYBRID_SHARD", steps=8)
+    ref = _job(tmp_path, "ref", **kw)
+    res = _job(tmp_path, "killed", entry=(os.path.join(ROOT, "tests", "_elastic_commit_job.py"), str(victim), "5"),
+               **kw)
+    summ = _check_against(ref, res, steps=8, worlds=[4, 3], max_redone=0)
+    rec = summ["recoveries"][0]
+    assert (rec["failed_at_step"], rec["step"], rec["lost_ranks"]) == (5, 5, [victim]), rec
+    assert [w for s, w in _losses(res) if s == 5] == [4], _losses(res)  # step 5 logged once, as done at 4 ranks

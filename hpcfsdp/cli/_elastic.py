@@ -16,6 +16,14 @@ at most batch_size; each micro-batch's loss is weighted by its share of the glob
 and the logged loss are those of the whole batch and the curve goes on as if nothing happened (only the
 reduction order, and with dropout the masks, change). HYBRID_SHARD's mesh after a loss: shard groups of
 the largest size that divides every host's rank count (a host with one rank left makes it 1: replicas).
+
+[Note: No committed step lost]
+HYBRID_SHARD takes each rank's image of a step right after the step, before anything else can communicate
+(the image is local: ElasticSession.image_state), so a loss after the commit never costs the step: every
+survivor committed it and imaged it. Its record may then be missing from the log (the loss struck the
+record's gather, which may even return on some survivors, or the rank 0 that wrote it): whenever the restore
+lands on the step a survivor last committed, the new rank 0 writes that step's record, in place of any the old
+one wrote. FULL_SHARD's partner copy is collective, so it comes after the record.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from collections import Counter
 
 import numpy as np
 
+from ._metrics import check_metrics, trim_metrics
 from .rankwrap import report_status
 from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed, stop_job
 
@@ -124,6 +133,16 @@ class ElasticSession(Session):
                 "tokens_per_s": g * cfg.block_size / dt, "step_time_s": dt, "comm_time_s": exposed_comm_seconds()}
 
 
+    def image_state(self) -> dict:
+        """What a memory image holds: the checkpoint's state (model and optimizer shards as DTensors, step,
+        sampler), taken from this rank alone (no communication, so a loss cannot stop it halfway)."""
+        from hpcfsdp.distributed import checkpoint as dcp
+        from hpcfsdp.distributed.checkpoint.state_dict import local_optimizer_state_dict
+
+        return {"model": dcp.get_model_state_dict(self.model), "optim": local_optimizer_state_dict(self.model, self.optim),
+                "step": self.step, "sampler": self.sampler.state_dict()}
+
+
 def _for_world(cfg):
     """``cfg`` with HYBRID_SHARD's mesh for the current world (collective). See [Note: Elastic training]."""
     if cfg.strategy not in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
@@ -155,6 +174,7 @@ class _Run:
         g = global_batch or cfg.batch_size * cfg.grad_accum * self.ctx.data_world
         self.session = ElasticSession(self.cfg, self.ctx, g)
         replicated = self.cfg.strategy in _REPLICATED  # an image of its own each step, sent nowhere
+        self.replicated = replicated
         self.copies = elastic.PartnerCopies(1 if replicated else self.cfg.memory_checkpoint_interval,
                                             send=not replicated)
         MPI = get_mpi()  # who each rank is in the launcher's numbering, and where (for the recovery's line)
@@ -167,7 +187,7 @@ class _Run:
         """Copies of the state at ``step`` and the output from there (collective)."""
         self.copies.setup()
         if self.copies.interval and step > 0:  # (at step 0 the state is the seed's: a state dict now would
-            self.copies.save(self.session.state_dict(), step)  # create the optimizer's, changing its steps)
+            self.copies.save(self.session.image_state(), step)  # create the optimizer's, changing its steps)
         self.out = Output(self.cfg, self.ctx, step)
 
 
@@ -206,6 +226,7 @@ def train_elastic(cfg, *, stop=None) -> int:
     stop.last_words = lambda: run.ckpts.describe() if run.ckpts is not None else "nothing saved"
     first = last = None
     losses = 0
+    committed = None  # the record of the last step this rank committed: See [Note: No committed step lost]
     try:
         while run.session.step < cfg.steps:
             try:
@@ -213,16 +234,19 @@ def train_elastic(cfg, *, stop=None) -> int:
                 done = rec["step"]
                 first = rec["loss"] if first is None else first
                 last = rec["loss"]
-                # logged before it is copied or saved: a step restored from a copy has its record (a record of a
-                # step done again is trimmed by the new log, see Output)
+                committed = rec
+                if run.replicated:  # the image first (local): the step is kept whatever fails next
+                    run.copies.save(run.session.image_state(), done)
                 if run.copies.stall_s:
                     rec["memory_copy_s"] = run.copies.stall_s[-1]  # what the last copy made its step wait
                 rec["memory_copy_bytes"] = run.copies.memory_bytes()  # this rank's images, its own and held
                 if done % cfg.log_interval == 0 or done == cfg.steps or done == start + 1:
                     peaks = gather_peaks(run.ctx)
                     run.out.log_step({**rec, "peak_mem_bytes": peaks, "world_size": run.ctx.world}, peaks)
-                if run.copies.due(done):
-                    run.copies.save(run.session.state_dict(), done)
+                # a partner copy is collective: after the log, so a step restored from a copy has its record (a
+                # record of a step done again is trimmed by the new log, see Output)
+                if not run.replicated and run.copies.due(done):
+                    run.copies.save(run.session.image_state(), done)
                 if run.ckpt and cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 and done < cfg.steps:
                     run.ckpts.save()  # synchronous (elastic refuses async_checkpoint): none is in flight at a loss
                 if cfg.eval_interval and (done % cfg.eval_interval == 0 or done == cfg.steps):
@@ -240,7 +264,7 @@ def train_elastic(cfg, *, stop=None) -> int:
                     raise
                 losses += 1
                 try:
-                    run = _recover(cfg, run, e)
+                    run = _recover(cfg, run, e, committed)
                 except (elastic.ProcessFailure, elastic.StateLost) as err:
                     return _leave(_give_up(run, err))
         if run.ckpts is not None:
@@ -286,8 +310,9 @@ def _give_up(run, err) -> int:
     return 1
 
 
-def _recover(cfg, run, exc):
-    """The survivors' way on after a lost rank: See [Note: Elastic training]."""
+def _recover(cfg, run, exc, committed=None):
+    """The survivors' way on after a lost rank: See [Note: Elastic training]. ``committed``: the record of the
+    last step this rank committed (See [Note: No committed step lost])."""
     from hpcfsdp.distributed import elastic
 
     t0 = time.perf_counter()
@@ -306,7 +331,13 @@ def _recover(cfg, run, exc):
     except elastic.StateLost as e:
         e.new_rank = new.ctx.rank
         raise
+    again = committed is not None and committed["step"] == step and new.ctx.rank == 0
+    if again and "jsonl" in check_metrics(cfg.metrics):
+        trim_metrics(cfg.metrics_file(), step - 1)  # the lost rank 0 may have written it before the loss
     new.start(step)
+    if again:
+        new.out.record({**committed, "world_size": old_world})
+        new.out.say(f"step {step}/{cfg.steps}  loss {committed['loss']:.4f}  lr {committed['lr']:.2e}")
     if new.ctx.rank == 0:
         lost = [run.launched[r] for r in rec.lost]
         new.out.record({"step": step, "event": "recovered", "lost_ranks": [r for r, _ in lost],

@@ -320,6 +320,14 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None, options=None
     return _flatten_osd(merged) if o.flatten_optimizer_state_dict else merged
 
 
+def local_optimizer_state_dict(model, optim) -> dict:
+    """``get_optimizer_state_dict(model, optim)`` (SHARDED) from this rank's state alone: no rank agrees with
+    another on the state's names, so it never communicates. For a state every rank holds the same names of
+    (the optimizer has stepped): the elastic memory image (hpcfsdp.distributed.elastic)."""
+    return sdu.optim_state_dict(_root(model), optim, StateDictType.SHARDED_STATE_DICT,
+                                ShardedOptimStateDictConfig(), agree=False)
+
+
 def _split_osd(root, optim, osd, strict) -> dict:
     """The part of a (merged) name-keyed optimizer state dict that belongs to ``optim``."""
     if not isinstance(osd, dict) or _STATE not in osd or _PG not in osd:

@@ -136,13 +136,16 @@ def _agreed_state_names(root, local_names, names_in_order, merge: bool, group) -
 
 
 def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=None, group=None,
-                     use_orig_params: bool = True) -> dict:
+                     use_orig_params: bool = True, agree: bool = True) -> dict:
     """The optimizer state keyed by parameter name (FULL: gathered tensors; SHARDED: DTensors).
 
     ``params``: what the state dict's integer keys index (default: ``optim``'s parameters). ``group``: the ranks
     that agree on the parameters to convert (default: all); with a FULL ``rank0_only`` config only its rank 0
     keeps the result. ``use_orig_params``: the state names are the union over the ranks, else rank 0's (see
-    _agreed_state_names)."""
+    _agreed_state_names). ``agree=False`` (SHARDED only): this rank's own names, no communication (the elastic
+    memory image, which must not fail halfway through a step that every survivor committed)."""
+    if not agree and sd_type == StateDictType.FULL_STATE_DICT:
+        raise ValueError("a FULL optimizer state dict gathers every sharded tensor: it cannot skip the agreement")
     reshard_all(root)
     osd = osd if osd is not None else optim.state_dict()
     if not isinstance(osd, dict) or "state" not in osd:
@@ -166,7 +169,10 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=
     for n, q in root.named_parameters():
         in_order.setdefault(clean_fqn(n), (len(in_order), isinstance(q, DTensor)))
     state = {}
-    for name in _agreed_state_names(root, list(index_of), in_order, use_orig_params, group):
+    end = len(in_order)
+    names_here = (_agreed_state_names(root, list(index_of), in_order, use_orig_params, group) if agree
+                  else sorted(index_of, key=lambda n: (in_order.get(n, (end,))[0], n)))
+    for name in names_here:
         if name not in index_of:  # not sharded and not this rank's (use_orig_params: kept where it is)
             continue
         p = params[index_of[name]]
