@@ -132,7 +132,6 @@ class ElasticSession(Session):
         return {"step": self.step, "loss": float(loss_t.item()) / g, "lr": lr, "grad_norm": float(norm.item()),
                 "tokens_per_s": g * cfg.block_size / dt, "step_time_s": dt, "comm_time_s": exposed_comm_seconds()}
 
-
     def image_state(self) -> dict:
         """What a memory image holds: the checkpoint's state (model and optimizer shards as DTensors, step,
         sampler), taken from this rank alone (no communication, so a loss cannot stop it halfway)."""
@@ -331,7 +330,8 @@ def _recover(cfg, run, exc, committed=None):
     except elastic.StateLost as e:
         e.new_rank = new.ctx.rank
         raise
-    again = committed is not None and committed["step"] == step and new.ctx.rank == 0
+    again = (committed is not None and committed["step"] == step and new.ctx.rank == 0
+             and (step % cfg.log_interval == 0 or step == cfg.steps))  # a step that has a record at all
     if again and "jsonl" in check_metrics(cfg.metrics):
         trim_metrics(cfg.metrics_file(), step - 1)  # the lost rank 0 may have written it before the loss
     new.start(step)
