@@ -1,5 +1,6 @@
-"""`hpcfsdp train ARGS...` in which the rank launched as VICTIM SIGKILLs itself right after committing step STEP: the survivors committed it too, and nothing else of the step (its
-memory image, its record) has happened yet. Used by tests/test_elastic_train.py:
+"""`hpcfsdp train ARGS...` in which the rank launched as VICTIM SIGKILLs itself right after committing step
+STEP: the survivors committed it too, and nothing else of the step (its memory image, its record) has
+happened yet. Used by tests/test_elastic_train.py:
 
     mpirun --with-ft ulfm -n 4 python tests/_elastic_commit_job.py VICTIM STEP train --elastic ...
 """

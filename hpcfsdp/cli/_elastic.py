@@ -37,7 +37,6 @@ from collections import Counter
 
 import numpy as np
 
-from ._metrics import check_metrics, trim_metrics
 from .rankwrap import report_status
 from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed, stop_job
 
@@ -172,22 +171,22 @@ class _Run:
         self.ctx = Context(self.cfg)
         g = global_batch or cfg.batch_size * cfg.grad_accum * self.ctx.data_world
         self.session = ElasticSession(self.cfg, self.ctx, g)
-        replicated = self.cfg.strategy in _REPLICATED  # an image of its own each step, sent nowhere
-        self.replicated = replicated
-        self.copies = elastic.PartnerCopies(1 if replicated else self.cfg.memory_checkpoint_interval,
-                                            send=not replicated)
+        self.replicated = self.cfg.strategy in _REPLICATED  # an image of its own each step, sent nowhere
+        self.copies = elastic.PartnerCopies(1 if self.replicated else self.cfg.memory_checkpoint_interval,
+                                            send=not self.replicated)
         MPI = get_mpi()  # who each rank is in the launcher's numbering, and where (for the recovery's line)
         self.launched = self.ctx.comm.allgather((MPI.COMM_WORLD.Get_rank(), MPI.Get_processor_name()))
         self.ckpt = os.path.join(cfg.checkpoint_dir, "latest") if cfg.checkpoint_dir else None
         self.ckpts = _keep.CheckpointDir(self.cfg, self.ctx, self.session) if self.ckpt else None
         self.out = None
 
-    def start(self, step):
-        """Copies of the state at ``step`` and the output from there (collective)."""
+    def start(self, step, keep=None):
+        """Copies of the state at ``step`` and the output from there, its log kept through step ``keep``
+        (default ``step``) (collective)."""
         self.copies.setup()
         if self.copies.interval and step > 0:  # (at step 0 the state is the seed's: a state dict now would
             self.copies.save(self.session.image_state(), step)  # create the optimizer's, changing its steps)
-        self.out = Output(self.cfg, self.ctx, step)
+        self.out = Output(self.cfg, self.ctx, step, keep)
 
 
 def _restore(run, images) -> int:
@@ -332,9 +331,7 @@ def _recover(cfg, run, exc, committed=None):
         raise
     again = (committed is not None and committed["step"] == step and new.ctx.rank == 0
              and (step % cfg.log_interval == 0 or step == cfg.steps))  # a step that has a record at all
-    if again and "jsonl" in check_metrics(cfg.metrics):
-        trim_metrics(cfg.metrics_file(), step - 1)  # the lost rank 0 may have written it before the loss
-    new.start(step)
+    new.start(step, keep=step - 1 if again else None)  # (the lost rank 0 may have written it before the loss)
     if again:
         new.out.record({**committed, "world_size": old_world})
         new.out.say(f"step {step}/{cfg.steps}  loss {committed['loss']:.4f}  lr {committed['lr']:.2e}")

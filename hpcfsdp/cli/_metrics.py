@@ -68,7 +68,7 @@ def scalars(rec) -> dict:
 class Sinks:
     """The sinks of one run on rank 0: record(rec) writes a record to each, close() ends them."""
 
-    def __init__(self, cfg, start):
+    def __init__(self, cfg, start, keep=None):
         self.names = check_metrics(cfg.metrics)
         self.jsonl = self.tb = self.wandb = None
         self.where = []
@@ -77,14 +77,15 @@ class Sinks:
                 path = cfg.metrics_file()
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
                 if start:
-                    trim_metrics(path, start)
+                    trim_metrics(path, start if keep is None else keep)
                 self.jsonl = open(path, "a" if start else "w")
                 self.where.append(path)
             if "tensorboard" in self.names:
                 from hpcfsdp.utils.tensorboard import SummaryWriter
 
                 logdir = os.path.join(cfg.out_dir, "tensorboard")
-                self.tb = SummaryWriter(logdir, purge_step=start + 1 if start else None, flush_secs=30)
+                purge = (start if keep is None else keep) + 1 if start else None
+                self.tb = SummaryWriter(logdir, purge_step=purge, flush_secs=30)
                 self.where.append(f"tensorboard --logdir {logdir}")
             if "wandb" in self.names:
                 import wandb

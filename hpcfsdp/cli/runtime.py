@@ -526,7 +526,8 @@ class Session:
 class Output:
     """Rank 0's metrics sinks (--metrics), progress bar and lines; a no-op on the other ranks."""
 
-    def __init__(self, cfg, ctx, start):
+    def __init__(self, cfg, ctx, start, keep=None):
+        """``keep``: the last step whose records the log keeps (default ``start``; a resume drops the later ones)."""
         self.cfg, self.ctx = cfg, ctx
         self.metrics = self.bar = None
         self.where = "none"  # where the metrics go (rank 0), for the run's last line
@@ -539,7 +540,7 @@ class Output:
         os.makedirs(cfg.out_dir, exist_ok=True)
         with open(os.path.join(cfg.out_dir, "config.toml"), "w") as f:
             f.write(cfg.to_toml())
-        self.metrics = Sinks(cfg, start)  # See [Note: Metrics sinks] in _metrics.py
+        self.metrics = Sinks(cfg, start, keep)  # See [Note: Metrics sinks] in _metrics.py
         self.where = ", ".join(self.metrics.where) or "none"
         want_bar = _settings.get(PROGRESS_ENV) or sys.stdout.isatty()
         if want_bar and not self.quiet:

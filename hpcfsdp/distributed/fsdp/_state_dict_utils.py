@@ -131,8 +131,12 @@ def _agreed_state_names(root, local_names, names_in_order, merge: bool, group) -
     if any(missing.values()):
         raise RuntimeError(_MISSING_STATES + "".join(
             f"\nRank {r} is missing states for the parameters: {keys}" for r, keys in missing.items() if keys))
+    return _in_model_order(agreed, names_in_order)
+
+
+def _in_model_order(names, names_in_order) -> list:
     end = len(names_in_order)
-    return sorted(agreed, key=lambda n: (names_in_order.get(n, (end,))[0], n))
+    return sorted(names, key=lambda n: (names_in_order.get(n, (end,))[0], n))
 
 
 def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=None, group=None,
@@ -169,9 +173,8 @@ def optim_state_dict(root, optim, sd_type, osd_config=None, osd=None, *, params=
     for n, q in root.named_parameters():
         in_order.setdefault(clean_fqn(n), (len(in_order), isinstance(q, DTensor)))
     state = {}
-    end = len(in_order)
     names_here = (_agreed_state_names(root, list(index_of), in_order, use_orig_params, group) if agree
-                  else sorted(index_of, key=lambda n: (in_order.get(n, (end,))[0], n)))
+                  else _in_model_order(index_of, in_order))
     for name in names_here:
         if name not in index_of:  # not sharded and not this rank's (use_orig_params: kept where it is)
             continue
