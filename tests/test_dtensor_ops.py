@@ -136,6 +136,22 @@ def test_a_function_with_a_plain_first_operand_and_a_sharded_one_is_refused():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_plain_scalar_tensors_method_with_a_sharded_operand_computes_as_pytorch():
+    mesh = _mesh()
+    full = _full(0)
+    a = distribute_tensor(full, mesh, [Shard(0)])
+    two, f = hp.tensor(2.0), full.numpy()
+    cases = {"add": (two.add(a), 2 + f), "add alpha": (two.add(a, alpha=3), 2 + 3 * f), "sub": (two.sub(a), 2 - f),
+             "mul": (two.mul(a), 2 * f), "div": (two.div(a), 2 / f), "pow": (two.pow(a), 2.0 ** f),
+             "maximum": (two.maximum(a), np.maximum(2, f)), "minimum": (two.minimum(a), np.minimum(2, f))}
+    for name, (out, want) in cases.items():
+        assert isinstance(out, DTensor) and out.placements == (Shard(0),), name
+        np.testing.assert_allclose(out.full_tensor().numpy(), want, rtol=1e-12, err_msg=name)
+    with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
+        _full(1).add(a)  # a whole plain tensor beside a shard: PyTorch's error, never the shard's sum
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("pa", [Shard(0), Shard(1)])
 def test_a_replicated_operand_broadcast_against_a_sharded_one_gets_the_whole_gradient(pa):
     """b (Replicate, (6,)) meets only this rank's rows of a (Shard(0)): its local gradient is a partial sum, which

@@ -7,6 +7,7 @@ from .. import _backend, _registry
 from .._array import HALF_DTYPES, SCALAR_TYPES, dtype_category, promote_types, random_array, result_type_scalar
 from .._autocast import FP32, LOWER, autocast_op
 from .._tensor_base import TensorBase
+from ..autograd.function import DTENSOR
 from ..autograd.grad_mode import is_grad_enabled
 
 __all__ = ["FP32", "LOWER", "autocast_op", "TensorBase", "check_inplace"]
@@ -66,6 +67,12 @@ def _promote_operands(a, b, op_name):
 
 
 def _binary(op, a, b, name):
+    if type(b) is DTENSOR[0] and type(a) is not DTENSOR[0]:
+        # a plain tensor's method with a DTensor operand (``hp.tensor(2.).add(dt)``): the operand's sharding
+        # rule computes it, as ``hp.add(hp.tensor(2.), dt)`` (See [Note: Function dispatch])
+        out = _registry._FUNCTION_DISPATCH(_registry.lookup(name), (a, b), {})
+        if out is not NotImplemented:
+            return out
     a, b = _promote_operands(a, b, name)
     low = None
     if not (isinstance(a, TensorBase) and isinstance(b, TensorBase)):
