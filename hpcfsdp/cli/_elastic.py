@@ -38,7 +38,7 @@ from collections import Counter
 import numpy as np
 
 from .rankwrap import report_status
-from .runtime import Context, Output, Session, StopRequest, gather_peaks, step_seed, stop_job
+from .runtime import Context, Output, Session, StopRequest, gather_peaks, stop_job
 
 __all__ = ["GlobalSampler", "train_elastic"]
 
@@ -98,29 +98,19 @@ class ElasticSession(Session):
         import hpcfsdp.distributed as dist
         from hpcfsdp.distributed import elastic
         from hpcfsdp.distributed.fsdp import exposed_comm_seconds
-        from hpcfsdp.nn.utils import clip_grad_norm_
 
-        cfg, ctx, model = self.cfg, self.ctx, self.model
+        cfg, ctx = self.cfg, self.ctx
         world, g = ctx.data_world, self.sampler.global_batch
         chunks = np.array_split(self.sampler.indices(self.step, world, ctx.data_rank),
                                 self.sampler.micro_batches(world, cfg.batch_size))
-        if cfg.dropout > 0:
-            hp.manual_seed(step_seed(cfg.seed, self.step, ctx.data_rank))
-        model.train()
-        t0 = time.perf_counter()
-        exposed_comm_seconds(reset=True)
-        lr = cfg.lr_at(self.step)
-        for group in self.optim.param_groups:
-            group["lr"] = lr
+        t0, lr = self._begin_step()
+        batches = (ctx.train_set.get_batch(idx) for idx in chunks)
+        # each loss weighted so that the gradients' AVG is the global batch's mean
+        losses = self._forward_backward(batches, len(chunks), lambda loss, i: loss * (len(chunks[i]) * world / g))
         loss_sum = 0.0
-        for m, idx in enumerate(chunks):
-            if len(chunks) > 1:
-                model.set_requires_gradient_sync(m == len(chunks) - 1)
-            x, y = ctx.train_set.get_batch(idx)
-            _, loss = model(hp.tensor(x, device=ctx.device), hp.tensor(y, device=ctx.device))
-            (loss * (len(idx) * world / g)).backward()  # the gradients' AVG is then the global batch's mean
-            loss_sum += loss.item() * len(idx)
-        norm = clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        for v, idx in zip(losses, chunks):
+            loss_sum += v * len(idx)
+        norm = self._clip()
         loss_t = hp.tensor([loss_sum], dtype=hp.float64)
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         elastic.commit()  # every survivor applies this step, or none: See [Note: Committing a step]

@@ -449,33 +449,57 @@ class Session:
         self.step = int(state["step"])
         self._batches = None
 
+    def _begin_step(self) -> tuple[float, float]:
+        """What every step starts with: dropout's seed for this step, train mode, the exposed-comm timer reset
+        and the scheduled lr set; returns (start time, lr)."""
+        import hpcfsdp as hp
+        from hpcfsdp.distributed.fsdp import exposed_comm_seconds
+
+        if self.cfg.dropout > 0:  # See [Note: Exact resume]
+            hp.manual_seed(step_seed(self.cfg.seed, self.step, self.ctx.data_rank))
+        self.model.train()
+        t0 = time.perf_counter()
+        exposed_comm_seconds(reset=True)
+        lr = self.cfg.lr_at(self.step)
+        for g in self.optim.param_groups:
+            g["lr"] = lr
+        return t0, lr
+
+    def _forward_backward(self, batches, n: int, scale) -> list[float]:
+        """Forward and backward over ``n`` (x, y) batches, the gradients synchronised on the last only, each
+        loss scaled by ``scale(loss, i)`` before its backward; returns the unscaled losses."""
+        import hpcfsdp as hp
+
+        dev, out = self.ctx.device, []
+        for i, (x, y) in zip(range(n), batches):
+            if n > 1:
+                self.model.set_requires_gradient_sync(i == n - 1)
+            _, loss = self.model(hp.tensor(x, device=dev), hp.tensor(y, device=dev))
+            scale(loss, i).backward()
+            out.append(loss.item())
+        return out
+
+    def _clip(self):
+        from hpcfsdp.nn.utils import clip_grad_norm_
+
+        return clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+
     def train_step(self) -> dict:
         """One optimizer step; its metrics record (without peak memory)."""
         import hpcfsdp as hp
         import hpcfsdp.distributed as dist
         from hpcfsdp.distributed.fsdp import exposed_comm_seconds
-        from hpcfsdp.nn.utils import clip_grad_norm_
 
-        cfg, ctx, model = self.cfg, self.ctx, self.model
+        cfg, ctx = self.cfg, self.ctx
         if self._batches is None:
             self._batches = Batches(ctx.train_set, self.sampler, cfg.batch_size)
-        if cfg.dropout > 0:  # See [Note: Exact resume]
-            hp.manual_seed(step_seed(cfg.seed, self.step, ctx.data_rank))
-        model.train()
-        t0 = time.perf_counter()
-        exposed_comm_seconds(reset=True)
-        lr = cfg.lr_at(self.step)
-        for g in self.optim.param_groups:
-            g["lr"] = lr
+        t0, lr = self._begin_step()
+        n = cfg.grad_accum
+        losses = self._forward_backward(iter(self._batches.next, None), n, lambda loss, i: loss / n)
         loss_sum = 0.0
-        for micro in range(cfg.grad_accum):
-            if cfg.grad_accum > 1:
-                model.set_requires_gradient_sync(micro == cfg.grad_accum - 1)
-            x, y = self._batches.next()
-            _, loss = model(hp.tensor(x, device=ctx.device), hp.tensor(y, device=ctx.device))
-            (loss / cfg.grad_accum).backward()
-            loss_sum += loss.item() / cfg.grad_accum
-        norm = clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        for v in losses:
+            loss_sum += v / n
+        norm = self._clip()
         self.optim.step()
         self.optim.zero_grad()
         loss_t = hp.tensor([loss_sum], dtype=hp.float64)
