@@ -1,7 +1,7 @@
 """Training efficiency of `hpcfsdp launch --max-restarts` when ranks are killed: summed step time over wall time.
 
     python scripts/bench_restart.py [--ranks 4] [--steps 200] [--kill-at 80] [--no-kill]
-    python scripts/bench_restart.py --ranks 6 --steps 240 --kill 60s:1 --kill 120s:4 --kill 180s:2 \
+    python scripts/bench_restart.py --ranks 6 --steps 500 --kill 60s:1 --kill 120s:4 --kill 180s:2 \
         --extra "--n-layer 2 --n-embd 128 --n-head 4 --block-size 64 --batch-size 4"
 
 Runs `hpcfsdp launch -n RANKS --max-restarts K --min-ranks 2 -- hpcfsdp train` (a tiny GPT unless --extra
