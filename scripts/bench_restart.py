@@ -72,11 +72,11 @@ def _schedule(a):
 
 def _kill_when_due(schedule, metrics, mark, expected, t_first, kills):
     """SIGKILL the next scheduled rank once it is due and the job running now has all ``expected`` ranks and
-    has logged a step since the last kill; return the new t_first and whether a kill happened."""
+    has logged a step since the last kill (appended to ``kills``); returns t_first, set at the first step."""
     every = _records(metrics)
     recs = [r for r in every if "loss" in r]
     if not recs:
-        return t_first, False
+        return t_first
     t_first = t_first if t_first is not None else time.monotonic()
     kind, at, rank = schedule[len(kills)]
     due = (time.monotonic() - t_first >= at) if kind == "s" else recs[-1]["step"] >= at
@@ -84,12 +84,12 @@ def _kill_when_due(schedule, metrics, mark, expected, t_first, kills):
     fresh = len(starts) == len(kills) + 1 and "loss" in every[-1] and starts[-1] < len(every) - 1
     ranks = _ranks(mark)
     if not (due and fresh and len(ranks) == expected):
-        return t_first, False
+        return t_first
     victim = min(rank, expected - 1)
     os.kill(ranks[victim], signal.SIGKILL)
     kills.append({"t_s": round(time.monotonic() - t_first, 1), "rank": victim, "world": expected,
                   "after_step": recs[-1]["step"]})
-    return t_first, True
+    return t_first
 
 
 def main():
@@ -113,7 +113,7 @@ def main():
                                 cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         kills, t_first = [], None
         while len(kills) < len(schedule) and proc.poll() is None:
-            t_first, _ = _kill_when_due(schedule, metrics, d, a.ranks - len(kills), t_first, kills)
+            t_first = _kill_when_due(schedule, metrics, d, a.ranks - len(kills), t_first, kills)
             time.sleep(0.1)
         out = proc.communicate()[0]
         wall = time.monotonic() - t0

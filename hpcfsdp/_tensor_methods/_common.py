@@ -70,9 +70,7 @@ def _binary(op, a, b, name):
     if type(b) is DTENSOR[0] and type(a) is not DTENSOR[0]:
         # a plain tensor's method with a DTensor operand (``hp.tensor(2.).add(dt)``): the operand's sharding
         # rule computes it, as ``hp.add(hp.tensor(2.), dt)`` (See [Note: Function dispatch])
-        out = _registry._FUNCTION_DISPATCH(_registry.lookup(name), (a, b), {})
-        if out is not NotImplemented:
-            return out
+        return _registry._FUNCTION_DISPATCH(_registry.lookup(name), (a, b), {})
     a, b = _promote_operands(a, b, name)
     low = None
     if not (isinstance(a, TensorBase) and isinstance(b, TensorBase)):

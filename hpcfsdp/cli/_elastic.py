@@ -107,9 +107,7 @@ class ElasticSession(Session):
         batches = (ctx.train_set.get_batch(idx) for idx in chunks)
         # each loss weighted so that the gradients' AVG is the global batch's mean
         losses = self._forward_backward(batches, len(chunks), lambda loss, i: loss * (len(chunks[i]) * world / g))
-        loss_sum = 0.0
-        for v, idx in zip(losses, chunks):
-            loss_sum += v * len(idx)
+        loss_sum = sum(v * len(idx) for v, idx in zip(losses, chunks))
         norm = self._clip()
         loss_t = hp.tensor([loss_sum], dtype=hp.float64)
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)

@@ -496,9 +496,7 @@ class Session:
         t0, lr = self._begin_step()
         n = cfg.grad_accum
         losses = self._forward_backward(iter(self._batches.next, None), n, lambda loss, i: loss / n)
-        loss_sum = 0.0
-        for v in losses:
-            loss_sum += v / n
+        loss_sum = sum(v / n for v in losses)
         norm = self._clip()
         self.optim.step()
         self.optim.zero_grad()
