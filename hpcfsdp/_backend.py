@@ -469,9 +469,15 @@ def _probe_bfloat16(cp):
     return True, ""
 
 
+HOST_READ_CHECKS: list = []  # run before a device array is read to the host (hpcfsdp._kernels.checks registers)
+
+
 def to_numpy(a):
-    """Host ndarray for any backend array (copy for CuPy, identity for NumPy)."""
+    """Host ndarray for any backend array (copy for CuPy, identity for NumPy); first raises any deferred device check
+    (See [Note: Deferred device checks] in hpcfsdp/_kernels/checks.py)."""
     if is_cupy_array(a):
+        for check in HOST_READ_CHECKS:
+            check()
         return a.get()
     return a
 

@@ -102,6 +102,10 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
         dtype = float32 if builtins.any(isinstance(v, float) for v in vals) else int64
     dt = _backend.to_dtype(dtype)
     dev = _backend.to_device(device)
+    if dev.type == "cuda" and dt.kind in "iu" and builtins.all(isinstance(v, int) for v in vals):
+        # integers are exact on the device: a kernel, not an upload that waits for the host (positions in a step)
+        xp = _backend.array_module(dev)
+        return Tensor._wrap(xp.arange(*vals, dtype=np.int64).astype(dt, copy=False), requires_grad)
     a = np.arange(*vals, dtype=np.float64 if dt.kind == "f" else np.int64)
     if dev.type == "meta":
         return Tensor._wrap(_backend.meta_array(a.shape, dt))

@@ -111,6 +111,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the watchdog; init_process_group(timeout=) overrides it"),
     Setting("HPCFSDP_DEBUG", parse_bool, False,
             "before each collective, ranks check they call the same one with the same sizes (slow; for debugging)"),
+    Setting("HPCFSDP_FUSED_KERNELS", parse_bool, True,
+            "on CuPy arrays, run the fused CUDA kernels of hpcfsdp/_kernels (0: the unfused CuPy ops, to bisect a "
+            "suspected kernel fault or to measure what the kernels save)"),
+    Setting("HPCFSDP_DEBUG_SYNC_CHECKS", parse_bool, False,
+            "check device inputs eagerly: a cross_entropy target out of range raises at the op (reading a device "
+            "flag, a host synchronisation) instead of at the next host read (item(), tolist(), cpu())"),
     Setting("HPCFSDP_CHECK_FINITE", parse_bool, False,
             "fail on the first NaN/Inf in a reduced gradient, naming the parameter, the ranks and the step; the "
             "ranks agree, so every rank raises the same FloatingPointError at the end of backward"),

@@ -1,11 +1,11 @@
-"""Quantize / dequantize throughput of the block kernels (hpcfsdp/distributed/_quantize.py) on this machine:
+"""Quantize / dequantize throughput of the block kernels (hpcfsdp/_kernels/quantize.py) on this machine:
 `python scripts/bench_quantize.py [--elements N] [--block B]`; milliseconds per call and GB/s of float32 input."""
 import argparse
 import time
 
 import numpy as np
 
-from hpcfsdp.distributed import _quantize as Q
+from hpcfsdp._kernels import quantize as Q
 
 
 def main() -> None:

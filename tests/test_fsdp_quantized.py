@@ -8,7 +8,7 @@ import pytest
 import hpcfsdp as hp
 import hpcfsdp.distributed as dist
 from hpcfsdp import nn
-from hpcfsdp.distributed import _quantize as Q
+from hpcfsdp._kernels import quantize as Q
 from hpcfsdp.distributed.fsdp import QuantizedAllGather, QuantizedReduceScatter, fully_shard
 from hpcfsdp.distributed.process_group import ReduceOp, collective_bytes, reset_collective_counts
 

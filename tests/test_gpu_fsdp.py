@@ -4,6 +4,8 @@ custom collectives, prefetch, and the CUDA-aware and staged MPI paths. One GPU p
 On the simulated device (HPCFSDP_CUDA_SIM=1) every kernel, copy and MPI call is checked against CUDA's
 ordering and device rules, so a missing synchronisation fails these tests with the stack of the write.
 """
+import contextlib
+
 import numpy as np
 import pytest
 from _fsdp_util import full, global_mean, gpt_batches, local, tiny_gpt, world
@@ -180,3 +182,31 @@ def test_hsdp_2x2_matches_cpu(mpi_path, rank_gpu):
     cuda = _train(rank_gpu, mesh=init_device_mesh("cuda", (2, 2), mesh_dim_names=("replicate", "shard")))
     cpu = _train("cpu", mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
     _compare(cuda, cpu, 1e-4, 1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_clip_grad_norm_of_sharded_gradients_equals_cpu_and_syncs_only_where_the_mpi_path_needs(mpi_path, rank_gpu):
+    """FSDP2's DTensor gradients: the partial norms are all-reduced as device arrays (DTensor's
+    __hp_reduce_norm_device__), never read back by clip_grad_norm_ itself; the clipped gradients equal the CPU's."""
+    from hpcfsdp.testing import cuda_sim
+
+    res = {}
+    for dev in ("cpu", rank_gpu):
+        model = tiny_gpt().to(dev)
+        for b in model.blocks:
+            fully_shard(b)
+        fully_shard(model)
+        (x, y), = gpt_batches(1, 4 * world()[0] + 1)
+        _, loss = model(hp.tensor(local(x), device=dev), hp.tensor(local(y), device=dev))
+        loss.backward()
+        sim = _backend.cuda_simulated() and dev != "cpu"
+        with (cuda_sim.counting() if sim else contextlib.nullcontext()) as c:
+            norm = hp.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if sim:  # the staged path copies the partial through host memory for MPI: a transfer, never a .item()
+            assert not [s for s in c.host_syncs if "clip_grad" in s[1] or "_dtensor" in s[1]], c.host_syncs
+        res[str(dev)] = (float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm),
+                         {n: full(p.grad).astype(np.float64) for n, p in model.named_parameters()})
+    (nc, gc), (ng, gg) = res.values()
+    assert ng == pytest.approx(nc, rel=1e-5) and nc > 0.05
+    for n in gc:
+        np.testing.assert_allclose(gg[n], gc[n], rtol=1e-4, atol=1e-7, err_msg=n)

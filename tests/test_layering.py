@@ -14,7 +14,9 @@ LEVELS = {
     "hpcfsdp._logging": 0,  # the hpcfsdp logger: logging and _settings only
     "hpcfsdp._trace": 0,  # the timeline recorder: _settings only; the comm layer and FSDP call it
     "hpcfsdp._array": 0,  # array and dtype helpers of the tensor core: NumPy and _backend only
-    "hpcfsdp.testing": 0,  # the simulated CUDA device: NumPy only
+    "hpcfsdp.testing": 0,  # the simulated CUDA device: NumPy only (and the fused kernels' twins)
+    "hpcfsdp._erf": 0,  # erf and the normal CDF, vectorised: NumPy only
+    "hpcfsdp._kernels": 0,  # the fused CUDA kernels, their NumPy twins and launches: _backend and _erf only
     "hpcfsdp.testing._comparison": 1,  # assert_close: compares Tensors (hpcfsdp.testing loads it lazily)
     "hpcfsdp.data": 0,
     "hpcfsdp": 1,  # `import hpcfsdp as hp`: the core Tensor API

@@ -382,3 +382,20 @@ def test_linear_embedding_and_batched_matmul_with_zero_width_pieces():
     a, b = hp.randn(2, 3, 0, requires_grad=True), hp.randn(0, 4, requires_grad=True)
     (a @ b).sum().backward()
     assert tuple(b.grad.shape) == (0, 4) and tuple(a.grad.shape) == (2, 3, 0)
+
+
+def test_tril_and_triu_are_tensor_methods_and_in_place_as_pytorch():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    t = hp.tensor(a, requires_grad=True)
+    for d in (-1, 0, 2):
+        np.testing.assert_array_equal(t.tril(d).detach().numpy(), np.tril(a, d))
+        np.testing.assert_array_equal(t.triu(diagonal=d).detach().numpy(), np.triu(a, d))
+        np.testing.assert_array_equal(hp.tril(t, d).detach().numpy(), np.tril(a, d))
+    t.tril(1).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), np.tril(np.ones_like(a), 1))
+    b = hp.tensor(a)
+    assert b.triu_(1) is b
+    np.testing.assert_array_equal(b.numpy(), np.triu(a, 1))
+    c = hp.tensor(a)
+    c.tril_()
+    np.testing.assert_array_equal(c.numpy(), np.tril(a))

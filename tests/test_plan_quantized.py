@@ -11,7 +11,7 @@ import pytest
 
 from hpcfsdp.cli import _stepmodel as sm
 from hpcfsdp.cli.config import ConfigError, TrainConfig
-from hpcfsdp.distributed import _quantize as Q
+from hpcfsdp._kernels import quantize as Q
 
 HP = [sys.executable, "-m", "hpcfsdp.cli.main"]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -1,4 +1,4 @@
-"""Block quantization for communication (hpcfsdp/distributed/_quantize.py) against float64: per-element error at
+"""Block quantization for communication (hpcfsdp/_kernels/quantize.py) against float64: per-element error at
 most half a step of its block, zeros, constant blocks, and non-finite blocks that come back NaN."""
 import math
 
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpcfsdp.distributed import _quantize as Q
+from hpcfsdp._kernels import quantize as Q
 
 KINDS = ["int8", "int4", "fp8"]
 

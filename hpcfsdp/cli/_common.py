@@ -1,8 +1,11 @@
 """What the trainer, the demo and the benchmarks share: building and sharding the GPT, memory readings."""
 
+import collections
+import contextlib
 import os
 import resource
 import sys
+import threading
 
 import hpcfsdp as hp
 from hpcfsdp import _backend
@@ -11,7 +14,8 @@ from hpcfsdp.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Sha
 from hpcfsdp.distributed.fsdp._strategy import strategy_mesh
 from hpcfsdp.models import GPT, GPTConfig
 
-__all__ = ["mp_policy_for", "build_gpt", "shard_gpt", "peak_memory_bytes", "make_optimizer", "compute_device"]
+__all__ = ["mp_policy_for", "build_gpt", "shard_gpt", "peak_memory_bytes", "make_optimizer", "compute_device",
+           "track_device_peak", "StepCounts"]
 
 
 def mp_policy_for(name: str):
@@ -33,7 +37,9 @@ def compute_device(kind: str) -> str:
 
     local = _mpi.node_layout()["local_rank"]
     cp = _backend._need_cupy()
-    return f"cuda:{local % max(1, cp.cuda.runtime.getDeviceCount())}"
+    dev = f"cuda:{local % max(1, cp.cuda.runtime.getDeviceCount())}"
+    track_device_peak(dev)
+    return dev
 
 
 def build_gpt(cfg, device: str = "cpu") -> GPT:
@@ -105,14 +111,106 @@ def make_optimizer(cfg, params):
     return hp.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def peak_memory_bytes(device: str = "cpu") -> int:
-    """Peak resident memory of this process (CPU), or the CuPy pool's bytes in use (GPU)."""
-    if device.startswith("cuda"):
-        import cupy
+# [Note: Peak device memory]
+# CuPy's MemoryPool tells the bytes in use and held now (used_bytes, total_bytes), not their peak. The bytes
+# in use rise only at an allocation, so reading used_bytes() right after each one finds the peak exactly:
+# track_device_peak wraps the current allocator with cupy.cuda.set_allocator, which sets it for every thread
+# (a cupy.cuda.MemoryHook, and cupy.cuda.using_allocator, hold for the calling thread only, and FSDP also
+# allocates on its communication thread). The simulated device keeps its pool's high-water mark itself
+# (hpcfsdp.testing.cuda_sim.device_peak_bytes).
 
-        return int(cupy.get_default_memory_pool().total_bytes())
+_PEAKS: dict = {}  # device index -> the most bytes the default pool had in use since track_device_peak
+_PEAK_LOCK = threading.Lock()
+_WRAPPED = []  # the tracking allocator, once installed
+
+
+def _index(device: str) -> int:
+    if ":" in device:
+        return int(device.split(":", 1)[1])
+    return _backend._need_cupy().cuda.runtime.getDevice()
+
+
+def track_device_peak(device: str) -> None:
+    """Measure the peak of the CuPy pool's bytes in use on ``device`` (cuda[:i]) from now on (see [Note: Peak
+    device memory]); compute_device calls it."""
+    idx = _index(device)
+    if _backend.cuda_simulated():
+        from hpcfsdp.testing import cuda_sim
+
+        cuda_sim.reset_device_peak(idx)
+        return
+    cp = _backend._need_cupy()
+    pool = cp.get_default_memory_pool()
+    with cp.cuda.Device(idx):
+        used = int(pool.used_bytes())
+    with _PEAK_LOCK:
+        _PEAKS[idx] = used
+        if _WRAPPED:
+            return
+        inner = cp.cuda.get_allocator()
+
+        def malloc(size):
+            mem = inner(size)
+            used = pool.used_bytes()  # of the current device: the one that allocated
+            if used > _PEAKS.get(mem.device_id, 0):
+                with _PEAK_LOCK:
+                    _PEAKS[mem.device_id] = max(used, _PEAKS.get(mem.device_id, 0))
+            return mem
+
+        cp.cuda.set_allocator(malloc)
+        _WRAPPED.append(malloc)
+
+
+def peak_memory_bytes(device: str = "cpu") -> int:
+    """Peak resident memory of this process (CPU), or the peak of the CuPy pool's bytes in use (GPU) since
+    track_device_peak (see [Note: Peak device memory]; untracked: the bytes the pool holds now)."""
+    if device.startswith("cuda"):
+        idx = _index(device)
+        if _backend.cuda_simulated():
+            from hpcfsdp.testing import cuda_sim
+
+            return int(cuda_sim.device_peak_bytes(idx))
+        if _WRAPPED and idx in _PEAKS:
+            return int(_PEAKS[idx])
+        cp = _backend._need_cupy()
+        with cp.cuda.Device(idx):
+            return int(cp.get_default_memory_pool().total_bytes())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class StepCounts:
+    """Kernel launches and host syncs of the steps run inside ``step()``, on the simulated device (its counters,
+    see [Note: Simulated device counts] in hpcfsdp/testing/_sim_counters.py); elsewhere there is no counter
+    without a profiler, and ``report()`` gives None for them."""
+
+    def __init__(self, device: str):
+        self.on = device.startswith("cuda") and _backend.cuda_simulated()
+        self.steps = []
+
+    @contextlib.contextmanager
+    def step(self):
+        if not self.on:
+            yield None
+            return
+        from hpcfsdp.testing.cuda_sim import counting
+
+        with counting() as c:
+            yield c
+        self.steps.append(c)
+
+    def report(self, top: int = 10) -> dict:
+        """Means per step: kernel_launches_per_step, host_syncs_per_step, host_sync_sites ({site: syncs}, the
+        ``top`` most frequent)."""
+        n = len(self.steps)
+        if not n:
+            return {"kernel_launches_per_step": None, "host_syncs_per_step": None, "host_sync_sites": None}
+        sites = collections.Counter()
+        for c in self.steps:
+            sites.update(c.sites())
+        return {"kernel_launches_per_step": sum(c.launches for c in self.steps) / n,
+                "host_syncs_per_step": sum(len(c.host_syncs) for c in self.steps) / n,
+                "host_sync_sites": {s: k / n for s, k in sites.most_common(top)}}
 
 
 def current_rss_bytes() -> int:

@@ -57,10 +57,10 @@ __all__ = ["Links", "ModelShape", "collective_times", "simulate", "predict_step"
 
 def quantized_itemsize(kind: str, block: int, full: float) -> float:
     """Bytes per element on the wire: ``full`` unquantized (``kind`` "none"), else the codes and the per-block float32
-    scales (See [Note: Quantized payloads] in distributed/_quantize.py): int8, fp8 1 + 4/block; int4 0.5 + 4/block."""
+    scales (See [Note: Quantized payloads] in hpcfsdp/_kernels/quantize.py): int8, fp8 1 + 4/block; int4 0.5 + 4/block."""
     if kind == "none":
         return full
-    from ..distributed import _quantize  # here: importing hpcfsdp.distributed reads MPI settings
+    from .._kernels import quantize as _quantize
 
     return _quantize.payload_bytes(kind, block, block) / block
 

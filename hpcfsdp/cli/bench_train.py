@@ -281,7 +281,7 @@ def bench_train(args) -> dict:
     import hpcfsdp as hp
     from hpcfsdp.distributed.fsdp import exposed_comm_seconds
 
-    from ._common import build_gpt, compute_device, make_optimizer, peak_memory_bytes, shard_gpt
+    from ._common import StepCounts, build_gpt, compute_device, make_optimizer, peak_memory_bytes, shard_gpt
 
     cfg = _config(args)
     unsharded = args.strategy == "none"
@@ -320,6 +320,7 @@ def bench_train(args) -> dict:
     optim = make_optimizer(cfg, model.parameters())
     rng = np.random.default_rng(args.seed + rank // cfg.tp)  # the tp ranks of a data-parallel rank share its batch
     times, exposed, cpu = [], [], []
+    counts = StepCounts(device)  # launches and host syncs of the measured steps (the simulated device)
     link0 = None
     for i in range(args.warmup + args.steps):
         if i == args.warmup and args.link:
@@ -332,10 +333,11 @@ def bench_train(args) -> dict:
         hp._backend.synchronize(device)
         t0, c0 = time.perf_counter(), time.process_time()
         exposed_comm_seconds(reset=True)
-        _, loss = model(x, y)
-        loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        with counts.step() if i >= args.warmup else contextlib.nullcontext():
+            _, loss = model(x, y)
+            loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
         hp._backend.synchronize(device)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         ex = exposed_comm_seconds()
@@ -385,6 +387,8 @@ def bench_train(args) -> dict:
                                   quantized_itemsize(args.quantize_grads, args.quantize_block, 4))
             res.update(link_rate_bps=rate, wire_min_bytes_per_host=wire, wire_bound_s=wire * 8 / rate)
     res.update(net)
+    if device.startswith("cuda"):  # this rank's counts; the peak of the ranks' pools
+        res.update(counts.report(), peak_device_bytes=max(peaks))
     if args.compute_only:
         def fake_step():
             _, loss = model(x, y)

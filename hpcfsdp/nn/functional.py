@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from .._array import dtype_category as _category
+from .._kernels import CTYPES, use_fused
 from .._tensor import Tensor
 from .._autocast import FP32, LOWER, autocast_op
 from ..autograd import ops
@@ -286,8 +287,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     """x / sqrt(mean(x^2 over normalized_shape) + eps) * weight; eps None = the dtype's machine epsilon.
 
-    Composed of Tensor ops (square, mean, rsqrt, mul); a fused autograd op would keep one array
-    instead of several for backward and make one pass over the data.
+    On CPU composed of Tensor ops (square, mean, rsqrt, mul); on CuPy one fused op (ops.RmsNorm: one kernel each
+    way, saving x and rstd), followed by the Tensor multiply when the weight's dtype is not the input's (the product
+    then promotes, as PyTorch's).
     """
     _float(input, "rms_norm")
     ns = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
@@ -301,6 +303,10 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
         import ml_dtypes  # finfo that knows bfloat16
 
         eps = float(ml_dtypes.finfo(input.dtype).eps)
+    if type(input) is Tensor and use_fused(input._data) and input._data.dtype in CTYPES and input.numel():
+        if weight is None or weight.dtype == input.dtype:
+            return ops.RmsNorm.apply(input, nd, weight, float(eps))
+        return ops.RmsNorm.apply(input, nd, None, float(eps)) * weight
     dims = tuple(range(input.ndim - nd, input.ndim))
     y = input * ((input * input).mean(dims, keepdim=True) + float(eps)).rsqrt()
     return y * weight if weight is not None else y

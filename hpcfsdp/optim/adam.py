@@ -1,7 +1,8 @@
 """Adam (L2 weight decay folded into the gradient) and its shared update kernel (torch.optim.Adam)."""
 import math
 
-from hpcfsdp.optim.optimizer import Optimizer, _grads_of, _step_tensor, _zeros_state
+from hpcfsdp.optim.optimizer import (Optimizer, _check_fused_flags, _fused_split, _grads_of, _step_tensor,
+                                     _table_cache, _zeros_state)
 
 __all__ = ["Adam"]
 
@@ -22,26 +23,59 @@ def _check_hparams(lr, betas, eps, weight_decay):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
-def _adam_update(opt, group, decoupled):
+def _init_state(opt, p, amsgrad):
+    state = opt.state[p]
+    if len(state) == 0:
+        state["step"] = _step_tensor(0.0)
+        state["exp_avg"] = _zeros_state(p)
+        state["exp_avg_sq"] = _zeros_state(p)
+        if amsgrad:
+            state["max_exp_avg_sq"] = _zeros_state(p)
+    return state
+
+
+def _adam_fused(opt, gi, group, decoupled, by_dtype):
+    """The fused steps (See [Note: Fused optimizer steps]): one launch per (dtype, step count) of the group, its
+    scalars computed on the host exactly as _adam_update computes them."""
+    from hpcfsdp._kernels.optim import adam_step
+
+    lr = float(group["lr"])
+    beta1, beta2 = group["betas"]
+    wd = group["weight_decay"]
+    mode = 0 if wd == 0 else 2 if decoupled else 1
+    cache = _table_cache(opt)
+    for dt, items in by_dtype.items():
+        buckets: dict = {}
+        for p, param, _, g in items:
+            state = _init_state(opt, p, False)
+            step_t = state["step"]
+            step_t._data += 1
+            if param.size:
+                cols = buckets.setdefault(float(step_t._data), ([], [], [], []))
+                for col, a in zip(cols, (param, g, state["exp_avg"]._data, state["exp_avg_sq"]._data)):
+                    col.append(a)
+        for b, (step, cols) in enumerate(sorted(buckets.items())):
+            adam_step(cache, ("adam", gi, dt.str, b), *cols, decay=1 - lr * wd, wd=wd, c1=1 - beta1, beta2=beta2,
+                      c2=1 - beta2, bc2_sqrt=math.sqrt(1 - beta2**step), eps=group["eps"],
+                      neg_step=-(lr / (1 - beta1**step)), mode=mode, maximize=group["maximize"])
+
+
+def _adam_update(opt, group, decoupled, items=None):
     """PyTorch's single-tensor Adam/AdamW kernel, on local arrays in the parameter's dtype:
 
         t += 1;  p *= 1 - lr * wd (decoupled)  or  g += wd * p (L2)
         m = lerp(m, g, 1 - b1);  v = b2 * v + (1 - b2) * g * g;  (amsgrad: vmax = max(vmax, v), use vmax)
         p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    ``items``: the (p, param, xp, g) to update (default every parameter with a gradient; g already negated).
     """
     lr = float(group["lr"])
     beta1, beta2 = group["betas"]
     eps = group["eps"]
     weight_decay = group["weight_decay"]
     amsgrad = group["amsgrad"]
-    for p, param, xp, g in _grads_of(group):
-        state = opt.state[p]
-        if len(state) == 0:
-            state["step"] = _step_tensor(0.0)
-            state["exp_avg"] = _zeros_state(p)
-            state["exp_avg_sq"] = _zeros_state(p)
-            if amsgrad:
-                state["max_exp_avg_sq"] = _zeros_state(p)
+    for p, param, xp, g in (_grads_of(group) if items is None else items):
+        state = _init_state(opt, p, amsgrad)
         exp_avg = state["exp_avg"]._data
         exp_avg_sq = state["exp_avg_sq"]._data
         step_t = state["step"]
@@ -89,6 +123,7 @@ class Adam(Optimizer):
         if capturable or differentiable:
             raise ValueError(f"{type(self).__name__}: capturable and differentiable are not supported by hpcfsdp; "
                              f"got capturable={capturable}, differentiable={differentiable}")
+        _check_fused_flags(fused, foreach)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable, differentiable=differentiable,
                         fused=fused, decoupled_weight_decay=decoupled_weight_decay)
@@ -104,6 +139,15 @@ class Adam(Optimizer):
     def step(self, closure=None):
         """One Adam update of every parameter that has a gradient; returns ``closure()``'s loss if given."""
         loss = self._run_closure(closure)
-        for group in self.param_groups:
-            _adam_update(self, group, decoupled=group.get("decoupled_weight_decay", self._decoupled))
+        for gi, group in enumerate(self.param_groups):
+            decoupled = group.get("decoupled_weight_decay", self._decoupled)
+            if group["amsgrad"]:  # not fused
+                _adam_update(self, group, decoupled)
+                continue
+            by_dtype, rest = _fused_split(group, _grads_of(group, negate=False))
+            if by_dtype:
+                _adam_fused(self, gi, group, decoupled, by_dtype)
+            if rest:
+                neg = group["maximize"]
+                _adam_update(self, group, decoupled, [(p, a, xp, -g if neg else g) for p, a, xp, g in rest])
         return loss

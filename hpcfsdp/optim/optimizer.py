@@ -37,14 +37,69 @@ def _typename(obj):
 # dtype, so float32 parameters update in float32 as PyTorch's CPU kernels do.
 
 
-def _grads_of(group):
+def _grads_of(group, negate=True):
     """(parameter, its local array, array module, gradient array) for every parameter of ``group`` that has a
-    gradient; the gradient is negated when the group maximizes."""
+    gradient; the gradient is negated when the group maximizes (and ``negate``)."""
     for p in group["params"]:
         if p.grad is None:
             continue
         g = p.grad._data
-        yield p, p._data, _backend.array_module(p._data), (-g if group["maximize"] else g)
+        yield p, p._data, _backend.array_module(p._data), (-g if negate and group["maximize"] else g)
+
+
+# [Note: Fused optimizer steps]
+# On CUDA arrays Adam, AdamW and SGD step a parameter group in one launch per dtype (hpcfsdp/_kernels/optim.py:
+# multi-tensor kernels over cached device pointer tables, See [Note: Multi-tensor pointer tables]), as PyTorch's
+# ``fused=True``; ``fused=None`` with ``foreach`` not True picks it on CUDA too. The per-step hyperparameters
+# (lr, the bias corrections of the host-side ``step``) are kernel scalars computed from Python floats: no host
+# sync. A parameter the kernel does not take (on the CPU, not C-contiguous, a gradient of another dtype or shape,
+# a dtype without a kernel) and the options it does not fuse (amsgrad) take the per-parameter path, whose math
+# the kernels repeat operation by operation. ``fused=True`` is accepted on the CPU, as in PyTorch 2.4+, and runs
+# the per-parameter path there.
+_FUSED_DEVICES = ["cuda", "cpu"]
+
+
+def _check_fused_flags(fused, foreach, differentiable=False):
+    """PyTorch's constructor checks of ``fused=True``."""
+    if fused:
+        if differentiable:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
+def _fused_split(group, items):
+    """Split ``items`` ((p, param, xp, g) of _grads_of, the gradient not yet negated for maximize) into
+    ({dtype: [items]} for the fused kernels, [items] for the per-parameter path) (See [Note: Fused optimizer
+    steps]). ``fused=True`` refuses a non-floating parameter with PyTorch's RuntimeError."""
+    from hpcfsdp._kernels._registry import CTYPES, use_fused
+
+    fused, foreach = group.get("fused"), group.get("foreach")
+    use = fused is True or (fused is None and not foreach)
+    by_dtype, rest = {}, []
+    for it in items:
+        p, param, _, g = it
+        if fused and not _backend.is_floating_dtype(param.dtype):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
+                               f"devices: {_FUSED_DEVICES} but {param.dtype} and {p.device.type}")
+        ok = (use and use_fused(param) and use_fused(g) and param.dtype in CTYPES
+              and g.dtype == param.dtype and g.shape == param.shape and param.flags.c_contiguous
+              and g.flags.c_contiguous)
+        if ok:
+            by_dtype.setdefault(param.dtype, []).append(it)
+        else:
+            rest.append(it)
+    return by_dtype, rest
+
+
+def _table_cache(opt):
+    """The optimizer's device pointer tables (never pickled or saved: __getstate__ leaves them out)."""
+    cache = opt.__dict__.get("_hp_tables")
+    if cache is None:
+        from hpcfsdp._kernels.optim import TableCache
+
+        cache = opt.__dict__["_hp_tables"] = TableCache()
+    return cache
 
 
 def _wrap_state(param, array):

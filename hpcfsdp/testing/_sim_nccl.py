@@ -210,7 +210,7 @@ class NcclCommunicator:
             if hit is not None:
                 _fail(what, f"a {view.nbytes}-byte NCCL input on cuda:{buf.dev}", hit,
                           f"{what} on stream {s.id}")
-        seq = s._enqueue()
+        seq = s._enqueue(what)  # one launch
         for _, buf in ins:
             if hasattr(buf, "read"):
                 buf.read(s, seq, what)

@@ -2,11 +2,12 @@
 carrying the accesses of other streams still pending on them (see [Note: Simulated device] in cuda_sim)."""
 from __future__ import annotations
 
+from . import _sim_counters as _ctr
 from . import _sim_runtime as _rt
 from ._sim_buffers import _Buf
 from ._sim_runtime import _lock, _where
 
-__all__ = ["alloc", "MemoryPool", "PinnedMemoryPool", "UNIT"]
+__all__ = ["alloc", "MemoryPool", "PinnedMemoryPool", "UNIT", "device_peak_bytes", "reset_device_peak"]
 
 _rt.SIM_FILES.add(__file__)
 
@@ -36,17 +37,22 @@ def _round(n: int) -> int:
 class _DevicePool:
     """One device's pool: free blocks per (allocation stream, rounded size)."""
 
-    __slots__ = ("dev", "used", "free", "nfree")
+    __slots__ = ("dev", "used", "peak", "free", "nfree")
 
     def __init__(self, dev: int):
         self.dev = dev
         self.used = 0
+        self.peak = 0  # the high-water mark of used (see [Note: Simulated device counts] in _sim_counters)
         self.free: dict[int, dict[int, list]] = {}  # stream id -> rounded size -> [(pending, reads, note)]
         self.nfree = 0  # bytes in free blocks
 
     def take(self, buf: _Buf, stream, size: int) -> None:
         with _lock:
             self.used += size
+            if self.used > self.peak:
+                self.peak = self.used
+            if _ctr.OPEN is not None:
+                _ctr.allocated(self.dev, size, self.used)
             bins = self.free.get(stream.id)
             blocks = bins.get(size) if bins else None
             if not blocks:
@@ -111,6 +117,22 @@ def alloc(dev: int, nbytes: int, stream=None) -> _Buf:
     p.take(buf, s, size)
     buf.pool = p
     return buf
+
+
+_ctr.wire(_rt._cur_dev, lambda dev: _pool(dev).used)
+
+
+def device_peak_bytes(dev: int | None = None) -> int:
+    """The most bytes in use at once in device ``dev``'s pool (default: the current device) since the process
+    started or ``reset_device_peak`` (CuPy's pool has no such query: see [Note: Simulated device counts])."""
+    return _pool(_rt._cur_dev() if dev is None else dev).peak
+
+
+def reset_device_peak(dev: int | None = None) -> None:
+    """Start device ``dev``'s high-water mark again from the bytes in use now."""
+    p = _pool(_rt._cur_dev() if dev is None else dev)
+    with _lock:
+        p.peak = p.used
 
 
 class MemoryPool:

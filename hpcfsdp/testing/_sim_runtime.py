@@ -10,6 +10,8 @@ import weakref
 
 import numpy as np
 
+from . import _sim_counters as _ctr  # a leaf
+
 __all__ = ["CudaSimError", "Stream", "Event", "Device", "get_current_stream", "get_elapsed_time",
            "set_device_count", "SIM_FILES",
            "publish", "acquire", "agent_name"]
@@ -192,21 +194,30 @@ class Stream(metaclass=_StreamMeta):
             _merge(self.vc, h.vc)
             self._seen[h.id] = h.ver
 
-    def _enqueue(self) -> int:
+    def _enqueue(self, op="kernel") -> int:
+        """Queue one op; its number. ``op`` names it as a launch, None for a host transfer (see [Note: Simulated
+        device counts] in _sim_counters)."""
         with _lock:
             self._sync_in()
             self.seq += 1
             self.vc[self.id] = self.seq
             self._all[self.id] = self.seq
+            if op is not None and _ctr.OPEN is not None:
+                _ctr.launch(op)
             return self.seq
 
     def ordered(self, sid: int, seq: int) -> bool:
         """Whether op ``seq`` of agent ``sid`` is ordered before this stream's next op (after ``_sync_in``)."""
         return sid == self.id or self.vc.get(sid, 0) >= seq
 
-    def synchronize(self):
+    def _wait(self):
+        """The host waits for the stream's work (uncounted: the simulation's own step inside a counted call)."""
         with _lock:
             host().learn(self.vc)
+
+    def synchronize(self):
+        _ctr.host_sync("Stream.synchronize")
+        self._wait()
 
     def wait_event(self, event):
         with _lock:
@@ -219,7 +230,8 @@ class Stream(metaclass=_StreamMeta):
 
     @property
     def done(self):
-        self.synchronize()
+        _ctr.host_sync("Stream.done")
+        self._wait()
         return True
 
     def use(self):
@@ -279,12 +291,15 @@ class Event:
         self.t = time.perf_counter()
 
     def synchronize(self):
+        _ctr.host_sync("Event.synchronize")
         with _lock:
             host().learn(self.vc)
 
     @property
     def done(self):
-        self.synchronize()
+        _ctr.host_sync("Event.done")
+        with _lock:
+            host().learn(self.vc)
         return True
 
 
@@ -314,6 +329,7 @@ class Device:
         return False
 
     def synchronize(self):
+        _ctr.host_sync("Device.synchronize")
         with _lock:  # every op of the device, on streams still alive or gone, is complete
             h = host()
             for r in _STREAMS.get(self.id, ()):

@@ -12,6 +12,7 @@ import numpy as np
 
 import hpcfsdp._settings as _settings  # a leaf
 from . import _sim_nccl
+from . import _sim_counters as _ctr
 from . import _sim_mpi, _sim_pool
 from . import _sim_dlpack as _dlpack
 from . import _sim_ops
@@ -21,12 +22,15 @@ from ._cupy_surface import purge_real_cupy, surface
 from . import _sim_random
 from ._sim_random import RandomState, random
 from ._sim_surface import Flags, SimModule, ndarray_attr_error
+from ._sim_counters import Counts, counting
+from ._sim_pool import device_peak_bytes, reset_device_peak
 from ._sim_buffers import PinnedMemoryPointer, _fail, _host_buf, alloc_pinned_memory, is_pinned
 from ._sim_runtime import (SIM_FILES, CudaSimError, Device, Event, Stream, _cur_dev, _stack, get_current_stream,
                            get_elapsed_time, set_device_count)
 
 __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned", "mpi_access", "cuda", "random",
-           "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx", "RandomState", "linalg"]
+           "asnumpy", "get_array_module", "get_default_memory_pool", "cupyx", "RandomState", "linalg", "counting",
+           "Counts", "device_peak_bytes", "reset_device_peak"]
 
 # [Note: Simulated device]
 # Every simulated array owns a buffer (shared by its views) on one device. Work is queued on streams;
@@ -60,7 +64,8 @@ __all__ = ["CudaSimError", "ndarray", "install", "set_device_count", "is_pinned"
 # ``unordered``) and pinned memory, _sim_mpi.py the MPI window and hand-offs, _sim_pool.py the pool.
 # Like CuPy, implicit conversion to NumPy raises TypeError, and device arrays mixed with host arrays
 # in an operation raise TypeError. Only the installed CuPy's names, ndarray attributes and dtype loops
-# exist (see [Note: The real CuPy surface] in _cupy_surface.py).
+# exist (see [Note: The real CuPy surface] in _cupy_surface.py). The device counts its launches, host syncs and
+# pool memory for tests (see [Note: Simulated device counts] in _sim_counters.py).
 
 __version__ = "14.0.0+sim"
 SIM_FILES.add(__file__)
@@ -104,15 +109,16 @@ class _Ctx:
             return type(x)(self.un(e, host_ok) for e in x)
         return x
 
-    def check(self, op, pure=()):
-        """Check devices, enqueue the kernel, check and record its reads (not of ``pure``: arrays it only writes)."""
+    def check(self, op, pure=(), launch=True):
+        """Check devices, enqueue the kernel (counted as a launch unless ``launch`` is false), check and record its
+        reads (not of ``pure``: arrays it only writes)."""
         for x in self.ins:
             if x._buf.dev != self.dev:
                 raise CudaSimError(
                     f"{op}: an array on device {x._buf.dev} used while the thread's current device is {self.dev} "
                     f"(an array belongs to one device; select it with cupy.cuda.Device({x._buf.dev})).\n"
                     f"At:\n{_stack()}")
-        self.seq = self.stream._enqueue()
+        self.seq = self.stream._enqueue(op if launch else None)
         for x in self.ins:  # read-after-write checked, the read recorded (write-after-read)
             if not any(x is p for p in pure):
                 x._buf.read(self.stream, self.seq, op, x)
@@ -148,7 +154,7 @@ _VIEW_OPS = frozenset(["ndarray.reshape", "ndarray.view", "ndarray.transpose", "
                        "ravel", "moveaxis", "expand_dims", "broadcast_to", "atleast_1d", "atleast_2d"])
 
 
-def _call(op, fn, args, kwargs, writes=(), host_ok=False):
+def _call(op, fn, args, kwargs, writes=(), host_ok=False, launch=True):
     c = _Ctx(op)
     a = [c.un(x, host_ok) for x in args]
     kw = {k: c.un(v, host_ok) for k, v in kwargs.items()}
@@ -160,15 +166,26 @@ def _call(op, fn, args, kwargs, writes=(), host_ok=False):
             return _wrap(r, c.roots[id(_root(r))])
         c.check(op)
         return c.out(r, op)
-    c.check(op, _pure_outputs(op, args, kwargs, outs, writes))
+    c.check(op, _pure_outputs(op, args, kwargs, outs, writes), launch=False)
     for o in outs:  # before computing: a refused write leaves the data as it was
         o._buf.check_write(c.stream, op, o)
     r = fn(*a, **kw)
     for o in outs:
         c.wrote(o, op)
+    if launch and _ctr.OPEN is not None and (outs or _fresh(r, c.roots)):  # returning an input is no kernel
+        _ctr.launch(op)
     if outs and r is not None and isinstance(r, np.ndarray) and any(r is o._a for o in outs):
         return next(o for o in outs if o._a is r)
     return c.out(r, op)
+
+
+def _fresh(r, roots) -> bool:
+    """Whether NumPy result ``r`` holds an array that is no input nor a view of one (a kernel made it)."""
+    if isinstance(r, np.ndarray):
+        return id(_root(r)) not in roots
+    if isinstance(r, (tuple, list)):
+        return any(_fresh(e, roots) for e in r)
+    return isinstance(r, np.generic)
 
 
 _PURE_WRITES = frozenset(["ndarray.__setitem__", "ndarray.fill"])  # their target (args[0]) is written, not read
@@ -185,11 +202,14 @@ def _pure_outputs(op, args, kwargs, outs, writes):
     return pure + [o for o in outs[:len(outs) - len(writes)] if id(o) not in srcs]
 
 
-def _sync_read(x, op):
-    """A blocking device-to-host read of ``x`` (get(), item(), float()): ordered on the current stream, then synced."""
+def _sync_read(x, op, counted=True):
+    """A blocking device-to-host read of ``x`` (get(), item(), float()): ordered on the current stream, then synced
+    (one host sync of kind ``op`` where ``counted``)."""
     s = get_current_stream(x._buf.dev)
-    x._buf.read(s, s._enqueue(), op, x)
-    s.synchronize()
+    x._buf.read(s, s._enqueue(None), op, x)
+    if counted:
+        _ctr.host_sync(op)
+    s._wait()
     return x._a
 
 
@@ -239,8 +259,11 @@ class ndarray:
                         "a NumPy array explicitly.")
 
     def get(self, stream=None, order="C", out=None, blocking=True):
+        return self._get(stream, order, out, "ndarray.get")
+
+    def _get(self, stream, order, out, kind):
         s = stream or get_current_stream(self._buf.dev)
-        seq = s._enqueue()
+        seq = s._enqueue(None)
         self._buf.read(s, seq, "ndarray.get (device-to-host copy)", self)
         hb = _host_buf(out)
         if hb is not None:  # the copy writes pinned memory on the stream
@@ -250,19 +273,22 @@ class ndarray:
         else:
             out[...] = self._a
         if stream is None or hb is None:  # async only into pinned memory: pending until synced
-            s.synchronize()
+            _ctr.host_sync(kind)
+            s._wait()
         return out
 
     def set(self, arr, stream=None):
         s = stream or get_current_stream(self._buf.dev)
         hb = _host_buf(arr)
-        seq = s._enqueue()
+        seq = s._enqueue(None)
         if hb is not None:
             hb.read(s, seq, "ndarray.set (host-to-device copy)", "a pinned host buffer")
         self._buf.write(s, seq, "ndarray.set", self)
         self._a[...] = arr
+        if stream is None or hb is None:  # async only from pinned memory on a stream
+            _ctr.host_sync("ndarray.set")
         if stream is None:
-            s.synchronize()
+            s._wait()
 
     def item(self, *args):
         return _sync_read(self, "ndarray.item").item(*args)
@@ -315,12 +341,16 @@ class ndarray:
         return _call("ndarray.__getitem__", operator.getitem, (self, idx), {}, host_ok=True)
 
     def __setitem__(self, idx, value):
-        if isinstance(value, np.ndarray):
+        upload = isinstance(value, np.ndarray)
+        if upload:
             hb = _host_buf(value)
             if hb is not None and hb.unordered(None) is not None:
                 _fail("ndarray.__setitem__ (host-to-device copy)", "a pinned host buffer", hb.unordered(None),
                       "the copy")
-        _call("ndarray.__setitem__", operator.setitem, (self, idx, value), {}, writes=(self,), host_ok=True)
+            if hb is None:
+                _ctr.host_sync("ndarray.__setitem__ (pageable upload)")
+        _call("ndarray.__setitem__", operator.setitem, (self, idx, value), {}, writes=(self,), host_ok=True,
+              launch=not upload)
 
     def fill(self, value):
         _call("ndarray.fill", lambda a, v: a.fill(v), (self, value), {}, writes=(self,))
@@ -454,7 +484,7 @@ def _creator(name, writes_data=True):
         kw = {k: c.un(v, True) for k, v in kwargs.items()}
         c.ins = []  # *_like reads only shape and dtype
         c.roots = {}
-        c.check(name)
+        c.check(name, launch=writes_data)  # empty only allocates
         r = f(*a, **kw)
         if not writes_data:
             return _wrap(r, _sim_pool.alloc(c.dev, r.nbytes, c.stream))
@@ -472,9 +502,11 @@ for _n in ["zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "ara
 
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     if isinstance(obj, ndarray):
-        if obj._buf.dev != _cur_dev():  # peer copy: read on the source device's stream order
-            src = _sync_read(obj, "cupy.array (peer copy)")
-            obj = np.array(src, copy=True)
+        if obj._buf.dev != _cur_dev():  # peer copy: read on the source device's stream order (one copy, no sync)
+            src = np.array(_sync_read(obj, "cupy.array (peer copy)", counted=False), copy=True)
+            c = _Ctx("cupy.array")
+            c.check("cupy.array (peer copy)")
+            return c.out(np.array(src, dtype=dtype, copy=True, order=order, ndmin=ndmin), "cupy.array (peer copy)")
         else:
             if not copy and (dtype is None or np.dtype(dtype) == obj.dtype):
                 return obj
@@ -487,8 +519,10 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
             _fail("cupy.array (host-to-device copy)", "a pinned host buffer", hit, "the copy")
     if isinstance(obj, (list, tuple)) and any(isinstance(e, ndarray) for e in obj):
         return _module_getattr("stack")([asarray(e) for e in obj])
+    if hb is None:
+        _ctr.host_sync("cupy.array (pageable upload)")
     c = _Ctx("cupy.array")
-    c.check("cupy.array (host-to-device copy)")
+    c.check("cupy.array (host-to-device copy)", launch=False)
     return c.out(np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin), "cupy.array (host-to-device copy)")
 
 
@@ -503,7 +537,7 @@ def ascontiguousarray(a, dtype=None):
 
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
     if isinstance(a, ndarray):
-        return a.get(stream=stream, order=order, out=out)
+        return a._get(stream, order, out, "cupy.asnumpy")
     return np.asarray(a, order=order)
 
 
@@ -623,3 +657,9 @@ def install() -> types.ModuleType:
         _gate.start_recording(rec)
         ndarray.__getattribute__ = _sim_ops.recording_getattribute
     return _CUPY
+
+
+from . import _sim_kernels  # noqa: E402 (cupy.RawModule: hpcfsdp's fused kernels run as their twins)
+from ._sim_kernels import RawModule  # noqa: E402,F401
+
+_sim_kernels.wire(ndarray, _Ctx)

@@ -5,6 +5,10 @@ import numpy as np
 
 from ..._array import HALF_DTYPES, sum_to
 from ..._backend import array_module
+from ..._kernels import CTYPES
+from ..._kernels import activation as _fused
+from ..._kernels import softmax as _fused_softmax
+from ..._kernels import use_fused
 from ..function import Op
 from ._common import _up
 from .unary import _CDF_CLAMP, _CDF_P, _CDF_Q, _INV_SQRT_2PI, _blocked, _rational_odd
@@ -32,9 +36,21 @@ class Relu(Op):
 
 
 # -- softmax -------------------------------------------------------------------------------------------------
+def _fused_rows(a, dim) -> bool:
+    """Whether softmax.cu takes a: a contiguous, non-empty CuPy array of a kernel dtype, over its last dim."""
+    return (use_fused(a) and a.dtype in CTYPES and a.ndim > 0 and a.size > 0 and a.flags.c_contiguous
+            and dim in (-1, a.ndim - 1))
+
+
 class Softmax(Op):
+    """softmax over ``dim``; on CuPy over the last dim of a contiguous array one fused kernel each way (softmax.cu)."""
+
     @staticmethod
     def forward(ctx, a, dim):
+        ctx.fused = _fused_rows(a, dim)
+        if ctx.fused:
+            ctx.out = _fused_softmax.softmax_forward(a, log=False)
+            return ctx.out
         xp = array_module(a)
         out = a - a.max(axis=dim, keepdims=True)
         xp.exp(out, out=out)
@@ -44,6 +60,8 @@ class Softmax(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused_softmax.softmax_backward(g, ctx.out, log=False), None
         out, dim = ctx.out, ctx.dim
         gx = g * out
         s = gx.sum(axis=dim, keepdims=True)
@@ -52,8 +70,14 @@ class Softmax(Op):
 
 
 class LogSoftmax(Op):
+    """log_softmax over ``dim``; fused on CuPy as Softmax."""
+
     @staticmethod
     def forward(ctx, a, dim):
+        ctx.fused = _fused_rows(a, dim)
+        if ctx.fused:
+            ctx.out = _fused_softmax.softmax_forward(a, log=True)
+            return ctx.out
         xp = array_module(a)
         out = a - a.max(axis=dim, keepdims=True)
         e = xp.exp(out)
@@ -63,6 +87,8 @@ class LogSoftmax(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused_softmax.softmax_backward(g, ctx.out, log=True), None
         out, dim = ctx.out, ctx.dim
         gx = array_module(g).exp(out)
         gx *= -g.sum(axis=dim, keepdims=True)
@@ -72,10 +98,14 @@ class LogSoftmax(Op):
 
 # -- gelu (its erf kernels are unary.py's: See [Note: erf] there) --------------------------------------------
 class Gelu(Op):
-    """gelu(x) = x * Phi(x) (exact, erf form). Saves x and Phi(x)."""
+    """gelu(x) = x * Phi(x) (exact, erf form). Saves x and Phi(x); on CuPy one fused kernel each way, saving x only."""
 
     @staticmethod
     def forward(ctx, x):
+        if use_fused(x):
+            ctx.x, ctx.fused = x, True
+            return _fused.gelu_forward(x, "none")
+        ctx.fused = False
         dt = x.dtype
         xc = x.astype(np.float32) if dt in HALF_DTYPES else x
         xp = array_module(xc)
@@ -93,6 +123,8 @@ class Gelu(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused.gelu_backward(g, ctx.x, "none")
         x, cdf = ctx.x, ctx.cdf
         xp = array_module(x)
         dt = x.dtype.type
@@ -113,12 +145,17 @@ class Gelu(Op):
 
 
 class GeluTanh(Op):
-    """gelu(x, approximate='tanh') = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    """gelu(x, approximate='tanh') = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); on CuPy one fused kernel each
+    way."""
 
     K = math.sqrt(2.0 / math.pi)
 
     @staticmethod
     def forward(ctx, x):
+        if use_fused(x):
+            ctx.x, ctx.fused = x, True
+            return _fused.gelu_forward(x, "tanh")
+        ctx.fused = False
         dt = x.dtype
         xc = x.astype(np.float32) if dt in HALF_DTYPES else x
         xp = array_module(xc)
@@ -137,6 +174,8 @@ class GeluTanh(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused.gelu_backward(g, ctx.x, "tanh")
         x, th = ctx.x, ctx.th
         f = x.dtype.type
         # d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) K (1 + 3 * 0.044715 x^2)

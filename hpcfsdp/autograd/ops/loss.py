@@ -3,6 +3,8 @@ import numpy as np
 
 from ..._array import HALF_DTYPES, sum_to
 from ..._backend import array_module
+from ..._kernels import CTYPES, checks, use_fused
+from ..._kernels import softmax as _fused
 from ..function import Op
 from .activation import softplus_array
 
@@ -19,10 +21,21 @@ class CrossEntropy(Op):
 
     Mean reduction divides by the summed class weights of non-ignored targets (their count without
     weights), and label smoothing mixes in the uniform-target loss, both as PyTorch.
+
+    On CuPy without class weights: one fused kernel computes each row's loss and its gradient row, one more the
+    reduction, with no host read; a target out of range is raised at the next host read (See [Note: Deferred device
+    checks] in hpcfsdp/_kernels/checks.py); backward is one kernel scaling the saved rows.
     """
 
     @staticmethod
     def forward(ctx, x, target, weight, ignore_index, reduction, label_smoothing):
+        ctx.fused = weight is None and use_fused(x) and x.dtype in CTYPES
+        if ctx.fused:
+            out, ctx.grad, ctx.den, flag = _fused.cross_entropy_forward(x, target, ignore_index, reduction,
+                                                                        label_smoothing)
+            checks.defer(flag, _bad_target(target, x.shape[1]))
+            ctx.red = reduction
+            return out
         xp = array_module(x)
         dt = x.dtype
         xf = x.astype(np.float32) if dt in HALF_DTYPES else x
@@ -32,7 +45,7 @@ class CrossEntropy(Op):
         tsafe = xp.where(valid, target, 0)
         if n and (int(tsafe.min()) < 0 or int(tsafe.max()) >= c):
             bad = target[valid & ((target < 0) | (target >= c))]
-            raise IndexError(f"cross_entropy: target {int(bad.reshape(-1)[0])} is out of bounds for {c} classes")
+            raise IndexError(_bad_target_message(int(bad.reshape(-1)[0]), c))
         z = xf - xf.max(axis=1, keepdims=True)  # (N, C) shifted logits
         rows = xp.arange(n)
         zt = z[rows, tsafe]
@@ -70,6 +83,8 @@ class CrossEntropy(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused.cross_entropy_backward(ctx.grad, g, ctx.den, ctx.red), None, None, None, None, None
         # dL/dz_ij = a_i [(1 - eps) w_ti (p_ij - [j == t_i]) + eps / C (W p_ij - w_j)],
         # a_i = (upstream scale) * valid_i, W = sum_c w_c (C without weights)
         e, tsafe, wt, w, eps = ctx.e, ctx.tsafe, ctx.wt, ctx.w, ctx.eps  # p = e / s row-wise
@@ -90,6 +105,15 @@ class CrossEntropy(Op):
             gx = e * (coef_t / ctx.s)[:, None]
         gx[rows, tsafe] -= coef_t
         return gx.astype(ctx.dt, copy=False), None, None, None, None, None
+
+
+def _bad_target_message(t: int, c: int) -> str:
+    return f"cross_entropy: target {t} is out of bounds for {c} classes"
+
+
+def _bad_target(target, c):
+    """The deferred check of the fused path: flag = the first bad row (-1 = none) -> its IndexError."""
+    return lambda row: None if row < 0 else IndexError(_bad_target_message(int(target[row]), c))
 
 
 class MseLoss(Op):

@@ -3,13 +3,17 @@ import numpy as np
 
 from ..._array import HALF_DTYPES, array_matmul, index_add
 from ..._backend import array_module
+from ..._kernels import CTYPES, use_fused
+from ..._kernels import checks
+from ..._kernels import embedding as _fused_embedding
+from ..._kernels import norm as _fused
 from ..function import Op
 from .random import _random_keep
 
 # Each is one Op (not a composition) for speed and numerical stability. Half-precision inputs on NumPy are
 # computed in float32 and rounded back, as PyTorch's CPU kernels accumulate in float32.
 
-__all__ = ["Linear", "LayerNorm", "Embedding", "Dropout"]
+__all__ = ["Linear", "LayerNorm", "RmsNorm", "Embedding", "Dropout"]
 
 
 class Linear(Op):
@@ -42,8 +46,22 @@ class Linear(Op):
         return gx, gw, gb
 
 
+def _fusable(x, d, *params) -> bool:
+    """Whether the norm kernels take x: a CuPy array of a kernel dtype with rows of d > 0 elements and every given
+    parameter of x's dtype (a float32 weight on bfloat16 x takes the unfused path, which multiplies in float32)."""
+    return (use_fused(x) and x.dtype in CTYPES and d > 0
+            and all(p is None or p.dtype == x.dtype for p in params))
+
+
+def _shaped(a, shape):
+    return a if a.shape == tuple(shape) else a.reshape(shape)  # a fresh array stays one (no view)
+
+
 class LayerNorm(Op):
-    """Layer normalisation over the trailing ``nd`` dims with optional affine weight and bias."""
+    """Layer normalisation over the trailing ``nd`` dims with optional affine weight and bias.
+
+    On CuPy (weight and bias of x's dtype) one fused kernel forward saving x, mean and rstd; backward one kernel for
+    dx and one for the weight and bias gradients (hpcfsdp/_kernels/norm.cu). The output is in x's dtype either way."""
 
     @staticmethod
     def forward(ctx, x, nd, w=None, b=None, eps=1e-5):
@@ -51,6 +69,11 @@ class LayerNorm(Op):
         xp = array_module(x)
         shape = x.shape
         d = int(np.prod(shape[len(shape) - nd:])) if nd else 1
+        ctx.fused = _fusable(x, d, w, b)
+        if ctx.fused:
+            y, ctx.mean, ctx.rstd, ctx.x = _fused.norm_forward(x, d, w, b, eps, rms=False)
+            ctx.d, ctx.w, ctx.nshape = d, w, shape[len(shape) - nd:]
+            return y
         xc = x.reshape(-1, d)
         if dt in HALF_DTYPES:
             xc = xc.astype(np.float32)
@@ -77,9 +100,12 @@ class LayerNorm(Op):
 
     @staticmethod
     def backward(ctx, g):
+        nx, _, nw, nb, _ = ctx.needs_input_grad
+        if ctx.fused:
+            gx, gw, gb = _fused.norm_backward(g, ctx.x, ctx.d, ctx.w, ctx.mean, ctx.rstd, False, nx, nw or nb)
+            return gx, None, _shaped(gw, ctx.nshape) if nw else None, _shaped(gb, ctx.nshape) if nb else None, None
         xhat, rstd, w = ctx.xhat, ctx.rstd, ctx.w
         xp = array_module(xhat)
-        nx, _, nw, nb, _ = ctx.needs_input_grad
         d = xhat.shape[1]
         g2 = g.reshape(-1, d)
         if g2.dtype != xhat.dtype:
@@ -102,15 +128,49 @@ class LayerNorm(Op):
         return gx, None, gw, gb, None
 
 
+class RmsNorm(Op):
+    """F.rms_norm over the trailing ``nd`` dims on CuPy: x * rstd rounded to x's dtype, times the weight (of x's
+    dtype, or None), as one fused kernel saving x and rstd; backward one kernel for dx, one for the weight gradient.
+    The CPU path (and a weight of another dtype) is nn.functional.rms_norm's composition of Tensor ops."""
+
+    @staticmethod
+    def forward(ctx, x, nd, w=None, eps=1e-6):
+        shape = x.shape
+        d = int(np.prod(shape[len(shape) - nd:])) if nd else 1
+        if not _fusable(x, d, w):
+            raise TypeError(f"RmsNorm: a CuPy array of float32/float64/bfloat16/float16 with a weight of its dtype, got "
+                            f"{type(x).__name__} of {x.dtype} (d={d}, weight {None if w is None else w.dtype})")
+        y, ctx.mean, ctx.rstd, ctx.x = _fused.norm_forward(x, d, w, None, eps, rms=True)
+        ctx.d, ctx.w, ctx.nshape = d, w, shape[len(shape) - nd:]
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        nx, _, nw, _ = ctx.needs_input_grad
+        gx, gw, _ = _fused.norm_backward(g, ctx.x, ctx.d, ctx.w, ctx.mean, ctx.rstd, True, nx, nw)
+        return gx, None, _shaped(gw, ctx.nshape) if nw else None, None
+
+
+def _bad_index(idx, rows):
+    """The deferred bounds check of the fused gather: flag = a bad position (-1 = none) -> its IndexError."""
+    return lambda pos: None if pos < 0 else IndexError(
+        f"embedding: index {int(idx.reshape(-1)[pos])} out of range for {rows} rows")
+
+
 class Embedding(Op):
     @staticmethod
     def forward(ctx, idx, w, padding_idx=None):
         xp = array_module(w)
+        ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
+        if use_fused(w) and w.dtype in CTYPES and idx.size and w.shape[1]:
+            # one gather, its bounds check on the device (See [Note: Deferred device checks] in _kernels/checks.py)
+            out, flag = _fused_embedding.embedding_forward(idx, w)
+            checks.defer(flag, _bad_index(idx, w.shape[0]))
+            return out
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= w.shape[0]:
                 raise IndexError(f"embedding: index {lo if lo < 0 else hi} out of range for {w.shape[0]} rows")
-        ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
         return xp.take(w, idx, axis=0)
 
     @staticmethod

@@ -502,6 +502,23 @@ class DTensor(Tensor):
         return float(buf[0])
 
     @classmethod
+    def __hp_reduce_norm_device__(cls, grads, partial, norm_type: float):
+        """``__hp_reduce_norm__`` of a (1,) float64 device partial without reading it back: the same all-reduces,
+        in place on the device array (See [Note: Clipping on the device] in nn/utils/clip_grad.py); gradients of
+        mixed shardings take the host path (one read)."""
+        grads = list(grads)
+        if not grads:
+            return partial
+        first = grads[0]._spec
+        key = _shard_key(first)
+        if any(_shard_key(g._spec) != key for g in grads[1:]):
+            return array_module(partial).asarray([cls.__hp_reduce_norm__(grads, float(partial[0]), norm_type)], np.float64)
+        op = ReduceOp.MAX if math.isinf(float(norm_type)) else ReduceOp.SUM
+        for i in sorted({i for i, p in enumerate(first.placements) if isinstance(p, Shard)}):
+            first.mesh.get_group(i).all_reduce_(partial, op)
+        return partial
+
+    @classmethod
     def __hp_agree_max__(cls, tensors, value: float) -> float:
         """The largest ``value`` over every rank of the meshes ``tensors`` live on (GradScaler's found-inf flag;
         one all-reduce per mesh, in the tensors' order: collective)."""

@@ -22,6 +22,19 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "clip_grads_
 #     __hp_norm_result__(grads, total) -> Tensor
 # to give the total norm its own type: a DTensor returns a DTensor replicated over the gradients' mesh,
 # as PyTorch's clip_grad_norm_ does for DTensor gradients.
+#
+# [Note: Clipping on the device]
+# When every gradient is a CuPy array the norm, the clip coefficient and the scaling stay on the device and
+# nothing reads back (PyTorch's clip_grad_norm_ does not sync either): the 2-norm is two fused launches for
+# all gradients of a dtype (hpcfsdp/_kernels/optim.py: per-block sums of squares in float64, then their sum and
+# square root), the scaling one (the kernel computes min(1, max_norm / (norm + 1e-6)) from the norm in device
+# memory, rounded in the norm's dtype as PyTorch's tensor ops). Other norm types, and gradients the kernels do
+# not take (strided, a dtype without a kernel, HPCFSDP_FUSED_KERNELS off), use array ops on the device. A
+# subclass reduces the device partial with
+#     __hp_reduce_norm_device__(grads, partial) -> partial
+# (a (1,) float64 device array, reduced over the right groups through the comm layer); one without it gets the
+# float __hp_reduce_norm__ above, which reads the partial back (one host sync per subclass). Only
+# ``error_if_nonfinite=True`` reads the norm back (as PyTorch does).
 
 
 def _array_partial(arr, norm_type):
@@ -74,8 +87,92 @@ def _grads_of(tensors):
     return [t for t in tensors]
 
 
+_TABLES = None  # the device pointer tables of the gradients (a TableCache, made at first use)
+
+
+def _tables():
+    global _TABLES
+    if _TABLES is None:
+        from hpcfsdp._kernels.optim import TableCache
+
+        _TABLES = TableCache()
+    return _TABLES
+
+
+def _on_device(arrays) -> bool:
+    arrays = [a for a in arrays if not _backend.is_meta_array(a)]
+    return bool(arrays) and all(_backend.is_cupy_array(a) for a in arrays)
+
+
+def _fusable(arr) -> bool:
+    from hpcfsdp._kernels._registry import CTYPES, use_fused
+
+    return use_fused(arr) and arr.dtype in CTYPES and arr.flags.c_contiguous
+
+
+def _device_partial(tensors, norm_type, xp, out_dtype):
+    """(The combined partial (sum |x|^p, or max |x|) of the tensors' local arrays as a (1,) float64 device array,
+    the 2-norm as a 0-d ``out_dtype`` device array when the fused kernels took every array, else None)."""
+    arrays = [t._data for t in tensors if t._data.size and not _backend.is_meta_array(t._data)]
+    if not arrays:
+        return xp.zeros(1, np.float64), None
+    parts, norm = [], None
+    if norm_type == 2.0:
+        from hpcfsdp._kernels.optim import sumsq_norm
+
+        by_dtype = {}
+        for a in arrays:
+            if _fusable(a):
+                by_dtype.setdefault(a.dtype, []).append(a)
+        if by_dtype:
+            sumsq, norm = sumsq_norm(_tables(), "grads", by_dtype, out_dtype)
+            parts.append(sumsq)
+        arrays = [a for a in arrays if not _fusable(a)]
+    parts += [_array_partial(a, norm_type).reshape(1) for a in arrays]
+    if len(parts) == 1:
+        return parts[0], (norm if not arrays else None)
+    stacked = xp.concatenate(parts)
+    return (stacked.max() if norm_type == math.inf else stacked.sum()).reshape(1), None
+
+
+def _device_total_norm(by_type, norm_type, error_if_nonfinite, xp, out_dtype):
+    """The total norm as a 0-d ``out_dtype`` device array."""
+    parts = []
+    for cls, ts in by_type.items():
+        local, norm = _device_partial(ts, norm_type, xp, out_dtype)
+        if len(by_type) == 1 and norm is not None and not hasattr(cls, "__hp_reduce_norm__") \
+                and not hasattr(cls, "__hp_reduce_norm_device__"):
+            return _checked(norm, norm_type, error_if_nonfinite, xp)  # the fused kernels' own result
+        reduce_dev = getattr(cls, "__hp_reduce_norm_device__", None)
+        reduce_fn = getattr(cls, "__hp_reduce_norm__", None)
+        if reduce_dev is not None:
+            local = reduce_dev(ts, local, norm_type)
+        elif reduce_fn is not None:  # reads the partial back (See [Note: Clipping on the device])
+            local = xp.asarray([float(reduce_fn(ts, float(local[0]), norm_type))], np.float64)
+        parts.append(local)
+    total = parts[0] if len(parts) == 1 else xp.concatenate(parts)
+    total = total.max() if norm_type == math.inf else total.sum()
+    if norm_type not in (0.0, math.inf):
+        total = total ** (1.0 / norm_type)
+    return _checked(total.astype(out_dtype, copy=False).reshape(()), norm_type, error_if_nonfinite, xp)
+
+
+def _checked(total, norm_type, error_if_nonfinite, xp):
+    if error_if_nonfinite and not bool(xp.isfinite(total)):  # the one host read, as PyTorch's
+        _raise_nonfinite(norm_type)
+    return total
+
+
+def _raise_nonfinite(norm_type):
+    raise RuntimeError(
+        f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
+        "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+        "`error_if_nonfinite=False`")
+
+
 def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None) -> Tensor:
-    """The norm of all ``tensors`` together, as if concatenated (sharding-aware, see the Note)."""
+    """The norm of all ``tensors`` together, as if concatenated (sharding-aware, see the Notes); on CUDA arrays
+    computed without a host sync (See [Note: Clipping on the device])."""
     import hpcfsdp
 
     tensors = [t for t in _grads_of(tensors) if t is not None]
@@ -90,6 +187,12 @@ def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = F
     by_type = {}
     for t in tensors:
         by_type.setdefault(type(t), []).append(t)
+    first = tensors[0]
+    dtype = first.dtype if _backend.is_floating_dtype(first.dtype) else _backend.float32
+    if _on_device([t._data for t in tensors]):
+        xp = _backend.array_module(first._data)
+        return _typed_result(by_type, Tensor._wrap(_device_total_norm(by_type, norm_type, error_if_nonfinite, xp,
+                                                                      dtype)))
     parts = []
     for cls, ts in by_type.items():
         local = _local_partial(ts, norm_type)
@@ -97,14 +200,12 @@ def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = F
         parts.append(float(reduce_fn(ts, local, norm_type)) if reduce_fn is not None else local)
     total = _norm_from_partial(_combine(parts, norm_type), norm_type)
     if error_if_nonfinite and not math.isfinite(total):
-        raise RuntimeError(
-            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
-            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
-            "`error_if_nonfinite=False`")
-    first = tensors[0]
-    dtype = first.dtype if _backend.is_floating_dtype(first.dtype) else _backend.float32
+        _raise_nonfinite(norm_type)
     dev = _backend.device_of_array(first._data)
-    result = hpcfsdp.tensor(total, dtype=dtype, device=dev)
+    return _typed_result(by_type, hpcfsdp.tensor(total, dtype=dtype, device=dev))
+
+
+def _typed_result(by_type, result):
     for cls, ts in by_type.items():
         wrap = getattr(cls, "__hp_norm_result__", None)
         if wrap is not None:
@@ -117,6 +218,11 @@ def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None)
     if isinstance(parameters, Tensor):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
+    if isinstance(total_norm, Tensor) and _on_device([g._data for g in grads]) \
+            and _backend.is_cupy_array(total_norm._data):
+        _clip_on_device([g._data for g in grads if not _backend.is_meta_array(g._data)], float(max_norm),
+                        total_norm._data)
+        return
     total = float(total_norm.item() if isinstance(total_norm, Tensor) else total_norm)
     clip_coef = float(max_norm) / (total + 1e-6)
     clip_coef_clamped = min(clip_coef, 1.0)  # PyTorch clamps, so grads are never scaled up
@@ -126,6 +232,25 @@ def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None)
         for g in grads:
             if not _backend.is_meta_array(g._data):
                 g._data *= clip_coef_clamped
+
+
+def _clip_on_device(arrays, max_norm, norm):
+    """grads *= min(1, max_norm / (norm + 1e-6)), the norm a device scalar: one fused launch per dtype, array ops
+    for what the kernel does not take (See [Note: Clipping on the device])."""
+    from hpcfsdp._kernels.optim import clip_scale
+
+    xp = _backend.array_module(norm)
+    by_dtype, rest = {}, []
+    for a in arrays:
+        if a.size == 0:
+            continue
+        (by_dtype.setdefault(a.dtype, []) if _fusable(a) else rest).append(a)
+    for dt, gs in by_dtype.items():
+        clip_scale(_tables(), ("grads", dt.str), gs, norm.astype(dt, copy=False).reshape(1), max_norm)
+    if rest:
+        coef = xp.minimum(max_norm / (norm + 1e-6), 1.0)  # NaN stays NaN
+        for a in rest:
+            a *= coef.astype(a.dtype, copy=False)
 
 
 def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float, norm_type: float = 2.0,

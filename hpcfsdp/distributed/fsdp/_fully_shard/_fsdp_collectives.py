@@ -41,6 +41,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .... import _backend, _settings
+from .... import _kernels
+from ...._kernels import fsdp as _fused_copy
 from ...._tensor import Tensor
 from ... import _comm_thread as CT
 from ...process_group import ProcessGroup, ReduceOp
@@ -179,11 +181,30 @@ def foreach_all_gather(all_gather_input, group: ProcessGroup, comm: AllGather, l
     return AllGatherResult(work, _array(output, "all-gather output"), layouts, total)
 
 
+def _fused_copies(params, layouts, total: int, arr):
+    """The group's fused copies (one launch each way, hpcfsdp/_kernels/fsdp.cu) when ``arr`` is a CuPy array and
+    every parameter is sharded on dim 0 with one piece per rank; else None (the per-parameter copies)."""
+    if not layouts or not _kernels.use_fused(arr) or np.dtype(arr.dtype) not in _kernels.CTYPES or any(
+            lay.bounds is not None or lay.shard_dim or p.shard_dim for p, lay in zip(params, layouts)):
+        return None
+    key = (tuple(id(lay) for lay in layouts), total)
+    cache = layouts[0].__dict__.setdefault("_fused_copies", {})  # lives as long as the group's layouts
+    copies = cache.get(key)
+    if copies is None:
+        copies = cache[key] = _fused_copy.GroupCopies(layouts, total, layouts[0].world)
+    return copies
+
+
 def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> None:
     """Wait for ``result`` and give every parameter its full data, copied out of the gathered buffer."""
     _wait([result.work])
     out = result.output
     xp = _backend.array_module(out)
+    copies = _fused_copies(fsdp_params, result.layouts, result.total, out)
+    if copies is not None:  # one launch for the group; the parameters are views of one buffer
+        for p, layout, flat in zip(fsdp_params, result.layouts, copies.copy_out(out)):
+            p.set_unsharded_data(flat.reshape((layout.rows,) + layout.row_shape))
+        return
     for p, layout in zip(fsdp_params, result.layouts):
         p.set_unsharded_data(layout.gathered(out, result.total, xp, out.dtype))
 
@@ -250,6 +271,14 @@ def foreach_reduce(group, params: list, layouts: list, grads: list, total: int, 
     group.reduce_steps += 1
     had_grad = [g is not None for g in grads]
     inp = _array(comm.allocate((world * total,), dtype=reduce_dtype, device=device), "reduce-scatter input")
+    copies = _fused_copies(params, layouts, total, inp)
+    datas = [None if g is None else g._data for g in grads]
+    dts = {d.dtype for d in datas if d is not None}
+    if copies is not None and len(dts) == 1 and (inp.dtype in dts or inp.dtype == np.float32) and \
+            next(iter(dts)) in _kernels.CTYPES:  # one launch for the group
+        xp = _backend.array_module(inp)
+        copies.copy_in([d if d is None or d.flags.c_contiguous else xp.ascontiguousarray(d) for d in datas], inp)
+        grads = ()
     for p, layout, g in zip(params, layouts, grads):
         if g is None:
             inp.reshape(world, total)[:, layout.offset:layout.offset + layout.numel] = 0

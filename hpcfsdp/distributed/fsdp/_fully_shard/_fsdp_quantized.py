@@ -3,7 +3,7 @@
 
 [Note: Quantized all-gather]
 Across hosts, each rank quantizes its flat shard (int8 or fp8 e4m3, a float32 scale per block; See [Note: Quantized
-payloads] in distributed/_quantize.py), the payloads are all-gathered as bytes, and every rank dequantizes all
+payloads] in hpcfsdp/_kernels/quantize.py), the payloads are all-gathered as bytes, and every rank dequantizes all
 of them, its own included, into the unsharded parameters: every rank computes with the same weights, while the
 sharded master copy (what the optimizer steps) stays in full precision. Only the communicated copy is rounded.
 A group on one host (HSDP's shard group) has no slow link: it gathers in full precision.
@@ -39,7 +39,7 @@ import numpy as np
 from .... import _backend
 from ... import _buffers as B
 from ... import _comm_thread as CT
-from ... import _quantize as Q
+from ...._kernels import quantize as Q
 from ...process_group import ProcessGroup, ReduceOp
 from ._fsdp_api import AllGather, ReduceScatter
 from ._fsdp_collectives import PremulSum, _array, _group, allocate_buffer

@@ -8,7 +8,9 @@ so ranks that dequantize the same payloads get the same values. Codes round to n
 is off by at most half its block's step (scale); an fp8 element by half an e4m3 ulp of its scaled value. A
 block holding a NaN or an infinity gets a NaN scale, so it dequantizes to NaN everywhere: a non-finite value
 never comes back as a number. A block of zeros has scale 0 and comes back as zeros. The work is vectorised
-over blocks (NumPy or CuPy, whichever holds the input); nothing loops over blocks in Python.
+over blocks on NumPy; nothing loops over blocks in Python. On CuPy each direction is one fused kernel
+(quantize.cu: one launch per bucket, no host synchronisation), whose NumPy twin is the NumPy path itself, so the
+two agree bit for bit (See [Note: Fused kernels] in _registry.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import ml_dtypes
 import numpy as np
 
 from hpcfsdp._backend import array_module
+
+from ._registry import kernel, launch, use_fused
 
 __all__ = ["KINDS", "payload_bytes", "quantize", "dequantize", "step_bound"]
 
@@ -90,6 +94,21 @@ def quantize(x, kind: str, block: int, out=None, residual=None):
     _check(kind, block)
     xp = array_module(x)
     n = x.size
+    total = _code_bytes(kind, n) + 4 * math.ceil(n / block)
+    if out is None:
+        out = xp.empty(total, np.uint8)
+    elif out.size != total or out.dtype != np.uint8:
+        raise ValueError(f"quantize: out must be {total} uint8 bytes, got {out.size} {out.dtype}")
+    if residual is not None and (residual.size != n or residual.dtype != np.float32):
+        raise ValueError(f"quantize: residual must be {n} float32 values, got {residual.size} {residual.dtype}")
+    if use_fused(x):
+        return _fused_quantize(xp, x, kind, block, out, residual)
+    return _quantize_xp(xp, x, kind, block, out, residual)
+
+
+def _quantize_xp(xp, x, kind, block, out, residual):
+    """quantize's vectorised NumPy path (also the fused kernels' twin)."""
+    n = x.size
     nb = math.ceil(n / block)
     xb = _blocks(x, block)
     # absmax without an |x| temporary: max(max, -min) (both propagate NaN)
@@ -101,12 +120,6 @@ def quantize(x, kind: str, block: int, out=None, residual=None):
     if not bool(finite.all()):
         y[~finite] = 0.0  # the block's NaN scale carries the non-finite value
     total = _code_bytes(kind, n) + 4 * nb
-    if out is None:
-        out = xp.empty(total, np.uint8)
-    elif out.size != total or out.dtype != np.uint8:
-        raise ValueError(f"quantize: out must be {total} uint8 bytes, got {out.size} {out.dtype}")
-    if residual is not None and (residual.size != n or residual.dtype != np.float32):
-        raise ValueError(f"quantize: residual must be {n} float32 values, got {residual.size} {residual.dtype}")
     if kind == "fp8":
         codes = _e4m3_codes(y, xp)
         out[:n] = codes[:n]
@@ -139,6 +152,15 @@ def dequantize(payload, kind: str, n: int, block: int, dtype, out=None):
     cb = _code_bytes(kind, n)
     if payload.size != cb + 4 * nb:
         raise ValueError(f"dequantize: a {kind} payload of {n} elements has {cb + 4 * nb} bytes, got {payload.size}")
+    if use_fused(payload):
+        return _fused_dequantize(xp, payload, kind, n, block, dtype, out)
+    return _dequantize_xp(xp, payload, kind, n, block, dtype, out)
+
+
+def _dequantize_xp(xp, payload, kind, n, block, dtype, out):
+    """dequantize's vectorised NumPy path (also the fused kernel's twin)."""
+    nb = math.ceil(n / block)
+    cb = _code_bytes(kind, n)
     codes = payload[:cb]
     scale = xp.ascontiguousarray(payload[cb:]).view(np.float32)
     if kind == "fp8":
@@ -162,6 +184,64 @@ def dequantize(payload, kind: str, n: int, block: int, dtype, out=None):
     if out is None:
         return res.astype(dtype, copy=False)
     out[...] = res.reshape(out.shape)
+    return out
+
+
+# -- the fused kernels (quantize.cu) ---------------------------------------------------------------------------
+BLOCK = 256  # threads per quantization block: quantize.cu's Q_THREADS (its block reductions are written for it)
+_KIND_CODE = {"int8": 0, "int4": 1, "fp8": 2}
+_CODE_KIND = {v: k for k, v in _KIND_CODE.items()}
+_GRID_MAX = 132 * 64
+_SIZES = [("n", "scalar", "long long"), ("block", "scalar", "int"), ("kind", "scalar", "int")]
+
+
+@kernel("quantize_blocks", "quantize", [("x", "in"), ("out", "out", "unsigned char")] + _SIZES, block_max=BLOCK)
+def _quantize_twin(args, dtype):
+    x, out, n, block, kind = args
+    _quantize_xp(np, x, _CODE_KIND[int(kind)], int(block), out, None)
+
+
+@kernel("quantize_blocks_ef", "quantize", [("x", "in"), ("out", "out", "unsigned char"), ("residual", "out", "float")]
+        + _SIZES, block_max=BLOCK)
+def _quantize_ef_twin(args, dtype):
+    x, out, residual, n, block, kind = args
+    _quantize_xp(np, x, _CODE_KIND[int(kind)], int(block), out, residual)
+
+
+@kernel("dequantize_blocks", "quantize", [("payload", "in", "unsigned char"), ("y", "out")] + _SIZES)
+def _dequantize_twin(args, dtype):
+    payload, y, n, block, kind = args
+    _dequantize_xp(np, payload, _CODE_KIND[int(kind)], int(n), int(block), dtype, y)
+
+
+def _flat(xp, a):
+    return a.reshape(-1) if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(-1)
+
+
+def _fused_quantize(xp, x, kind, block, out, residual):
+    x, n = _flat(xp, x), x.size
+    grid = max(1, min(math.ceil(n / block), _GRID_MAX))
+    if residual is None:
+        launch("quantize_blocks", x.dtype, grid, BLOCK, (x, out, n, block, _KIND_CODE[kind]))
+    else:
+        direct = residual.flags.c_contiguous
+        r = residual.reshape(-1) if direct else xp.empty(n, np.float32)
+        launch("quantize_blocks_ef", x.dtype, grid, BLOCK, (x, out, r, n, block, _KIND_CODE[kind]))
+        if not direct:
+            residual[...] = r.reshape(residual.shape)
+    return out
+
+
+def _fused_dequantize(xp, payload, kind, n, block, dtype, out):
+    dtype = np.dtype(dtype) if out is None else out.dtype
+    direct = out is not None and out.flags.c_contiguous
+    y = out.reshape(-1) if direct else xp.empty(n, dtype)
+    grid = max(1, min(math.ceil(n / 256), _GRID_MAX))
+    launch("dequantize_blocks", dtype, grid, 256, (_flat(xp, payload), y, n, block, _KIND_CODE[kind]))
+    if out is None:
+        return y
+    if not direct:
+        out[...] = y.reshape(out.shape)
     return out
 
 
