@@ -115,8 +115,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "on CuPy arrays, run the fused CUDA kernels of hpcfsdp/_kernels (0: the unfused CuPy ops, to bisect a "
             "suspected kernel fault or to measure what the kernels save)"),
     Setting("HPCFSDP_DEBUG_SYNC_CHECKS", parse_bool, False,
-            "check device inputs eagerly: a cross_entropy target out of range raises at the op (reading a device "
-            "flag, a host synchronisation) instead of at the next host read (item(), tolist(), cpu())"),
+            "check device inputs eagerly: an embedding index or a cross_entropy target out of range raises at the "
+            "op (reading a device flag, a host synchronisation) instead of at the next host read (item(), tolist(), cpu())"),
     Setting("HPCFSDP_CHECK_FINITE", parse_bool, False,
             "fail on the first NaN/Inf in a reduced gradient, naming the parameter, the ranks and the step; the "
             "ranks agree, so every rank raises the same FloatingPointError at the end of backward"),

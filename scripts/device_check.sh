@@ -9,7 +9,9 @@
 #   parity-2ranks-staged   the `gpu and mpi` tests (FSDP parity among them) at 2 ranks sharing the one GPU, staged
 #                          through pinned host memory (HPCFSDP_GPU_COMM=staged; NCCL cannot run two ranks on one GPU)
 #   nccl-ws1               NCCL collectives at world size 1, bf16/fp16/fp32, SUM and AVG (scripts/device_nccl_check.py)
-#   hpcfsdp-gpt-medium     hpcfsdp bench train, bf16, FULL_SHARD on 1 rank: tokens/s, step time, MFU
+#   hpcfsdp-gpt-medium     hpcfsdp bench train, bf16, FULL_SHARD on 1 rank: tokens/s, step time, MFU, and the kernels
+#                          of one more step (--profile-kernels: PyTorch's CUPTI profiler; the simulator's count of
+#                          the same model is in BENCHMARKS.md, 2026-12-03, to hold them side by side)
 #   torch-gpt-medium       the same GPT in PyTorch eager bf16 (benchmarks/peer/torch_gpt_step.py): the ceiling
 #   hpcfsdp-gpt-large, torch-gpt-large   the same for gpt-large
 #
@@ -191,7 +193,8 @@ step() {  # step ID CMD...: run (or print) one step under its time limit, then a
     # shellcheck disable=SC2086
     step "hpcfsdp-$name" "${LAUNCH[@]}" -n 1 -- "$PY" -m hpcfsdp.cli.main bench train --device cuda \
       --strategy FULL_SHARD --mixed-precision bf16 --vocab-size "$vocab" --block-size "$block" --n-layer "$layers" \
-      --n-head "$heads" --n-embd "$embd" --batch-size "$batch" $STEPS $PEAK --json "$OUT/hpcfsdp-$name.jsonl"
+      --n-head "$heads" --n-embd "$embd" --batch-size "$batch" $STEPS $PEAK --profile-kernels \
+      --json "$OUT/hpcfsdp-$name.jsonl"
     # shellcheck disable=SC2086
     step "torch-$name" "$PY" benchmarks/peer/torch_gpt_step.py --device "$TORCH_DEV" --dtype bf16 --tie \
       --vocab "$vocab" --seq "$block" --layers "$layers" --heads "$heads" --d-model "$embd" --batch "$batch" \

@@ -55,6 +55,10 @@ def _train_figures(row):
     fig = {"tokens_per_s": row.get("tokens_per_s"), "step_ms": 1e3 * row.get("step_time_s", row.get("median_step_s", 0)),
            "mfu": row.get("mfu")}
     fig["params"] = row.get("model", {}).get("params", row.get("params"))
+    if row.get("kernel_launches_per_step") is not None:
+        fig["launches"] = row["kernel_launches_per_step"]
+        fig["launch_source"] = row.get("kernel_count_source")
+        fig["host_syncs"] = row.get("host_syncs_per_step")
     return fig
 
 
@@ -125,7 +129,9 @@ def _fmt_figures(step, fig):
                 f"{fig['passed']} checks passed, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
     if step.startswith(("hpcfsdp-", "torch-")):
         mfu = f"MFU {100 * fig['mfu']:.1f}%" if fig.get("mfu") is not None else "MFU n/a"
-        return f"{num(fig['tokens_per_s'], '.0f')} tok/s, step {num(fig['step_ms'], '.1f')} ms, {mfu}"
+        launches = f", {num(fig['launches'], '.0f')} launches/step ({fig.get('launch_source')})" \
+            if "launches" in fig else ""
+        return f"{num(fig['tokens_per_s'], '.0f')} tok/s, step {num(fig['step_ms'], '.1f')} ms, {mfu}{launches}"
     return ", ".join(f"{k}={v}" if step == "setup" else f"{v} {k}" for k, v in fig.items())
 
 

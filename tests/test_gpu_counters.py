@@ -250,11 +250,12 @@ def test_bench_train_reports_launches_syncs_and_peak_on_the_simulator(tmp_path):
     env = dict(os.environ, HPCFSDP_CUDA_SIM="1", OPENBLAS_NUM_THREADS="1", HPCFSDP_PROGRESS="0")
     cmd = [sys.executable, "-m", "hpcfsdp.cli.main", "bench", "train", "--device", "cuda", "--n-layer", "1",
            "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--vocab-size", "256", "--batch-size", "2",
-           "--warmup", "1", "--steps", "2", "--json", str(js)]
+           "--warmup", "1", "--steps", "2", "--profile-kernels", "--json", str(js)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     r = json.loads(js.read_text())
     assert r["kernel_launches_per_step"] > 50 and r["host_syncs_per_step"] >= 0
+    assert r["kernel_count_source"] == "simulator"  # --profile-kernels: the simulator counts itself
     assert sum(r["host_sync_sites"].values()) <= r["host_syncs_per_step"]
     assert all(":" in s and " in " in s for s in r["host_sync_sites"])
     assert r["peak_device_bytes"] == r["peak_mem_bytes"][0] > 0

@@ -92,6 +92,9 @@ def add_parser(subparsers):
                    help="count the bytes each host sends per step on this network interface (e.g. eth0)")
     p.add_argument("--link-rate", default=None, metavar="RATE",
                    help="nominal link rate per host (e.g. 200mbit, 1gbit, 25gbit) for the wire bound")
+    p.add_argument("--profile-kernels", action="store_true",
+                   help="with --device cuda: count the kernels of one more step (the simulator's counters, or on a GPU "
+                   "PyTorch's CUPTI profiler, which must be installed): kernel_launches_per_step and its source")
     p.add_argument("--compute-only", action="store_true",
                    help="also time the same steps with FSDP's collectives replaced by local copies (numbers wrong, "
                    "times right)")
@@ -354,6 +357,7 @@ def bench_train(args) -> dict:
         raw = _link_tx(args.link) - link0
         net = _net_metrics(args, comm, device, raw)
     med = statistics.median(times)
+    profiled = _profile_kernels(args, device, model, optim, x, y) if args.profile_kernels else None
     peak = peak_memory_bytes(device)
     peaks = comm.allgather(peak) if comm is not None else [peak]
     # state bytes with gradients present: run one more backward without stepping
@@ -389,6 +393,10 @@ def bench_train(args) -> dict:
     res.update(net)
     if device.startswith("cuda"):  # this rank's counts; the peak of the ranks' pools
         res.update(counts.report(), peak_device_bytes=max(peaks))
+        res["kernel_count_source"] = "simulator" if counts.on else None
+    if profiled is not None:  # a GPU's own count (See [Note: Counting kernels on a GPU])
+        res.update(kernel_launches_per_step=profiled["launches"], kernel_launches_by_kind=profiled["by_kind"],
+                   kernel_count_source="cupti (torch.profiler), one step after the timed ones")
     if args.compute_only:
         def fake_step():
             _, loss = model(x, y)
@@ -411,6 +419,26 @@ def bench_train(args) -> dict:
     if peak_flops:
         res["mfu"] = flops_per_token * tokens / med / (peak_flops * world)
     return res
+
+
+def _profile_kernels(args, device, model, optim, x, y):
+    """One more step under PyTorch's CUPTI profiler on a real GPU (None elsewhere: the simulator counts itself)."""
+    import hpcfsdp as hp
+
+    if not device.startswith("cuda"):
+        raise SystemExit("hpcfsdp bench train --profile-kernels: counts a GPU's kernels; use it with --device cuda")
+    if hp._backend.cuda_simulated():
+        return None
+
+    from ._kernel_profile import profile_step
+
+    def step():
+        _, loss = model(x, y)
+        loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    return profile_step(step, lambda: hp._backend.synchronize(device))
 
 
 def _net_metrics(args, comm, device, raw):

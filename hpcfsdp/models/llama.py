@@ -61,17 +61,45 @@ def rotate_half(x):
 
 
 def apply_rotary_pos_emb(q, k, cos, sin):
-    """Rotary embedding with Hugging Face's convention: x * cos + rotate_half(x) * sin."""
+    """Rotary embedding with Hugging Face's convention: x * cos + rotate_half(x) * sin (one fused kernel each way
+    for plain CUDA tensors with (T, head_dim) tables that need no gradient)."""
+    if _fused_rotary(q, cos, sin) and _fused_rotary(k, cos, sin):
+        from hpcfsdp.autograd import ops
+
+        return ops.Rotary.apply(q, cos, sin), ops.Rotary.apply(k, cos, sin)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _fused_rotary(x, cos, sin) -> bool:
+    from hpcfsdp._kernels import CTYPES, use_fused
+    from hpcfsdp._tensor import Tensor
+
+    return (all(type(t) is Tensor for t in (x, cos, sin)) and use_fused(x._data) and x.dtype in CTYPES
+            and x.ndim >= 2 and tuple(cos.shape) == tuple(sin.shape) == tuple(x.shape[-2:])
+            and not cos.requires_grad and not sin.requires_grad)
 
 
 # [Note: Rotary tables]
 # The angle of position p and frequency i is p * theta^(-2i / head_dim), i < head_dim / 2; cos and sin
 # are laid out as cat(freqs, freqs) so that they pair element j with j + head_dim / 2 (rotate_half), as
-# Hugging Face's Llama does. They are computed in float64 on the host for each forward (positions
-# 0..T-1, cheap next to attention) and cast to the activation dtype: no buffer, so nothing to shard,
-# save or materialise after meta-device construction.
+# Hugging Face's Llama does. They are computed on the host (positions 0..T-1, cheap next to attention)
+# and cast to the activation dtype: no buffer, so nothing to shard, save or materialise after meta-device
+# construction. Each (T, head_dim, theta, dtype, device) is computed once per process and kept (a few
+# (T, head_dim) tables): a forward on a GPU uploads nothing, so it makes no host synchronisation.
+_ROPE_CACHE: dict = {}
+
+
 def _rope_tables(T, head_dim, theta, dtype, device):
+    key = (int(T), int(head_dim), float(theta), str(dtype), str(device))
+    tables = _ROPE_CACHE.get(key)
+    if tables is None:
+        if len(_ROPE_CACHE) >= 64:  # many lengths (generation grows T by one): keep the memory bounded
+            _ROPE_CACHE.clear()
+        tables = _ROPE_CACHE[key] = _compute_rope_tables(T, head_dim, theta, dtype, device)
+    return tables
+
+
+def _compute_rope_tables(T, head_dim, theta, dtype, device):
     import numpy as np
 
     import hpcfsdp

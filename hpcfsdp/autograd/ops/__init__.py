@@ -19,7 +19,7 @@ from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Solve, Svdv
 from .random import Sampled
 from .activation import (Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, LogSigmoid, LogSoftmax,
                          Mish, Prelu, Relu, ScaledElu, Softmax, Softplus, Threshold, softplus_array)
-from .nn import Dropout, Embedding, LayerNorm, Linear, RmsNorm
+from .nn import Dropout, Embedding, LayerNorm, Linear, RmsNorm, Rotary
 from .loss import BinaryCrossEntropy, BinaryCrossEntropyWithLogits, CrossEntropy, KlDiv, MseLoss, SmoothL1
 from .attention import CAUSAL_BLOCK, ScaledDotProductAttention
 from .conv import ConvNd, ConvTransposeNd, pad_zeros, tap_slices
@@ -41,7 +41,7 @@ __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximu
            "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
            "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",
            "LeakyRelu", "Elu", "Softplus", "Mish", "Hardtanh", "Prelu", "ScaledElu", "Hardswish", "Hardsigmoid",
-           "Threshold", "LogSigmoid", "softplus_array", "Linear", "LayerNorm", "RmsNorm", "Embedding", "Dropout", "CrossEntropy",
+           "Threshold", "LogSigmoid", "softplus_array", "Linear", "LayerNorm", "RmsNorm", "Rotary", "Embedding", "Dropout", "CrossEntropy",
            "MseLoss", "BinaryCrossEntropy", "BinaryCrossEntropyWithLogits", "SmoothL1", "KlDiv",
            "ScaledDotProductAttention", "CAUSAL_BLOCK", "ConvNd", "ConvTransposeNd", "tap_slices", "pad_zeros",
            "MaxPoolNd", "AvgPoolNd", "AdaptiveAvgPoolNd", "AdaptiveMaxPoolNd", "avg_divisor", "adaptive_matrix",

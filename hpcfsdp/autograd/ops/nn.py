@@ -7,6 +7,7 @@ from ..._kernels import CTYPES, use_fused
 from ..._kernels import checks
 from ..._kernels import embedding as _fused_embedding
 from ..._kernels import norm as _fused
+from ..._kernels import rotary as _fused_rotary
 from ..function import Op
 from .random import _random_keep
 
@@ -191,6 +192,20 @@ class Embedding(Op):
         if ctx.pad is not None:
             gw[ctx.pad] = 0
         return None, gw, None
+
+
+class Rotary(Op):
+    """x * cos + rotate_half(x) * sin (Hugging Face's rotary embedding) as one kernel each way, for CuPy arrays x
+    (..., T, D) and cos, sin (T, D) that need no gradient (hpcfsdp/_kernels/rotary.cu)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.cos, ctx.sin = cos, sin
+        return _fused_rotary.rotary_forward(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _fused_rotary.rotary_backward(g, ctx.cos, ctx.sin), None, None
 
 
 class Dropout(Op):
