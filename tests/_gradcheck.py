@@ -79,3 +79,14 @@ def _distinct(rng, *shape):
     """float64 values with no ties and no element near 0 (sort/topk/norm gradients are smooth there)."""
     n = math.prod(shape)
     return ((rng.permutation(n) + 1.0) * np.sign(rng.standard_normal(n)) / n + 0.01 * rng.random(n)).reshape(shape)
+
+
+def fd_vjp(f, a, g, h=1e-6):
+    """d/da of sum(g * f(a)) by central differences, element by element (float64 NumPy): the reference the fused
+    kernels' backward twins are held to."""
+    out = np.zeros_like(a)
+    for i in np.ndindex(*a.shape):
+        e = np.zeros_like(a)
+        e[i] = h
+        out[i] = ((g * f(a + e)).sum() - (g * f(a - e)).sum()) / (2 * h)
+    return out

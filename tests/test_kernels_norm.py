@@ -10,6 +10,7 @@ import pytest
 from hpcfsdp import _kernels as K
 from hpcfsdp._kernels import nvrtc, norm
 from hpcfsdp.testing import cuda_sim as cs
+from tests._gradcheck import fd_vjp
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 I64, I32 = np.int64, np.int32
@@ -58,15 +59,9 @@ def test_norm_twins_equal_the_formula_and_its_finite_difference_in_float64(rms, 
                                rtol=1e-13)
     g = rng.standard_normal(x.shape)
     dx, dw, db = _bwd(g, x, w, mean, rstd, rms, np.float64)
-    h = 1e-6
 
-    def fd(f, a):  # d/da of sum(g * f(a)), central differences
-        out = np.zeros_like(a)
-        for i in np.ndindex(*a.shape):
-            e = np.zeros_like(a)
-            e[i] = h
-            out[i] = ((g * f(a + e)).sum() - (g * f(a - e)).sum()) / (2 * h)
-        return out
+    def fd(f, a):
+        return fd_vjp(f, a, g)
 
     np.testing.assert_allclose(dx, fd(lambda a: _ref(a, w, b, eps, rms), x), rtol=0, atol=1e-7)
     ww = np.ones(7) if w is None else w
