@@ -12,6 +12,8 @@ import pytest
 
 from hpcfsdp import _kernels as K
 from hpcfsdp._kernels import optim as O
+from hpcfsdp._kernels import tables as T
+from hpcfsdp._kernels.tables import TableCache
 from hpcfsdp.testing import cuda_sim as cs
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -118,7 +120,8 @@ def test_norm_and_clip_twins_equal_the_formula(dtype):
 def _sim_module(monkeypatch):
     """The simulation as the array module of its arrays, its pinned memory for the tables (not installed as cupy)."""
     monkeypatch.setattr(O, "array_module", lambda a: cs)
-    monkeypatch.setattr(O, "pinned_empty", lambda n, dtype: cs.cupyx.empty_pinned(n, dtype))
+    monkeypatch.setattr(T, "array_module", lambda a: cs)
+    monkeypatch.setattr(T, "pinned_empty", lambda n, dtype: cs.cupyx.empty_pinned(n, dtype))
     monkeypatch.setattr(K._registry, "_module", lambda family: cs.RawModule(
         code=K.source(family), options=K._registry.OPTIONS, name_expressions=K.name_expressions(family)))
 
@@ -136,7 +139,7 @@ def test_a_group_of_n_tensors_is_one_launch(n):
         m[...] = 0
         v[...] = 0
     host = [p.get() for p in ps]
-    cache = O.TableCache()
+    cache = TableCache()
     kw = dict(decay=1.0, wd=0.0, c1=0.1, beta2=0.999, c2=0.001, bc2_sqrt=math.sqrt(0.001), eps=1e-8,
               neg_step=-(1e-3 / 0.1), mode=0, maximize=False)
     with cs.counting() as c:
@@ -154,7 +157,7 @@ def test_a_group_of_n_tensors_is_one_launch(n):
 
 def test_a_pointer_table_must_hold_its_arrays_addresses():
     ps, gs, _, _ = _on_device(3)
-    cache = O.TableCache()
+    cache = TableCache()
     (tp, tg), off, total = cache.tables("t", [ps, gs])
     wrong = K.PointerTable(tp.ptrs, [ps[1], ps[0], ps[2]])
     spec = K.KERNELS["sgd_multi"]

@@ -1,13 +1,15 @@
 """FSDP's copies between a group's rank-major flat buffer and its parameters as one launch each (fsdp.cu)."""
 from __future__ import annotations
 
+import collections
 import threading
 
 import numpy as np
 
 from .._backend import array_module, pinned_empty
 from ._registry import kernel, launch
-from .optim import TableCache, grid_for
+from .optim import grid_for
+from .tables import RETIRED, TableCache
 
 __all__ = ["GroupCopies", "ALIGN"]
 
@@ -65,6 +67,7 @@ class GroupCopies:
         self._dev = {}  # device -> the metadata on it
         self._tables = TableCache()
         self._lock = threading.Lock()
+        self._kept = collections.deque(maxlen=RETIRED)  # partial groups' pinned metadata, as TableCache retires
 
     def _meta(self, like, have=None):
         xp = array_module(like)
@@ -85,7 +88,7 @@ class GroupCopies:
                 dev = xp.empty(self._host.size, np.int64)
                 dev.set(pinned, stream=xp.cuda.get_current_stream())
                 self._dev[key] = (dev, pinned)
-            return self._dev[key]
+            return self._dev[key][0], None  # (its pinned source is kept with it)
 
     def copy_out(self, out):
         """The all-gather output (world * total,) -> one buffer of every parameter's full data; returns it and the
@@ -109,4 +112,5 @@ class GroupCopies:
         name = "fsdp_copy_in" if inp.dtype == present[0].dtype else "fsdp_copy_in_f32"
         launch(name, present[0].dtype, grid_for(self.n, BLOCK), BLOCK,
                (table, inp, meta, len(self.fulls), self.total, self.n))
-        self._keep = keep  # the pinned metadata of a partial group stays alive until the next reduction
+        if keep is not None:  # pinned metadata stays alive while its upload may be in flight
+            self._kept.append(keep)

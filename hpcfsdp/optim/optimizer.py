@@ -96,7 +96,7 @@ def _table_cache(opt):
     """The optimizer's device pointer tables (never pickled or saved: __getstate__ leaves them out)."""
     cache = opt.__dict__.get("_hp_tables")
     if cache is None:
-        from hpcfsdp._kernels.optim import TableCache
+        from hpcfsdp._kernels.tables import TableCache
 
         cache = opt.__dict__["_hp_tables"] = TableCache()
     return cache

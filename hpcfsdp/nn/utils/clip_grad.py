@@ -93,7 +93,7 @@ _TABLES = None  # the device pointer tables of the gradients (a TableCache, made
 def _tables():
     global _TABLES
     if _TABLES is None:
-        from hpcfsdp._kernels.optim import TableCache
+        from hpcfsdp._kernels.tables import TableCache
 
         _TABLES = TableCache()
     return _TABLES
