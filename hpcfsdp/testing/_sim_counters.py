@@ -17,8 +17,9 @@ __all__ = ["Counts", "counting", "wire"]
 # dtype with copy=False) launches nothing, as in CuPy. A host transfer is no launch: device-to-host reads
 # (get, asnumpy, item, float(), tolist, repr) and host-to-device uploads (cupy.array of host data, set,
 # __setitem__ of a host array). A host sync is one call after which the host has waited for the device:
-# Stream/Event/Device.synchronize, the Stream/Event done queries, every blocking read, and an upload from
-# pageable host memory (an upload from pinned memory on a stream is asynchronous); one per call the caller
+# Stream/Event/Device.synchronize, every blocking read, and an upload from pageable host memory (an upload
+# from pinned memory on a stream is asynchronous; the Stream/Event ``done`` queries do not wait, as
+# cudaStreamQuery/cudaEventQuery, and FSDP's watchdog polls them on its own thread); one per call the caller
 # made, however the simulation orders it inside. Its site is the caller's frame: the first outside
 # hpcfsdp/testing and the helpers of hpcfsdp/_array.py and _backend.py (else the innermost outside the
 # simulation), as "path:line in function", the path relative to the checkout.

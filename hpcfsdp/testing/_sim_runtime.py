@@ -229,8 +229,7 @@ class Stream(metaclass=_StreamMeta):
         return event
 
     @property
-    def done(self):
-        _ctr.host_sync("Stream.done")
+    def done(self):  # a query (cudaStreamQuery): it does not wait, so it is no host sync
         self._wait()
         return True
 
@@ -296,8 +295,7 @@ class Event:
             host().learn(self.vc)
 
     @property
-    def done(self):
-        _ctr.host_sync("Event.done")
+    def done(self):  # a query (cudaEventQuery): it does not wait, so it is no host sync
         with _lock:
             host().learn(self.vc)
         return True
