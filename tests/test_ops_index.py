@@ -186,3 +186,74 @@ def test_masked_select_take(rng):
         hp.masked_select(x, hp.tensor([1, 0, 1]))
     with pytest.raises(IndexError, match="out of range"):
         hp.take(x, hp.tensor([6]))
+
+
+# -- scatter, scatter_add, index_add (and in place), against loops in float64 ------------------------------------
+def _scatter_ref(a, dim, idx, src, add):
+    out = a.copy()
+    for pos in np.ndindex(*idx.shape):
+        at = list(pos)
+        at[dim] = idx[pos]
+        v = src[pos] if np.ndim(src) else src
+        out[tuple(at)] = out[tuple(at)] + v if add else v
+    return out
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_add_accumulates_repeated_indices_and_its_gradients_are_exact(dim):
+    rng = np.random.default_rng(0)
+    a, src = rng.standard_normal((3, 4)), rng.standard_normal((3, 5))
+    d = dim % 2
+    idx = rng.integers(0, a.shape[d], (2, 3))  # smaller than src: its leading block is used
+    got = hp.tensor(a).scatter_add(dim, hp.tensor(idx), hp.tensor(src))
+    np.testing.assert_allclose(got.numpy(), _scatter_ref(a, d, idx, src, True), rtol=1e-14)
+    gradcheck(lambda x, s: x.scatter_add(dim, hp.tensor(idx), s), [a, src])
+    t = hp.tensor(a.copy())
+    assert t.scatter_add_(dim, hp.tensor(idx), hp.tensor(src)) is t
+    np.testing.assert_allclose(t.numpy(), got.numpy())
+    np.testing.assert_allclose(hp.scatter_add(hp.tensor(a), dim, hp.tensor(idx), hp.tensor(src)).numpy(), got.numpy())
+
+
+def test_scatter_writes_a_tensor_or_a_value_and_passes_no_gradient_through_what_it_overwrote():
+    rng = np.random.default_rng(1)
+    a, src = rng.standard_normal((3, 4)), rng.standard_normal((2, 4))
+    idx = np.array([[0, 1, 2, 0], [2, 0, 1, 1]])  # distinct per column: the result is well defined
+    np.testing.assert_allclose(hp.tensor(a).scatter(0, hp.tensor(idx), hp.tensor(src)).numpy(),
+                               _scatter_ref(a, 0, idx, src, False))
+    np.testing.assert_allclose(hp.tensor(a).scatter(1, hp.tensor(idx[:, :2]), 7.5).numpy(),
+                               _scatter_ref(a, 1, idx[:, :2], 7.5, False))
+    ga, gs = gradcheck(lambda x, s: x.scatter(0, hp.tensor(idx), s), [a, src])
+    assert (ga[idx, np.arange(4)] == 0).all()  # overwritten: no gradient to self there
+    t = hp.zeros(3, 4)
+    t.scatter_(0, hp.tensor(idx), value=2.0)
+    assert t.sum().item() == 2.0 * idx.size
+
+
+def test_index_add_with_alpha_and_its_gradients():
+    rng = np.random.default_rng(2)
+    a, src = rng.standard_normal((3, 5)), rng.standard_normal((3, 3))
+    idx = np.array([4, 0, 4])
+    ref = a.copy()
+    for k, i in enumerate(idx):
+        ref[:, i] += 2.0 * src[:, k]
+    np.testing.assert_allclose(hp.tensor(a).index_add(1, hp.tensor(idx), hp.tensor(src), alpha=2).numpy(), ref)
+    gradcheck(lambda x, s: x.index_add(1, hp.tensor(idx), s, alpha=2), [a, src])
+    t = hp.tensor(a.copy())
+    assert t.index_add_(1, hp.tensor(idx), hp.tensor(src), alpha=2) is t
+    np.testing.assert_allclose(t.numpy(), ref)
+
+
+def test_scatter_and_index_add_refuse_what_pytorch_refuses():
+    z = hp.zeros(3, 4)
+    with pytest.raises(RuntimeError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        z.scatter(0, hp.tensor([[3]]), 1.0)
+    with pytest.raises(RuntimeError, match="Expected dtype int64 for index"):
+        z.scatter_add(0, hp.tensor([[0]], dtype=hp.int32), hp.ones(1, 1))
+    with pytest.raises(RuntimeError, match="same number of dimensions"):
+        z.scatter_add(0, hp.tensor([0]), hp.ones(1))
+    with pytest.raises(RuntimeError, match="Expected self.dtype to be equal to src.dtype"):
+        z.scatter(0, hp.tensor([[0]]), hp.ones(1, 1, dtype=hp.float64))
+    with pytest.raises(RuntimeError, match="must have the same scalar type"):
+        z.index_add(0, hp.tensor([0]), hp.ones(1, 4, dtype=hp.float64))
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        hp.zeros(3, requires_grad=True).scatter_(0, hp.tensor([0]), value=1.0)

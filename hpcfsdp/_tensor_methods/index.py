@@ -1,5 +1,5 @@
-"""Indexing and selection: ``t[idx]`` and ``t[idx] = v``, gather, index_select, take, narrow, masked_fill (and
-masked_fill_), masked_select, where; index results computed on the arrays (no graph): nonzero, argwhere, unique,
+"""Indexing and selection: ``t[idx]`` and ``t[idx] = v``, gather, scatter, scatter_add and index_add (and their
+in-place forms), index_select, take, narrow, masked_fill (and masked_fill_), masked_select, where; index results computed on the arrays (no graph): nonzero, argwhere, unique,
 bincount, searchsorted, bucketize."""
 import builtins
 import operator
@@ -11,7 +11,7 @@ from .._array import promote_types, result_type_scalar, wrap_dim
 from .._backend import float32, int64
 from .._registry import function_op, mixin, op
 from ..autograd import ops
-from ..autograd.grad_mode import is_grad_enabled
+from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ._common import TensorBase, _dim_slice, _inplace, _raw, _tensor_arg, _wrap_array, check_inplace
 
 __all__ = ["IndexMixin"]
@@ -94,6 +94,106 @@ def gather(self, dim, index, *, sparse_grad=False):
     if bad is not None:
         raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {self._data.shape[d]}")
     return ops.TakeAlong.apply(self, idx, d)
+
+
+def _scatter_args(self, fn, dim, index, src):
+    """(dim, index array) of scatter/scatter_add, checked as PyTorch checks them."""
+    idx = _tensor_arg(index, fn, "index")._data
+    if idx.dtype != np.int64:
+        raise RuntimeError(f"{fn}(): Expected dtype int64 for index")
+    if builtins.max(idx.ndim, 1) != builtins.max(self.ndim, 1):
+        raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+    d = wrap_dim(dim, builtins.max(self.ndim, 1))
+    shape = self._data.shape or (1,)
+    src_shape = src._data.shape if isinstance(src, TensorBase) else None
+    for i, m in enumerate(idx.shape):
+        if (i != d and m > shape[i]) or (src_shape is not None and m > (src_shape or (1,))[i]):
+            raise RuntimeError(f"Expected index {list(idx.shape)} to be smaller than self {list(self.shape)} apart "
+                               f"from dimension {d}" + (f" and to be smaller size than src {list(src.shape)}"
+                                                        if src_shape is not None else ""))
+    bad = _out_of_range(idx, shape[d])
+    if bad is not None:
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {shape[d]}")
+    return d, idx
+
+
+def _scatter(self, fn, dim, index, src, add):
+    d, idx = _scatter_args(self, fn, dim, index, src)
+    if isinstance(src, TensorBase) and src.dtype != self.dtype:
+        raise RuntimeError(f"{fn}(): Expected self.dtype to be equal to src.dtype")
+    x = self if self.ndim else self.reshape(1)
+    out = ops.Scatter.apply(x, idx.reshape(idx.shape or (1,)), src if isinstance(src, TensorBase) else src, d, add)
+    return out if self.ndim else out.reshape(())
+
+
+@op("index", function=True, functions=(ops.Scatter,))
+def scatter(self, dim, index, src=None, value=None, *, reduce=None):
+    """``src`` (a tensor, or a number: ``value``) written into a copy of self at ``index`` along ``dim``."""
+    if reduce is not None:
+        raise NotImplementedError(f"scatter(reduce={reduce!r}) is not supported by hpcfsdp; use scatter_add or "
+                                  "scatter_reduce's out-of-place equivalent")
+    if (src is None) == (value is None):
+        raise TypeError("scatter() expects exactly one of src or value")
+    return _scatter(self, "scatter", dim, index, src if src is not None else value, False)
+
+
+@op("index", function=True, functions=(ops.Scatter,))
+def scatter_add(self, dim, index, src):
+    """A copy of self with ``src`` added at ``index`` along ``dim`` (repeated indices accumulate)."""
+    return _scatter(self, "scatter_add", dim, index, _tensor_arg(src, "scatter_add", "src"), True)
+
+
+@op("index", function=True, functions=(ops.IndexAdd,))
+def index_add(self, dim, index, source, *, alpha=1):
+    """A copy of self with ``alpha * source`` added at the rows ``index`` (1-D) of ``dim``."""
+    idx = _tensor_arg(index, "index_add", "index")._data
+    source = _tensor_arg(source, "index_add", "source")
+    if idx.dtype not in _INDEX_DTYPES:
+        raise RuntimeError("index_add_(): Expected dtype int32/int64 for index")
+    if idx.ndim > 1:
+        raise IndexError("index_add_(): Index is supposed to be a vector")
+    d = wrap_dim(dim, builtins.max(self.ndim, 1))
+    x = self if self.ndim else self.reshape(1)
+    want = x.shape[:d] + (idx.size,) + x.shape[d + 1:]
+    if tuple(source.shape if source.ndim else (1,)) != tuple(want):
+        raise RuntimeError(f"index_add_(): source has shape {list(source.shape)}, expected {list(want)}")
+    if source.dtype != self.dtype:
+        raise RuntimeError("index_add_(): self (" + str(self.dtype) + ") and source (" + str(source.dtype)
+                           + ") must have the same scalar type")
+    bad = _out_of_range(idx, x._data.shape[d])
+    if bad is not None:
+        raise IndexError(f"index out of range in self: index {bad} for dimension {d} of size {x._data.shape[d]}")
+    out = ops.IndexAdd.apply(x, idx.reshape(-1), source.reshape(want), d, alpha)
+    return out if self.ndim else out.reshape(())
+
+
+def _into(self, result):
+    """The in-place variant: ``result`` (computed without recording) written into self; returns self."""
+    check_inplace(self)
+    if not _backend.is_meta_array(self._data):
+        self._data[...] = result._data
+    return self
+
+
+@op("index")
+def scatter_(self, dim, index, src=None, value=None, *, reduce=None):
+    check_inplace(self)
+    with no_grad():
+        return _into(self, scatter(self, dim, index, src, value, reduce=reduce))
+
+
+@op("index")
+def scatter_add_(self, dim, index, src):
+    check_inplace(self)
+    with no_grad():
+        return _into(self, scatter_add(self, dim, index, src))
+
+
+@op("index")
+def index_add_(self, dim, index, source, *, alpha=1):
+    check_inplace(self)
+    with no_grad():
+        return _into(self, index_add(self, dim, index, source, alpha=alpha))
 
 
 @op("index", function=True, functions=(ops.GetItem,))

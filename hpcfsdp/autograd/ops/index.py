@@ -5,7 +5,7 @@ from ..._array import index_add, shape_of, sum_to
 from ..._backend import array_module
 from ..function import Op
 
-__all__ = ["GetItem", "TakeAlong", "Where", "MaskedFill", "index_add"]
+__all__ = ["GetItem", "TakeAlong", "Scatter", "IndexAdd", "Where", "MaskedFill", "index_add"]
 
 
 def _is_basic(idx):
@@ -57,6 +57,66 @@ class TakeAlong(Op):
                       for i, n in enumerate(index.shape))
         index_add(out, where, g)
         return out, None, None
+
+
+def _positions(index, dim, xp):
+    """The advanced index of every element of ``index`` into a tensor: ``index`` at ``dim``, its own position in
+    the other dims (scatter's and gather's addressing)."""
+    nd = index.ndim
+    return tuple(index if i == dim else xp.arange(n).reshape((-1,) + (1,) * (nd - i - 1))
+                 for i, n in enumerate(index.shape))
+
+
+def _block(index, src):
+    """The leading block of ``src`` that ``index`` addresses (src may be larger in every dim)."""
+    return src[tuple(slice(0, n) for n in index.shape)]
+
+
+class Scatter(Op):
+    """out = a with src's leading block written (``add`` False) or added (True) at ``index`` along ``dim``:
+    Tensor.scatter / scatter_add. Gradients: a's is g (zeroed where scatter overwrote), src's g gathered back."""
+
+    @staticmethod
+    def forward(ctx, a, index, src, dim, add):
+        xp = array_module(a)
+        out = a.copy()
+        where = _positions(index, dim, xp)
+        vals = _block(index, src) if getattr(src, "ndim", 0) else src
+        if add:
+            index_add(out, where, xp.broadcast_to(xp.asarray(vals, dtype=out.dtype), index.shape))
+        else:
+            out[where] = vals
+        ctx.where, ctx.add, ctx.src_shape, ctx.ishape = where, add, getattr(src, "shape", None), index.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        ga = g
+        if not ctx.add:
+            ga = g.copy()
+            ga[ctx.where] = 0
+        gs = None
+        if ctx.src_shape is not None and ctx.needs_input_grad[2]:
+            gs = array_module(g).zeros(ctx.src_shape, dtype=g.dtype)
+            gs[tuple(slice(0, n) for n in ctx.ishape)] = g[ctx.where]
+        return ga, None, gs, None, None
+
+
+class IndexAdd(Op):
+    """out = a with ``alpha * source`` added at ``index`` (1-D) along ``dim``: Tensor.index_add."""
+
+    @staticmethod
+    def forward(ctx, a, index, source, dim, alpha):
+        out = a.copy()
+        at = (slice(None),) * dim + (index,)
+        index_add(out, at, source * source.dtype.type(alpha) if alpha != 1 else source)
+        ctx.at, ctx.alpha = at, alpha
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        gs = g[ctx.at]
+        return g, None, (gs * gs.dtype.type(ctx.alpha) if ctx.alpha != 1 else gs), None, None
 
 
 class Where(Op):
