@@ -98,3 +98,22 @@ def test_reciprocal_trunc_frac_clamp(rng):
     assert hp.clamp_min(hp.tensor([1, 5]), 3).tolist() == [3, 5]
     with pytest.raises(RuntimeError, match="frac"):
         hp.frac(hp.tensor([1]))
+
+
+def test_tan_against_numpy_and_its_gradient():
+    x = np.linspace(-1.3, 1.3, 11)
+    np.testing.assert_allclose(hp.tensor(x).tan().numpy(), np.tan(x), rtol=1e-14)
+    np.testing.assert_allclose(hp.tan(hp.tensor(x)).numpy(), np.tan(x), rtol=1e-14)
+    gradcheck(lambda t: t.tan(), [x])
+    assert hp.tensor([1, 2]).tan().dtype == hp.float32  # integers promote, as PyTorch
+
+
+@pytest.mark.parametrize("name,ref", [("abs_", np.abs), ("tanh_", np.tanh), ("relu_", lambda a: np.maximum(a, 0)),
+                                      ("sigmoid_", lambda a: 1 / (1 + np.exp(-a)))])
+def test_in_place_activations_write_self_and_refuse_autograd_leaves(name, ref):
+    x = np.linspace(-3, 3, 9)
+    t = hp.tensor(x)
+    assert getattr(t, name)() is t
+    np.testing.assert_allclose(t.numpy(), ref(x), rtol=1e-14)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        getattr(hp.tensor(x, requires_grad=True), name)()

@@ -1,6 +1,6 @@
 """Unary element-wise functions: neg, abs, square, reciprocal, exp/log and their kin (exp2, expm1, log1p, log2,
 log10), sqrt/rsqrt, the trigonometric and hyperbolic functions, erf, sign and rounding (floor, ceil, round, trunc,
-frac), and the in-place exp_/sqrt_/neg_."""
+frac), and the in-place exp_/sqrt_/neg_/abs_/tanh_/sigmoid_/relu_."""
 import numpy as np
 
 from .._array import dtype_category
@@ -104,6 +104,11 @@ def log10(self):
 
 
 @op("unary", function=True, functions=(ops.Unary,))
+def tan(self):
+    return _unary(self, "tan")
+
+
+@op("unary", function=True, functions=(ops.Unary,))
 def sinh(self):
     return _unary(self, "sinh")
 
@@ -197,6 +202,34 @@ def sqrt_(a):
 @_inplace
 def neg_(a):
     array_module(a).negative(a, out=a)
+
+
+@op("unary")
+@_inplace
+def abs_(a):
+    array_module(a).absolute(a, out=a)
+
+
+@op("unary")
+@_inplace
+def tanh_(a):
+    array_module(a).tanh(a, out=a)
+
+
+@op("unary")
+@_inplace
+def sigmoid_(a):
+    xp = array_module(a)
+    xp.negative(a, out=a)
+    xp.exp(a, out=a)
+    a += 1
+    xp.reciprocal(a, out=a)
+
+
+@op("unary")
+@_inplace
+def relu_(a):
+    array_module(a).maximum(a, 0, out=a)
 
 
 UnaryMixin = mixin("unary")

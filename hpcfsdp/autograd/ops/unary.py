@@ -193,6 +193,7 @@ UNARY = {
     "log10": lambda xp, a, out: 1 / (a * a.dtype.type(math.log(10))),
     "sinh": lambda xp, a, out: xp.cosh(a),
     "cosh": lambda xp, a, out: xp.sinh(a),
+    "tan": lambda xp, a, out: 1 + out * out,
     "arcsin": lambda xp, a, out: 1 / xp.sqrt(1 - a * a),
     "arccos": lambda xp, a, out: -1 / xp.sqrt(1 - a * a),
     "arctan": lambda xp, a, out: 1 / (1 + a * a),
