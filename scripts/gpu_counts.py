@@ -105,8 +105,8 @@ def main(argv=None) -> int:
            "full_depth_launches": c.launches + (shape["n_layer"] - a.layers) * (block + opt_block),
            "step_host_syncs": len(c.host_syncs), "block_host_syncs": len(fwd.host_syncs) + len(bwd.host_syncs),
            "host_sync_sites": dict(collections.Counter(f"{k} at {s}" for k, s in c.host_syncs)),
-           "step_peak_bytes": c.peak_bytes, "block_forward_top_ops": fwd.launches_by_op.most_common(8),
-           "block_backward_top_ops": bwd.launches_by_op.most_common(8)}
+           "step_peak_bytes": c.peak_bytes, "block_forward_top_ops": fwd.launches_by_op.most_common(),
+           "block_backward_top_ops": bwd.launches_by_op.most_common()}
     print(json.dumps(res, indent=1))
     if a.json:
         with open(a.json, "a") as f:

@@ -193,11 +193,37 @@ def test_causal_softmax_twins_equal_softmax_and_its_finite_difference_in_float64
     np.testing.assert_allclose(ds, fd_vjp(lambda a: _softmax_ref(a, 0.5, causal), s, dp), rtol=0, atol=1e-8)
 
 
-def test_causal_softmax_twin_in_bfloat16_rounds_once_from_float():
+def test_causal_softmax_twin_in_bfloat16_reads_float_scores_and_rounds_once():
     rng = np.random.default_rng(4)
-    s = (rng.standard_normal((4, 16, 16)) * 4).astype(BF16)
-    p = np.empty_like(s)
+    s = (rng.standard_normal((4, 16, 16)) * 4).astype(np.float32)  # the float32 scores of bfloat16 q and k
+    p = np.empty(s.shape, BF16)
     K.KERNELS["causal_softmax_fwd"].twin([s, p, np.int64(64), np.int32(16), np.int32(16), np.float32(0.25),
                                           np.int32(1)], BF16)
-    ref = _softmax_ref(s, 0.25, True)
-    np.testing.assert_array_less(np.abs(p.astype(np.float64) - ref), 2 ** -8 * ref + 1e-30)
+    ref = _softmax_ref(s.astype(np.float64), 0.25, True)
+    np.testing.assert_array_less(np.abs(p.astype(np.float64) - ref), 2 ** -8 * ref + 1e-30)  # half an ulp (8 significant bits)
+    dp = rng.standard_normal(s.shape).astype(np.float32)
+    ds = np.empty(s.shape, BF16)
+    K.KERNELS["softmax_bwd_scaled"].twin([p, dp, ds, np.int64(64), np.int32(16), np.float32(0.25)], BF16)
+    pf = p.astype(np.float64)
+    want = 0.25 * pf * (dp - (dp * pf).sum(-1, keepdims=True))
+    np.testing.assert_array_less(np.abs(ds.astype(np.float64) - want), 2 ** -8 * np.abs(want) + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, BF16])
+def test_heads_split3_and_merge3_twins_are_the_packed_projection_s_head_views_and_inverse(dtype):
+    B, T, H, D = 2, 5, 3, 4
+    x = np.random.default_rng(5).standard_normal((B, T, 3 * H * D)).astype(dtype)
+    outs = [np.empty((B, H, T, D), dtype) for _ in range(3)]
+    K.KERNELS["heads_split3"].twin([x, x, *outs, np.int64(B * H * T * D), np.int32(T), np.int32(H), np.int32(D),
+                                    np.int32(0)], dtype)
+    for i, o in enumerate(outs):  # q, k, v as the GPT's split(C) / view(B, T, H, D) / transpose(1, 2)
+        np.testing.assert_array_equal(o, x[..., i * H * D:(i + 1) * H * D].reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    bias = np.random.default_rng(6).standard_normal(3 * H * D).astype(dtype)
+    K.KERNELS["heads_split3"].twin([x, bias, *outs, np.int64(B * H * T * D), np.int32(T), np.int32(H), np.int32(D),
+                                    np.int32(1)], dtype)
+    xb = (x.astype(np.float64) + bias.astype(np.float64)).astype(dtype)  # the Linear's bias add, rounded once
+    for i, o in enumerate(outs):
+        np.testing.assert_array_equal(o, xb[..., i * H * D:(i + 1) * H * D].reshape(B, T, H, D).transpose(0, 2, 1, 3))
+    back = np.full_like(x, np.nan)  # the merge inverts the split: the biased projection back
+    K.KERNELS["heads_merge3"].twin([*outs, back, np.int64(B * H * T * D), np.int32(T), np.int32(H), np.int32(D)], dtype)
+    np.testing.assert_array_equal(back, xb)

@@ -39,9 +39,9 @@ def _fwd(x, w, b, eps, rms, dtype):
 def _bwd(g, x, w, mean, rstd, rms, dtype):
     rows, c = x.shape
     dx, dw, db = np.empty_like(x), np.empty(c, x.dtype), np.empty(c, x.dtype)
-    K.KERNELS["norm_bwd_dx"].twin([g, x, x if w is None else w, mean, rstd, dx, I64(rows), I64(c),
-                                   I32(w is not None), I32(rms)], dtype)
-    K.KERNELS["norm_bwd_wb"].twin([g, x, mean, rstd, dw, db, I64(rows), I64(c), I32(rms)], dtype)
+    K.KERNELS["norm_bwd_dx"].twin([g, x, x if w is None else w, mean, rstd, x, dx, I64(rows), I64(c),
+                                   I32(w is not None), I32(0), I32(rms)], dtype)
+    K.KERNELS["norm_bwd_wb"].twin([g, x, mean, rstd, x, dw, db, db, I64(rows), I64(c), I32(rms), I32(0)], dtype)
     return dx, dw, db
 
 
@@ -107,7 +107,8 @@ def test_norm_launches_run_the_twins_on_the_simulated_device():
                                                                   rstd, I64(6), I64(33), np.float64(1e-5), I32(1),
                                                                   I32(1), I32(0)))
     with pytest.raises(cs.CudaSimError, match="512 threads per block; at most 256"):  # norm_bwd_wb's fixed tile
-        mod.get_function("norm_bwd_wb<float>")((2,), (512,), (y, dx_, mean, rstd, dw_, db_, I64(6), I64(33), I32(0)))
+        mod.get_function("norm_bwd_wb<float>")((2,), (512,), (y, dx_, mean, rstd, dx_, dw_, db_, db_, I64(6), I64(33),
+                                                             I32(0), I32(0)))
 
 
 def test_launchers_pass_accumulation_typed_statistics_for_double():
@@ -115,3 +116,32 @@ def test_launchers_pass_accumulation_typed_statistics_for_double():
     mean = next(p for p in spec.params if p.name == "mean")
     assert spec.pointer_dtype(mean, np.float64) == np.float64 and spec.pointer_dtype(mean, BF16) == np.float32
     assert "norm" in K._registry.FAMILIES and nvrtc.norm is norm
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float64), BF16])
+def test_add_norm_twin_is_the_residual_sum_then_the_norm_and_its_backward_adds_the_stream_s_gradient(dtype):
+    rng = np.random.default_rng(7)
+    rows, c = 6, 40
+    x, y = (rng.standard_normal((rows, c)).astype(dtype) for _ in range(2))
+    yb, w, b = (rng.standard_normal(c).astype(dtype) for _ in range(3))
+    s, out = np.empty_like(x), np.empty_like(x)
+    mean, rstd = np.empty(rows, norm.acc_dtype(dtype)), np.empty(rows, norm.acc_dtype(dtype))
+    K.KERNELS["add_norm_fwd"].twin([x, y, yb, w, b, s, out, mean, rstd, I64(rows), I64(c), np.float64(1e-5), I32(1),
+                                    I32(1), I32(1), I32(0)], dtype)
+    f64 = np.float64
+    want_s = (x.astype(f64) + (y.astype(f64) + yb.astype(f64)).astype(dtype).astype(f64)).astype(dtype)
+    np.testing.assert_array_equal(s, want_s)  # rounded as the unfused adds: the same residual stream
+    y2, _, _ = _fwd(s, w, b, 1e-5, 0, dtype)
+    np.testing.assert_array_equal(out, y2)  # then exactly norm_fwd of it
+    g_out, g_s = (rng.standard_normal((rows, c)).astype(dtype) for _ in range(2))
+    ds, dw, db, dyb = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype), np.empty(c, dtype)
+    K.KERNELS["norm_bwd_dx"].twin([g_out, s, w, mean, rstd, g_s, ds, I64(rows), I64(c), I32(1), I32(1), I32(0)], dtype)
+    K.KERNELS["norm_bwd_wb"].twin([g_out, s, mean, rstd, ds, dw, db, dyb, I64(rows), I64(c), I32(0), I32(1)], dtype)
+    gx_norm = fd_vjp(lambda a: _ref(a, w.astype(f64), b.astype(f64), 1e-5, 0), s.astype(f64), g_out.astype(f64))
+    want_ds = gx_norm + g_s.astype(f64)
+    tol = dict(rtol=0, atol=1e-7) if dtype == np.float64 else dict(rtol=2 ** -7, atol=2 ** -7 * np.abs(want_ds).max())
+    np.testing.assert_allclose(ds.astype(f64), want_ds, **tol)
+    np.testing.assert_allclose(dyb.astype(f64), ds.astype(f64).sum(0), rtol=2 ** -7 if dtype == BF16 else 1e-12,
+                               atol=1e-3 if dtype == BF16 else 1e-12)
+    np.testing.assert_allclose(db.astype(f64), g_out.astype(f64).sum(0), rtol=2 ** -7 if dtype == BF16 else 1e-12,
+                               atol=1e-3 if dtype == BF16 else 1e-12)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from . import activation, attention, embedding, fsdp, quantize, rotary  # noqa: F401 (each family's module declares its kernels)
-from . import norm  # noqa: F401
+from . import linear, norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import optim  # noqa: F401
 from ._registry import FAMILIES, OPTIONS, cuda_include_dir, name_expressions, source

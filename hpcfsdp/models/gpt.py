@@ -3,6 +3,9 @@ import math
 from dataclasses import dataclass
 
 from hpcfsdp import nn
+from hpcfsdp._tensor import Tensor
+from hpcfsdp.autograd.ops.attention import SplitHeads
+from hpcfsdp.models import _gpt_fused
 from hpcfsdp.nn import functional as F
 from hpcfsdp.nn import init
 
@@ -95,10 +98,13 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = qkv.shape                                      # T: the whole sequence (x may be a shard of it)
         C = qkv.shape[-1] // 3                                   # this rank's heads x hs (n_embd unsplit)
         nh = C // hs                                             # this rank's heads (n_head unsplit)
-        q, k, v = qkv.split(C, dim=2)                            # 3 x (B, T, C)
-        q = q.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
-        k = k.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
-        v = v.reshape(B, T, nh, hs).transpose(1, 2)              # (B, nh, T, hs)
+        if type(qkv) is Tensor:                                  # one fused split on the GPU (SplitHeads)
+            q, k, v = SplitHeads.apply(qkv, nh)                  # 3 x (B, nh, T, hs)
+        else:
+            q, k, v = qkv.split(C, dim=2)                        # 3 x (B, T, C)
+            q = q.reshape(B, T, nh, hs).transpose(1, 2)          # (B, nh, T, hs)
+            k = k.reshape(B, T, nh, hs).transpose(1, 2)          # (B, nh, T, hs)
+            v = v.reshape(B, T, nh, hs).transpose(1, 2)          # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )                                                        # (B, nh, T, hs)
@@ -139,6 +145,8 @@ class Block(nn.Module):
         self.mlp = MLP(config, **kw)
 
     def forward(self, x):
+        if _gpt_fused.fusable(self, x, _Linear, CausalSelfAttention, MLP):   # the same sums with the biases fused (GPU): [Note: The fused GPT block]
+            return _gpt_fused.block_forward(self, x)
         x = x + self.attn(self.ln_1(x))   # (B, T, C)
         x = x + self.mlp(self.ln_2(x))    # (B, T, C)
         return x

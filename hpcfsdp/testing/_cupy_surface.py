@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 
@@ -23,6 +25,10 @@ __all__ = ["Surface", "surface", "purge_real_cupy", "is_cupy_module_name", "MODU
 # a table is written down here by hand, naming the source file it comes from (SCATTER_ADD).
 
 MODULES = ("cupy", "cupyx", "cupy.cuda", "cupy.cuda.runtime", "cupy.random", "cupy.linalg", "cupy.cuda.nccl")
+# Modules CuPy loads on first use from a CUDA library this machine may lack (cupy.cuda.cublas needs libcublas, which
+# no wheel of the cuda extra brings): their names and signatures are read from the compiled extension itself
+# (Cython embeds each function's signature in its docstring), and cupy.cuda gets the name as its __getattr__ gives it.
+BINARY_MODULES = {"cupy.cuda.cublas": "cupy_backends.cuda.libs.cublas"}
 INSTALL_HINT = 'pip install -e ".[cuda]"'
 
 # cupy/_core/_routines_indexing.pyx, _scatter_op (op == 'add'): the value dtypes scatter_add accepts
@@ -58,6 +64,7 @@ class Surface:
     flag_keys: tuple  # what flags[...] accepts
     ufuncs: dict  # ufunc name -> tuple of signatures ('EE->E')
     reductions: dict  # sum/prod/max/min -> tuple of signatures
+    signatures: dict  # "cupy.cuda.cublas.gemmEx" -> its parameter names, for the BINARY_MODULES
 
 
 def is_cupy_module_name(name: str) -> bool:
@@ -109,5 +116,29 @@ def _capture() -> Surface:
             reductions[public] = tuple("".join(np.dtype(t).char for t in o.in_types) + "->"
                                        + "".join(np.dtype(t).char for t in o.out_types) for o in ops)
     flags = frozenset(a for a in dir(_flags.Flags) if not a.startswith("_"))
+    signatures = {}
+    for public, ext in BINARY_MODULES.items():
+        funcs, consts = _binary_surface(ext)
+        names[public] = frozenset(funcs) | consts
+        names["cupy.cuda"] = names["cupy.cuda"] | {public.rsplit(".", 1)[1]}
+        signatures.update({f"{public}.{f}": ps for f, ps in funcs.items()})
     return Surface(version=cp.__version__, modules=names, ndarray=frozenset(dir(cp.ndarray)), flags=flags,
-                   flag_keys=_FLAG_KEYS, ufuncs=ufuncs, reductions=reductions)
+                   flag_keys=_FLAG_KEYS, ufuncs=ufuncs, reductions=reductions, signatures=signatures)
+
+
+_SIGNATURE = re.compile(rb"(?<![\w.])([A-Za-z]\w*)\(((?:(?:intptr_t|size_t|int|long long|float|double|bint|str|object) "
+                        rb"\w+(?:, )?)*)\)")
+
+
+def _binary_surface(ext: str):
+    """({function: parameter names}, constant names) of the Cython extension module ``ext``, read from its file."""
+    spec = importlib.util.find_spec(ext)
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"{ext} is not installed")
+    with open(spec.origin, "rb") as f:
+        data = f.read()
+    funcs = {m.group(1).decode(): tuple(p.rsplit(" ", 1)[1] for p in m.group(2).decode().split(", ") if p)
+             for m in _SIGNATURE.finditer(data)}
+    prefix = ext.split(".")[-1].upper() + "_"  # CUBLAS_OP_N, ...
+    consts = {c.decode() for c in re.findall(rb"(?<![\w])(" + prefix.encode() + rb"[A-Z0-9_]+)(?![\w])", data)}
+    return funcs, frozenset(consts)

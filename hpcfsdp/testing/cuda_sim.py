@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 import hpcfsdp._settings as _settings  # a leaf
-from . import _sim_nccl
+from . import _sim_cublas, _sim_nccl
 from . import _sim_counters as _ctr
 from . import _sim_mpi, _sim_pool
 from . import _sim_dlpack as _dlpack
@@ -597,6 +597,8 @@ cuda.alloc_pinned_memory, cuda.PinnedMemoryPointer = alloc_pinned_memory, Pinned
 _rt._Runtime.deviceGetPCIBusId = _sim_nccl.device_pci_bus_id  # noqa: N815 (CUDA's name)
 cuda.runtime = SimModule("cupy.cuda.runtime", impl=_rt._Runtime("cupy.cuda.runtime"))
 cuda.nccl = SimModule("cupy.cuda.nccl", impl=_sim_nccl.nccl)
+cuda.cublas = SimModule("cupy.cuda.cublas", impl=_sim_cublas.cublas)
+cuda.get_cublas_handle = _sim_cublas.device_handle
 
 
 def _pointer_attributes(ptr):

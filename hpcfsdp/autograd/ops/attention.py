@@ -4,11 +4,13 @@ import numpy as np
 from ..._array import HALF_DTYPES, array_matmul, sum_to
 from ..._backend import array_module
 from ..._kernels import attention as _fused
+from ..._kernels import gemm as _gemm
+from ..._kernels import linear as _linear
 from ..._kernels import use_fused
 from ..function import Op
 from .random import _random_keep
 
-__all__ = ["ScaledDotProductAttention", "CAUSAL_BLOCK"]
+__all__ = ["ScaledDotProductAttention", "SplitHeads", "CAUSAL_BLOCK"]
 
 
 CAUSAL_BLOCK = 64  # query rows per block in the causal path (64 measured fastest at T=256)
@@ -42,15 +44,18 @@ def _mask_upper_(s, r0, xp):
 # [Note: Dense attention on the GPU]
 # On a GPU the block loop above costs launches, not arithmetic (about 210 forward and 214 backward at
 # T=1024). With CuPy arrays, no explicit mask and no dropout, attention is dense: S = q k^T and out = P v
-# are one cuBLAS call each, and one fused kernel scales, masks and soft-maxes each row of S in float
+# are one cuBLAS call each, and one fused kernel scales, masks and soft-maxes each row of S
 # (hpcfsdp/_kernels/attention.cu): 3 launches forward, 5 backward (dv = P^T g, dP = g v^T, the fused
-# softmax backward, dq = dS k, dk = dS^T q). Half-precision inputs are computed in float32, scores and
-# probabilities included, as PyTorch's math attention does by default
-# (allow_fp16_bf16_reduction_math_sdp(False)): bfloat16 scores would round 2**-9 of each logit, which the
-# optimizer amplifies (measured: a 0.2 relative gradient error in one weight of a 2-block GPT after 3
-# AdamW steps). That costs 4 casts each way and keeps the GEMMs off the bfloat16 tensor cores; a bfloat16
-# GEMM with a float32 output (cublasGemmEx) would keep both, and needs a GPU to prove. The causal half of
-# S is computed and then masked.
+# softmax backward, dq = dS k, dk = dS^T q). The scores of half-precision inputs must not be rounded to
+# their dtype: bfloat16 scores round 2**-9 of each logit, which the optimizer amplifies (measured: a 0.2
+# relative gradient error in one weight of a 2-block GPT after 3 AdamW steps). So for bfloat16 and half the
+# two products that make scores (S = q k^T, dP = g v^T) take half inputs on the tensor cores and write float32
+# (See [Note: Mixed-precision batched GEMM] in hpcfsdp/_kernels/gemm.py), the softmax and its backward read
+# float32 scores and write P and dS in the input dtype, and the three products of P or dS with a half
+# operand run in that dtype with float32 accumulation: no cast, and every GEMM on the tensor cores (as
+# FlashAttention, which also multiplies v by P rounded to half). Operands of different batch shapes
+# (broadcast heads) compute in float32 after casts, as PyTorch's math attention. The causal half of S is
+# computed and then masked.
 class ScaledDotProductAttention(Op):
     """softmax(q k^T * scale + mask) v, with optional causal mask, bool/additive mask and dropout."""
 
@@ -60,6 +65,13 @@ class ScaledDotProductAttention(Op):
         if ctx.dense:  # See [Note: Dense attention on the GPU]
             xp = array_module(q)
             ctx.dt = q.dtype
+            ctx.tc = _gemm.supports(q, k, v)
+            if ctx.tc:
+                q, k, v = xp.ascontiguousarray(q), xp.ascontiguousarray(k), xp.ascontiguousarray(v)
+                p = _fused.causal_softmax(_gemm.bmm(q, k, trans_b=True, out_dtype=np.float32), float(scale),
+                                          bool(is_causal), dtype=q.dtype)
+                ctx.q, ctx.k, ctx.v, ctx.p, ctx.scale = q, k, v, p, float(scale)
+                return _gemm.bmm(p, v)
             if q.dtype in HALF_DTYPES:
                 q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
             p = _fused.causal_softmax(xp.matmul(q, k.swapaxes(-1, -2)), float(scale), bool(is_causal))
@@ -146,6 +158,8 @@ class ScaledDotProductAttention(Op):
     def _dense_backward(ctx, g):
         q, k, v, p = ctx.q, ctx.k, ctx.v, ctx.p
         xp = array_module(q)
+        if ctx.tc:
+            return ScaledDotProductAttention._tensor_core_backward(ctx, xp.ascontiguousarray(g, dtype=q.dtype))
         g = g.astype(q.dtype, copy=False)
         nq, nk, nv = ctx.needs_input_grad[:3]
         gv = sum_to(xp.matmul(p.swapaxes(-1, -2), g), v.shape) if nv else None
@@ -156,3 +170,53 @@ class ScaledDotProductAttention(Op):
             gk = sum_to(xp.matmul(ds.swapaxes(-1, -2), q), k.shape) if nk else None
         return (*(None if a is None else a.astype(ctx.dt, copy=False) for a in (gq, gk, gv)),
                 None, None, None, None)
+
+    @staticmethod
+    def _tensor_core_backward(ctx, g):
+        q, k, v, p = ctx.q, ctx.k, ctx.v, ctx.p
+        nq, nk, nv = ctx.needs_input_grad[:3]
+        gv = _gemm.bmm(p, g, trans_a=True) if nv else None
+        gq = gk = None
+        if nq or nk:
+            ds = _fused.softmax_backward_scaled(p, _gemm.bmm(g, v, trans_b=True, out_dtype=np.float32), ctx.scale)
+            gq = _gemm.bmm(ds, k) if nq else None
+            gk = _gemm.bmm(ds, q, trans_a=True) if nk else None
+        return gq, gk, gv, None, None, None, None
+
+
+def _col_sum(g):
+    if use_fused(g):
+        return _linear.col_sum(g)
+    f = np.float64 if g.dtype == np.float64 else np.float32
+    return g.reshape(-1, g.shape[-1]).astype(f).sum(axis=0).astype(g.dtype)
+
+
+class SplitHeads(Op):
+    """q, k, v (B, H, T, D) of a packed projection (B, T, 3 * H * D) (plus its bias, if given): views on NumPy; on the
+    GPU one fused copy into three contiguous arrays (what the attention's batched GEMMs take), with the bias added,
+    whose gradient is one fused copy back (and the bias gradient one column sum)."""
+
+    @staticmethod
+    def forward(ctx, qkv, n_head, bias=None):
+        B, T, W = qkv.shape
+        ctx.fused = use_fused(qkv)
+        if ctx.fused:
+            return _fused.split_heads3(qkv, n_head, bias)
+        ctx.shape = qkv.shape
+        if bias is not None:
+            qkv = qkv + bias
+        heads = qkv.reshape(B, T, 3, n_head, W // (3 * n_head))
+        return tuple(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+    @staticmethod
+    def backward(ctx, gq, gk, gv):
+        ref = next(g for g in (gq, gk, gv) if g is not None)
+        xp = array_module(ref)
+        gq, gk, gv = (xp.zeros_like(ref) if g is None else g for g in (gq, gk, gv))
+        if ctx.fused:
+            g = _fused.merge_heads3(gq, gk, gv)
+        else:
+            B, T, W = ctx.shape
+            g = xp.stack([gq, gk, gv], axis=1).transpose(0, 3, 1, 2, 4).reshape(B, T, W)
+        nb = len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]
+        return g, None, (_col_sum(g) if nb else None)
