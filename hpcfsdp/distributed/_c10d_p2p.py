@@ -78,9 +78,11 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list) -> list[Work]:
-    """Issue every operation of ``p2p_op_list`` (all on one group) and return their Works. Their order does not
-    matter for deadlock (each is nonblocking); messages between one pair of ranks in one direction match in
-    list order."""
+    """Issue every operation of ``p2p_op_list`` (all on one group) and return a Work per operation. Their order
+    does not matter for deadlock; messages between one pair of ranks in one direction match in list order.
+    CUDA tensors go as one NCCL group where the group's GPU path is NCCL (tags ignored, as PyTorch's NCCL
+    backend; if this is the group's first call on CUDA tensors, every rank of the group must make it), host
+    tensors over MPI; one batch holds one kind. See [Note: GPU collectives] in _nccl.py."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type ``torch.distributed.P2POp``.")
     if not p2p_op_list:
@@ -88,8 +90,8 @@ def batch_isend_irecv(p2p_op_list) -> list[Work]:
     group = p2p_op_list[0].group
     if any(p.group is not group for p in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
-    works = []
-    for p in p2p_op_list:
-        key = "group_dst" if p.op is isend else "group_src"
-        works.append(p.op(p.tensor, group=p.group, tag=p.tag, **{key: p.group_peer}))
-    return works
+    ops = []
+    for i, p in enumerate(p2p_op_list):
+        a = as_array(p.tensor, f"batch_isend_irecv: op {i} ({p.op.__name__}): tensor", writable=p.op is irecv)
+        ops.append((p.op is isend, a, p.group_peer, p.tag))
+    return group.batch_isend_irecv(ops)

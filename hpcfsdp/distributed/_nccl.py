@@ -15,7 +15,7 @@ from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed._mpi import comm_timeout, cuda_aware, get_mpi
 
 __all__ = ["GpuPath", "gpu_path", "nccl_status", "NcclWork", "all_gather", "reduce_scatter", "all_reduce",
-           "broadcast", "destroy", "auto_choice_text"]
+           "broadcast", "batch_send_recv", "destroy", "auto_choice_text"]
 
 # [Note: GPU collectives]
 # A process group moves CuPy arrays one of three ways, chosen once, at the group's first collective on
@@ -38,7 +38,26 @@ __all__ = ["GpuPath", "gpu_path", "nccl_status", "NcclWork", "all_gather", "redu
 # nccl where two ranks share a GPU raises naming the GPU (NCCL refuses a GPU twice in one communicator);
 # auto falls back and records why (``pg.gpu_comm``; ``hpcfsdp info``). MPI stays for the bootstrap, host
 # arrays, objects, checkpoints and the watchdog. What NCCL lacks takes the group's fallback path: rooted
-# collectives (gather, scatter, reduce, all_to_all), receives from any source, bool reductions and int16.
+# collectives (gather, scatter, reduce, all_to_all), point-to-point outside batch_isend_irecv (below), bool
+# reductions and int16.
+# Point-to-point: batch_isend_irecv of CUDA arrays, on a group whose path is nccl, is one ncclGroupStart ...
+# ncclGroupEnd of ncclSend/ncclRecv on the NCCL stream, stream-ordered as a collective (one ready event, one
+# done event; a Work per op, all done with that event, each keeping its array until wait(): the list the MPI
+# path returns, where PyTorch's NCCL backend returns one coalesced Work). Inside the group NCCL matches the
+# whole batch at once, so the order of sends and receives in the list cannot deadlock, and a send to oneself
+# with its receive in the same batch works. As PyTorch's NCCL backend: tags are ignored; every
+# op names its peer (no receive from any source); a receive's result() is its peer's group rank; each dtype
+# goes as its NCCL type (bytes for those NCCL lacks). NCCL checks no sizes: a send and its receive must have
+# the same byte count; only what one rank can see is checked (its sends to itself against its receives from
+# itself, in order), and one batch is all CUDA or all host arrays (ValueError otherwise; a host batch goes
+# over MPI op by op). The group's path is chosen at its first device call, collectively: a batch that is that
+# call needs every rank of the group (PyTorch's rule for its NCCL backend too); later batches may involve any
+# subset. A size-1 group copies each send into its receive on the caller's stream. Plain isend/irecv/send/recv
+# of CUDA arrays stay on MPI ([Note: Point-to-point] in _p2p.py, the group's fallback path): they take tags,
+# receives from any source and any order of posting between separately issued calls, which NCCL's do not
+# (outside a group an ncclSend holds its stream until the peer's ncclRecv runs: rank 0 sending then receiving
+# while rank 1 does the same can hang). Batched and plain messages travel on different channels (NCCL and
+# MPI): they never match each other, and no order is kept between them.
 # AVG: NCCL's own for floating dtypes; for integers a SUM and then a floor division on the NCCL stream (the
 # MPI path's meaning). Watchdog: a daemon thread polls the pending NCCL Works; one still running after
 # HPCFSDP_COMM_TIMEOUT seconds, or an asynchronous NCCL error, aborts the communicator, and the group's
@@ -203,19 +222,26 @@ class NcclGroup:
         if self.failed is not None:
             raise RuntimeError(self.failed)
 
+    def _launch(self, launch: Callable[[Any, Any], None]):
+        """Run ``launch(comm, stream)`` on the NCCL stream after the caller's current stream (inside the group's
+        device): (the caller's stream, the done event recorded after it)."""
+        cp = sys.modules["cupy"]
+        cur = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(cur)
+        self.stream.wait_event(ready)
+        with self.stream:
+            launch(self.comm, self.stream)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(self.stream)
+        return cur, done
+
     def run(self, desc, async_op: bool, keep: tuple, launch: Callable[[Any, Any], None]) -> "NcclWork | None":
         """Enqueue ``launch(comm, stream)`` on the NCCL stream after the caller's current stream; see the Note."""
         self.check()
         cp = sys.modules["cupy"]
         with cp.cuda.Device(self.device_id):
-            cur = cp.cuda.get_current_stream()
-            ready = cp.cuda.Event(disable_timing=True)
-            ready.record(cur)
-            self.stream.wait_event(ready)
-            with self.stream:
-                launch(self.comm, self.stream)
-            done = cp.cuda.Event(disable_timing=True)
-            done.record(self.stream)
+            cur, done = self._launch(launch)
             work = NcclWork(desc, done, self, keep if async_op else ())
             _watch(work)
             if not async_op:
@@ -223,6 +249,18 @@ class NcclGroup:
                 work.desc  # noqa: B018 (the watchdog keeps the Work: format the description, drop its arrays)
                 return None
         return work
+
+    def run_batch(self, items: list, launch: Callable[[Any, Any], None]) -> "list[NcclWork]":
+        """Like ``run`` (asynchronous) for a batch launched as one: a Work per ``(desc, keep, result)`` of
+        ``items``, all completing with the batch's done event."""
+        self.check()
+        cp = sys.modules["cupy"]
+        with cp.cuda.Device(self.device_id):
+            _, done = self._launch(launch)
+            works = [NcclWork(desc, done, self, keep, result) for desc, keep, result in items]
+            for work in works:
+                _watch(work)
+        return works
 
     def destroy(self) -> None:
         comm, self.comm = self.comm, None
@@ -273,10 +311,11 @@ class NcclWork(CT.Work):
 
     __slots__ = ("_event", "_group", "_keep")
 
-    def __init__(self, desc, event, group: NcclGroup, keep: tuple):
+    def __init__(self, desc, event, group: NcclGroup, keep: tuple, result: Any = None):
         super().__init__(desc)
         self._event, self._group, self._keep = event, group, keep
         self._done = _EventFlag(event)
+        self._result = result  # a batched receive's: the sender's group rank, as the MPI path's irecv
 
     def is_completed(self) -> bool:
         if self._group.failed is not None:
@@ -415,6 +454,33 @@ def broadcast(g: NcclGroup, a1, src: int, async_op: bool, desc):
     u8 = g.nccl.NCCL_UINT8
     return g.run(desc, async_op, (a1,),
                  lambda c, s: c.broadcast(a1.data.ptr, a1.data.ptr, nb, u8, src, s.ptr) if nb else None)
+
+
+def _p2p_type(nccl, a) -> tuple[int, int]:
+    """(NCCL type, count) of a point-to-point message of ``a``: its own type where NCCL has it, else bytes."""
+    t = _type(nccl, a.dtype)
+    return (nccl.NCCL_UINT8, a.nbytes) if t is None else (t, a.size)
+
+
+def batch_send_recv(g: NcclGroup, ops: list, descs: list) -> "list[NcclWork]":
+    """``ops``: ``(is_send, flat array, peer group rank)``, all in one ncclGroupStart/ncclGroupEnd on the NCCL
+    stream; a Work per op (``descs``: their descriptions). See [Note: GPU collectives] (point-to-point)."""
+    nccl = g.nccl
+    calls = [(is_send, a.data.ptr) + _p2p_type(nccl, a) + (peer,) for is_send, a, peer in ops if a.nbytes]
+
+    def launch(c, s):
+        nccl.groupStart()
+        try:
+            for is_send, p, t, count, peer in calls:
+                (c.send if is_send else c.recv)(p, count, t, peer, s.ptr)
+        except BaseException:
+            try:
+                nccl.groupEnd()  # balanced; NCCL drops a group one of whose calls failed
+            except Exception:
+                pass
+            raise
+        nccl.groupEnd()
+    return g.run_batch([(d, (a,), None if is_send else peer) for (is_send, a, peer), d in zip(ops, descs)], launch)
 
 
 def destroy(pg) -> None:

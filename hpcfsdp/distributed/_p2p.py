@@ -14,6 +14,7 @@ from hpcfsdp import _backend
 from hpcfsdp.distributed import _buffers as B
 from hpcfsdp.distributed import _comm_thread as CT
 from hpcfsdp.distributed import _failure as F
+from hpcfsdp.distributed import _nccl
 from hpcfsdp.distributed._mpi import comm_timeout, get_mpi
 
 __all__ = ["PointToPoint", "RESERVED_TAGS", "check_tag", "monitored_timeout"]
@@ -280,6 +281,54 @@ class PointToPoint:
         self.stats["recv"] += 1
         return self._p2p(desc, gen)
 
+    def batch_isend_irecv(self, ops: list) -> list[CT.Work]:
+        """Issue ``ops``, each ``(is_send, array, peer group rank, tag)``, and return a Work per op. CUDA arrays
+        on a group whose GPU path is nccl go as one NCCL group (tags ignored; the group's first device call
+        chooses the path, collectively); host arrays, and CUDA arrays on the other paths, as isend/irecv in list
+        order. One batch is all CUDA or all host arrays. See [Note: GPU collectives] in _nccl.py."""
+        self._check_alive()
+        if not ops:
+            raise ValueError("batch_isend_irecv: no operations")
+        todo = []
+        for i, (is_send, arr, peer, tag) in enumerate(ops):
+            what = f"batch_isend_irecv: op {i} ({'isend' if is_send else 'irecv'})"
+            B.check_buffer(arr, f"{what}: array", writable=not is_send)
+            todo.append((bool(is_send), arr, self._check_rank(peer, f"{what}: peer"), tag))
+        on_device = [B.is_cupy_array(a) for _, a, _, _ in todo]
+        if all(on_device):
+            _check_device_batch(todo, self._rank)
+            if self._size == 1:
+                return self._self_copies(todo)
+            ng = _nccl.gpu_path(self, todo[0][1]).nccl
+            if ng is not None:
+                self.stats["send"] += sum(s for s, _, _, _ in todo)
+                self.stats["recv"] += sum(not s for s, _, _, _ in todo)
+                descs = [self._batch_desc(s, a, p) for s, a, p, _ in todo]
+                return _nccl.batch_send_recv(ng, [(s, a.reshape(-1), p) for s, a, p, _ in todo], descs)
+        elif any(on_device):
+            i, j = on_device.index(True), on_device.index(False)
+            raise ValueError(
+                f"batch_isend_irecv: op {i} is a CUDA array ({B.describe(todo[i][1])}) and op {j} a host array "
+                f"({B.describe(todo[j][1])}): one batch moves CUDA tensors (on NCCL where the group uses it) or host "
+                "tensors (on MPI), not both; issue them as two batches")
+        return [self.isend(a, p, t) if s else self.irecv(a, p, t) for s, a, p, t in todo]
+
+    def _batch_desc(self, is_send: bool, arr, peer: int):
+        return lambda: (f"batch_isend_irecv: {'isend' if is_send else 'irecv'}({B.describe(arr)}, "
+                        f"{'dst' if is_send else 'src'}={peer}) on {self._gdesc()}")
+
+    def _self_copies(self, todo: list) -> list[CT.Work]:
+        """A size-1 group's batch (every op with itself): each send's bytes copied into its receive on the
+        caller's stream, completed Works (as the size-1 collectives)."""
+        sends = iter([a for s, a, _, _ in todo if s])
+        works = []
+        for s, a, p, _ in todo:
+            if not s:
+                B.copy_into(a.reshape(-1).view(np.uint8), next(sends).reshape(-1).view(np.uint8))
+            self.stats["send" if s else "recv"] += 1
+            works.append(CT.Work._completed(self._batch_desc(s, a, p), None if s else p))
+        return works
+
     def _p2p(self, desc, gen) -> CT.Work:
         resource = f"p2p{next(_RESOURCE)}"
         work = CT.execute(desc, lambda: CT.Staged([resource], gen(), detached=True), True)
@@ -372,6 +421,23 @@ class PointToPoint:
         if CT.comm_thread() is not None:
             _wait_beyond(work, 2 * timeout)
         work.wait()
+
+
+def _check_device_batch(todo: list, me: int) -> None:
+    """What one rank can check of a batch of CUDA arrays: one GPU, and its sends to itself matching its receives
+    from itself in number and, in order, in bytes (NCCL checks no sizes; an unmatched one would hang)."""
+    devs = sorted({int(a.device.id) for _, a, _, _ in todo})
+    if len(devs) > 1:
+        raise ValueError(f"batch_isend_irecv: CUDA arrays on devices {devs}: one batch runs on one GPU")
+    sends = [(i, a) for i, (s, a, p, _) in enumerate(todo) if s and p == me]
+    recvs = [(i, a) for i, (s, a, p, _) in enumerate(todo) if not s and p == me]
+    if len(sends) != len(recvs):
+        raise ValueError(f"batch_isend_irecv: {len(sends)} isend and {len(recvs)} irecv with this rank itself "
+                         f"(group rank {me}) as the peer: a send to oneself needs its receive in the same batch")
+    for (i, a), (j, b) in zip(sends, recvs):
+        if a.nbytes != b.nbytes:
+            raise ValueError(f"batch_isend_irecv: op {i} sends {a.nbytes} bytes ({B.describe(a)}) to this rank "
+                             f"itself and op {j}, its receive, takes {b.nbytes} ({B.describe(b)})")
 
 
 def _wait_beyond(work: CT.Work, budget: float) -> None:

@@ -23,6 +23,7 @@ group*; every call returns ``Work`` when ``async_op`` is true, else None after c
     pg.gather_object(obj, dst=0) -> list | None;  pg.scatter_object(objs, src=0) -> obj
     From _p2p.py: pg.isend(arr, dst, tag=0) -> Work;  pg.irecv(arr, src=None, tag=0) -> Work
         (result(): the sender's group rank);  pg.monitored_barrier(timeout_s, wait_all_ranks=False)
+        pg.batch_isend_irecv([(is_send, arr, peer, tag), ...]) -> [Work]   (CUDA arrays on NCCL where the group is)
     pg.split(color, key=None, name=None) -> ProcessGroup | None   (collective; None for color None)
     pg.create_subgroup(ranks, name=None) -> ProcessGroup | None   (collective; group ranks)
     pg.destroy()

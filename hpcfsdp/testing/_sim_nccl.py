@@ -28,7 +28,11 @@ __all__ = ["nccl", "note_pointer"]
 # MPI (every member enqueues the same collectives in the same order, as NCCL requires). Buffers are
 # found from the raw device pointers NCCL takes: ``ndarray.data`` registers the array's memory.
 # Reductions gather every rank's input and reduce in float64 (float32 for the 16-bit types), rounded
-# once. groupStart/groupEnd batch send/recv, as NCCL's grouped point-to-point.
+# once. groupStart/groupEnd batch send/recv, as NCCL's grouped point-to-point: every send and receive of the
+# group is posted at groupEnd and matched in issue order per peer (a send to the caller's own rank included),
+# so their order cannot deadlock; a group one of whose calls failed is dropped at groupEnd, which raises (NCCL's
+# group error). Outside a group a send returns only once its receive is posted (MPI_Ssend): an ncclSend holds
+# its stream until the peer's ncclRecv runs, so two ranks sending to each other first hang, as on a GPU.
 
 _CONST = {  # NCCL's public enums (nccl.h)
     "NCCL_INT8": 0, "NCCL_CHAR": 0, "NCCL_UINT8": 1, "NCCL_INT32": 2, "NCCL_INT": 2, "NCCL_UINT32": 3,
@@ -279,28 +283,43 @@ class NcclCommunicator:
     def bcast(self, buff, count, datatype, root, stream):
         self.broadcast(buff, buff, count, datatype, root, stream)
 
+    def _p2p(self, op, buf, count, datatype, peer, stream):
+        """Check and record one send or recv (CuPy's signature: ``(buf, count, datatype, peer, stream)``); its
+        device bytes. A failure inside a group fails the group."""
+        try:
+            if datatype not in _DTYPES:
+                raise NcclError(f"ncclInvalidArgument: {op}: datatype {datatype}")
+            if not 0 <= peer < self._size:
+                raise NcclError(f"ncclInvalidArgument: {op}: peer {peer} outside [0, {self._size})")
+            nb = count * np.dtype(_DTYPES[datatype]).itemsize
+            mem = [(buf, nb)]
+            ins, outs = self._kernel(op, stream, mem if op == "send" else [], mem if op == "recv" else [])
+            return (ins + outs)[0]
+        except BaseException:
+            if _GROUP.depth:
+                _GROUP.failed = True
+            raise
+
     def send(self, sendbuf, count, datatype, peer, stream):
-        nb = count * np.dtype(_DTYPES[datatype]).itemsize
-        (src,), _ = self._kernel("send", stream, [(sendbuf, nb)], [])
-        data = src.copy()
+        data = self._p2p("send", sendbuf, count, datatype, peer, stream).copy()
         if _GROUP.depth:
             _GROUP.ops.append((self, "send", data, peer, None))
         else:
-            self._comm.Send([data, _mpi().BYTE], dest=peer, tag=7)
+            self._comm.Ssend([data, _mpi().BYTE], dest=peer, tag=7)
 
     def recv(self, recvbuf, count, datatype, peer, stream):
-        nb = count * np.dtype(_DTYPES[datatype]).itemsize
-        _, (dst,) = self._kernel("recv", stream, [], [(recvbuf, nb)])
+        dst = self._p2p("recv", recvbuf, count, datatype, peer, stream)
         if _GROUP.depth:
-            _GROUP.ops.append((self, "recv", np.empty(nb, np.uint8), peer, dst))
+            _GROUP.ops.append((self, "recv", np.empty(dst.nbytes, np.uint8), peer, dst))
         else:
-            tmp = np.empty(nb, np.uint8)
+            tmp = np.empty(dst.nbytes, np.uint8)
             self._comm.Recv([tmp, _mpi().BYTE], source=peer, tag=7)
             dst[...] = tmp
 
 
 class _Group(threading.local):
     depth = 0
+    failed = False  # a call of the open group raised: groupEnd drops the group
 
     def __init__(self):
         self.ops = []
@@ -321,6 +340,9 @@ def groupEnd():  # noqa: N802
         return
     MPI = _mpi()
     ops, _GROUP.ops = _GROUP.ops, []
+    if _GROUP.failed:
+        _GROUP.failed = False
+        raise NcclError("ncclInvalidUsage: a call of this group failed; none of its operations were launched")
     reqs = [(c._comm.Isend if kind == "send" else c._comm.Irecv)([buf, MPI.BYTE], peer, 7)
             for c, kind, buf, peer, _ in ops]
     MPI.Request.Waitall(reqs)
