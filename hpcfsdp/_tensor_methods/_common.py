@@ -176,6 +176,22 @@ def check_inplace(t):
                            "by hpcfsdp; use the out-of-place operation or run it under hp.no_grad()")
 
 
+def _inplace_shape(name, a, other):
+    """An in-place op's output is ``a`` itself: ``other`` must broadcast to its shape (PyTorch's check)."""
+    shape = getattr(other, "shape", ())
+    full = np.broadcast_shapes(tuple(shape), a.shape)
+    if full != a.shape:
+        raise RuntimeError(f"{name}: output with shape {list(a.shape)} doesn't match the broadcast shape {list(full)}")
+
+
+def _inplace_cast(name, result, out):
+    """An in-place op writes its result of dtype ``result`` into ``out``'s dtype: only within or down a category
+    (float to int, int to bool refused, as PyTorch's "result type Float can't be cast to the desired output type")."""
+    if dtype_category(result) > dtype_category(out):
+        raise RuntimeError(f"{name}: result type {np.dtype(result).name} can't be cast to the desired output type "
+                           f"{np.dtype(out).name}")
+
+
 def _raw(x):
     return x._data if isinstance(x, TensorBase) else x
 
