@@ -15,8 +15,8 @@ PROTOCOL = {
     "__doc__", "__module__", "__new__", "__slots__",
     "__annotations__",  # made (empty) on each class of the MRO by isinstance(t, <runtime_checkable Protocol>)
     "data", "data_ptr", "device", "dim", "dtype", "element_size", "grad", "grad_fn", "is_contiguous", "is_cuda",
-    "is_floating_point", "is_floating_point_", "is_leaf", "is_meta", "item", "itemsize", "nbytes", "ndim",
-    "nelement", "numel", "numpy", "requires_grad", "requires_grad_", "retain_grad", "retains_grad", "shape",
+    "is_cpu", "is_floating_point", "is_floating_point_", "is_leaf", "is_meta", "item", "itemsize", "nbytes", "ndim",
+    "ndimension", "nelement", "numel", "numpy", "requires_grad", "requires_grad_", "retain_grad", "retains_grad", "shape",
     "size", "storage_offset", "stride", "tolist", "backward", "register_hook", "register_post_accumulate_grad_hook",
 }
 

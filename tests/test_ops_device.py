@@ -71,3 +71,29 @@ def test_index_results_on_device(device):
     hp.manual_seed(0)
     assert hp.normal(hp.zeros(3, device=device), 1.0).device.type == device
     assert hp.bernoulli(hp.full((3,), 0.5, device=device)).device.type == device
+
+
+def test_views_comparisons_and_bitwise_on_device(device):
+    x = hp.arange(12.0, device=device).reshape(3, 4)
+    u = x.unfold(1, 2, 1)
+    assert u.device.type == device and u.shape == (3, 3, 2) and u[1, 2].cpu().tolist() == [6.0, 7.0]
+    assert hp.rot90(x).cpu().tolist() == np.rot90(np.arange(12.0).reshape(3, 4)).tolist()
+    assert hp.take_along_dim(x, hp.tensor([[3], [0], [1]], device=device), 1).cpu().tolist() == [[3.0], [4.0], [9.0]]
+    y = x.clone()
+    assert y.t_().shape == (4, 3) and y.unsqueeze_(0).shape == (1, 4, 3) and y.device.type == device
+    assert x.where(x > 5, 0.0).sum().item() == 6 + 7 + 8 + 9 + 10 + 11
+    assert hp.eq(x, 3).sum().item() == 1 and hp.greater_equal(x, 10).sum().item() == 2
+    assert x.clone().lt_(2).cpu().tolist()[0] == [1.0, 1.0, 0.0, 0.0]
+    i = hp.tensor([3, 5, -8], device=device)
+    assert (i & 6).cpu().tolist() == [2, 4, 0] and (i >> 70).cpu().tolist() == [0, 0, -1]
+    assert (1 << hp.tensor([1, 2], device=device)).cpu().tolist() == [2, 4] and (~i).cpu().tolist() == [-4, -6, 7]
+    assert hp.isin(i, hp.tensor([5, 7], device=device)).cpu().tolist() == [False, True, False]
+    assert hp.signbit(hp.tensor([-0.0, 1.0], device=device)).cpu().tolist() == [True, False]
+    assert hp.isposinf(hp.tensor([math.inf, 1.0], device=device)).cpu().tolist() == [True, False]
+    on_gpu = device != "cpu"
+    assert x.get_device() == (0 if on_gpu else -1) and x.is_cpu is not on_gpu and not x.is_pinned()
+    if on_gpu:
+        with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+            x.pin_memory()
+        p = hp.tensor([1.0, 2.0]).pin_memory()
+        assert p.is_pinned() and p.tolist() == [1.0, 2.0] and p.pin_memory() is p
