@@ -79,7 +79,7 @@ def test_entries_are_well_formed():
         assert e.impl is not None or e.function is not None, name
         assert all(isinstance(f, type) and issubclass(f, Function) for f in e.functions), name
         dunder = name.startswith("__") and name.endswith("__")  # "__radd__" ends with "_" but is not in place
-        assert e.inplace == (name in {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__"} if dunder
+        assert e.inplace == (name in R.INPLACE_DUNDERS if dunder
                              else name.endswith("_")), name
         assert e.sharding_rule is None or callable(e.sharding_rule)  # hpcfsdp.distributed.tensor fills it
         assert e.gpu_kernel is None  # a slot for the GPU kernels

@@ -29,6 +29,10 @@ DEVICE_CASES = {
     "linalg": (lambda x: hp.linalg.inv(x[:, :3] + 4 * hp.eye(3, device=x.device)) + hp.linalg.det(x[:, 1:] + 4 * hp.eye(
         3, device=x.device)), LOOSE),
     "cdist": (lambda x: hp.cdist(x, x * 2), LOOSE),
+    "special": (lambda x: hp.logaddexp(x, x.flip(0)) + hp.logaddexp2(x, 0.5 * x) + hp.xlogy(x, x.abs() + 1)
+                + hp.fmax(x, x.flip(1)) + hp.fmin(x, -x) + hp.copysign(x, x.flip(0)), TIGHT),
+    "unary_more": (lambda x: hp.asinh(x) + hp.atanh(x * 0.3) + hp.sinc(x) + hp.deg2rad(x) + hp.logit(x.sigmoid(), 0.2)
+                   + hp.nan_to_num(x.log()) + x.unfold(1, 2, 1).sum(-1).sum(-1, keepdim=True), LOOSE),
 }
 
 

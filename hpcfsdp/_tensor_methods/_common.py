@@ -192,6 +192,17 @@ def _inplace_cast(name, result, out):
                            f"{np.dtype(out).name}")
 
 
+def _assign_result(self, out, name):
+    """An in-place method computed out of place: ``out`` written into self (after check_inplace and PyTorch's shape
+    and dtype checks), self returned."""
+    check_inplace(self)
+    _inplace_cast(name, out._data.dtype, self._data.dtype)
+    _inplace_shape(name, self._data, out._data)
+    if not _backend.is_meta_array(self._data):
+        self._data[...] = out._data
+    return self
+
+
 def _raw(x):
     return x._data if isinstance(x, TensorBase) else x
 
