@@ -31,6 +31,9 @@ DEVICE_CASES = {
     "cdist": (lambda x: hp.cdist(x, x * 2), LOOSE),
     "special": (lambda x: hp.logaddexp(x, x.flip(0)) + hp.logaddexp2(x, 0.5 * x) + hp.xlogy(x, x.abs() + 1)
                 + hp.fmax(x, x.flip(1)) + hp.fmin(x, -x) + hp.copysign(x, x.flip(0)), TIGHT),
+    "products": (lambda x: hp.addmv(x[:, 0], x, x[0], beta=0.5) + hp.addr(x[:, :3], x[:, 0], x[0, :3]).sum(1)
+                 + hp.addbmm(x[:, :3], x[None], x.mT[None, :, :3]).sum(1) + hp.inner(x, x).sum(1)
+                 + hp.aminmax(x, dim=1).max + hp.msort(x)[0, :3], LOOSE),
     "unary_more": (lambda x: hp.asinh(x) + hp.atanh(x * 0.3) + hp.sinc(x) + hp.deg2rad(x) + hp.logit(x.sigmoid(), 0.2)
                    + hp.nan_to_num(x.log()) + x.unfold(1, 2, 1).sum(-1).sum(-1, keepdim=True), LOOSE),
 }
