@@ -131,6 +131,10 @@ class TensorBase:
         return _backend.is_cupy_array(self._data)
 
     @property
+    def is_cpu(self):
+        return self.device.type == "cpu"
+
+    @property
     def is_meta(self):
         return _backend.is_meta_array(self._data)
 
@@ -155,6 +159,8 @@ class TensorBase:
 
     def dim(self):
         return self._data.ndim
+
+    ndimension = dim
 
     def numel(self):
         return builtins.int(self._data.size)

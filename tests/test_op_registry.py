@@ -15,8 +15,8 @@ PROTOCOL = {
     "__doc__", "__module__", "__new__", "__slots__",
     "__annotations__",  # made (empty) on each class of the MRO by isinstance(t, <runtime_checkable Protocol>)
     "data", "data_ptr", "device", "dim", "dtype", "element_size", "grad", "grad_fn", "is_contiguous", "is_cuda",
-    "is_floating_point", "is_floating_point_", "is_leaf", "is_meta", "item", "itemsize", "nbytes", "ndim",
-    "nelement", "numel", "numpy", "requires_grad", "requires_grad_", "retain_grad", "retains_grad", "shape",
+    "is_cpu", "is_floating_point", "is_floating_point_", "is_leaf", "is_meta", "item", "itemsize", "nbytes", "ndim",
+    "ndimension", "nelement", "numel", "numpy", "requires_grad", "requires_grad_", "retain_grad", "retains_grad", "shape",
     "size", "storage_offset", "stride", "tolist", "backward", "register_hook", "register_post_accumulate_grad_hook",
 }
 
@@ -79,7 +79,7 @@ def test_entries_are_well_formed():
         assert e.impl is not None or e.function is not None, name
         assert all(isinstance(f, type) and issubclass(f, Function) for f in e.functions), name
         dunder = name.startswith("__") and name.endswith("__")  # "__radd__" ends with "_" but is not in place
-        assert e.inplace == (name in {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__"} if dunder
+        assert e.inplace == (name in R.INPLACE_DUNDERS if dunder
                              else name.endswith("_")), name
         assert e.sharding_rule is None or callable(e.sharding_rule)  # hpcfsdp.distributed.tensor fills it
         assert e.gpu_kernel is None  # a slot for the GPU kernels

@@ -160,3 +160,153 @@ def test_add_sub_mul_div_functions_and_rounding_modes():
     assert hp.div(i, 2).dtype == hp.float32
     with pytest.raises(RuntimeError, match="rounding_mode to be one of None, 'trunc', or 'floor'"):
         hp.div(a, 2, rounding_mode="round")
+
+
+# -- special functions of two operands ---------------------------------------------------------------------
+def test_logaddexp_and_logaddexp2(rng):
+    a, b = rng.standard_normal((3, 4)) * 30, rng.standard_normal((4,)) * 30
+    np.testing.assert_allclose(_np(hp.logaddexp(hp.tensor(a), hp.tensor(b))), np.logaddexp(a, b), rtol=1e-14)
+    np.testing.assert_allclose(_np(hp.tensor(a).logaddexp2(hp.tensor(b))), np.logaddexp2(a, b), rtol=1e-14)
+    gradcheck(lambda x, y: hp.logaddexp(x, y), [a / 30, b / 30])
+    gradcheck(lambda x, y: hp.logaddexp2(x, y), [a / 30, b / 30])
+    inf = math.inf
+    x, y = hp.tensor([1.0, -inf, inf, -inf]), hp.tensor([1.0, -inf, inf, inf])
+    np.testing.assert_allclose(_np(hp.logaddexp(x, y)), [1 + math.log(2), -inf, inf, inf], rtol=1e-6)
+    h = hp.logaddexp(hp.tensor([1.0], dtype=hp.float16), hp.tensor([1.0], dtype=hp.bfloat16))
+    assert h.dtype == hp.float32 and abs(h.item() - (1 + math.log(2))) < 1e-6
+    assert hp.logaddexp(hp.tensor([1.0], dtype=hp.bfloat16), hp.tensor([2.0], dtype=hp.bfloat16)).dtype == hp.bfloat16
+    with pytest.raises(NotImplementedError, match="logaddexp"):
+        hp.logaddexp(hp.tensor([1]), hp.tensor([2]))
+    with pytest.raises(TypeError, match="must be Tensor"):
+        hp.tensor([1.0]).logaddexp(1.0)
+
+
+def test_xlogy(rng):
+    x, y = rng.standard_normal((3, 4)), rng.uniform(0.5, 2.0, (4,))
+    np.testing.assert_allclose(_np(hp.xlogy(hp.tensor(x), hp.tensor(y))), x * np.log(y), rtol=1e-14)
+    gradcheck(lambda p, q: hp.xlogy(p, q), [x, y])
+    nan = math.nan
+    out = hp.xlogy(hp.tensor([0.0, 1.0, 2.0, 0.0]), hp.tensor([0.0, 0.0, nan, nan])).tolist()
+    assert out[:2] == [0.0, -math.inf] and all(math.isnan(v) for v in out[2:])
+    i = hp.xlogy(hp.tensor([0, 1, 2]), hp.tensor([3, 4, 5]))
+    assert i.dtype == hp.float32
+    np.testing.assert_allclose(_np(i), [0.0, math.log(4), 2 * math.log(5)], rtol=1e-6)
+    np.testing.assert_allclose(_np(hp.xlogy(2, hp.tensor([3.0]))), [2 * math.log(3)], rtol=1e-6)
+    np.testing.assert_allclose(_np(hp.xlogy(hp.tensor([3.0]), 2)), [3 * math.log(2)], rtol=1e-6)
+    p, q = hp.tensor([0.0, 0.0, 1.0], requires_grad=True), hp.tensor([0.0, 2.0, 3.0], requires_grad=True)
+    hp.xlogy(p, q).sum().backward()  # PyTorch's gradients where x is 0: 0 for x, x / y for y
+    np.testing.assert_allclose(_np(p.grad), [0.0, math.log(2), math.log(3)], rtol=1e-6)
+    assert math.isnan(q.grad.tolist()[0]) and q.grad.tolist()[1:] == [0.0, pytest.approx(1 / 3)]
+    t = hp.tensor([2.0, 3.0])
+    assert t.xlogy_(hp.tensor([2.0, 1.0])) is t and t.tolist() == [pytest.approx(2 * math.log(2)), 0.0]
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        hp.tensor([1, 2]).xlogy_(hp.tensor([2.0, 3.0]))
+
+
+def test_fmax_fmin(rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4,))
+    a[0, 0], b[1] = math.nan, math.nan
+    np.testing.assert_array_equal(_np(hp.fmax(hp.tensor(a), hp.tensor(b))), np.fmax(a, b))
+    np.testing.assert_array_equal(_np(hp.tensor(a).fmin(hp.tensor(b))), np.fmin(a, b))
+    assert hp.fmax(hp.tensor([1, 2]), hp.tensor([1.5, 0.0])).tolist() == [1.5, 2.0]
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4,))
+    gradcheck(lambda x, y: hp.fmax(x, y) + hp.fmin(x, y) * 2, [a, b])
+    x = hp.tensor([1.0, 2.0, math.nan, 1.0], requires_grad=True)
+    y = hp.tensor([1.0, 1.0, 0.0, math.nan], requires_grad=True)
+    hp.fmax(x, y).sum().backward()  # ties go to input, NaN loses (PyTorch's)
+    assert x.grad.tolist() == [1.0, 1.0, 0.0, 1.0] and y.grad.tolist() == [0.0, 0.0, 1.0, 0.0]
+    x.grad = y.grad = None
+    hp.fmin(x, y).sum().backward()
+    assert x.grad.tolist() == [1.0, 0.0, 0.0, 1.0] and y.grad.tolist() == [0.0, 1.0, 1.0, 0.0]
+    with pytest.raises(TypeError, match="must be Tensor"):
+        hp.fmax(hp.tensor([1]), 1)
+
+
+def test_float_power(rng):
+    a = rng.uniform(0.5, 2.0, (3, 4))
+    out = hp.float_power(hp.tensor(a, dtype=hp.float32), 2.5)  # computed in float64, not rounded to float32
+    assert out.dtype == hp.float64
+    np.testing.assert_allclose(_np(out), a.astype(np.float32).astype(np.float64) ** 2.5, rtol=1e-15)
+    assert hp.tensor(a).float_power(2.5).dtype == hp.float64
+    np.testing.assert_allclose(_np(hp.float_power(hp.tensor(a), 2.5)), a ** 2.5, rtol=1e-14)
+    assert hp.float_power(hp.tensor([2, 3]), 2).tolist() == [4.0, 9.0]
+    assert hp.float_power(2, hp.tensor([2, 3])).tolist() == [4.0, 8.0]
+    assert hp.float_power(hp.tensor([2.0, 3.0]), hp.tensor([2], dtype=hp.int32)).dtype == hp.float64
+    gradcheck(lambda x: hp.float_power(x, 1.5), [a])
+    gradcheck(lambda x, e: hp.float_power(x, e), [a, rng.standard_normal((4,))])
+    t = hp.tensor([2.0, 3.0], dtype=hp.float64)
+    assert t.float_power_(2) is t and t.tolist() == [4.0, 9.0]
+    with pytest.raises(RuntimeError, match="requires dtype float64"):
+        hp.tensor([2.0, 3.0]).float_power_(2)
+
+
+def test_copysign_and_heaviside(rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4,))
+    np.testing.assert_array_equal(_np(hp.copysign(hp.tensor(a), hp.tensor(b))), np.copysign(a, b))
+    assert hp.copysign(hp.tensor([1, 2]), -1).tolist() == [-1.0, -2.0]
+    assert hp.copysign(hp.tensor([1.0, 2.0]), hp.tensor([-0.0, 0.0])).tolist() == [-1.0, 2.0]
+    gradcheck(lambda x, y: hp.copysign(x, y), [a, b], check=[0])
+    x = hp.tensor([1.0, -2.0, 0.0], requires_grad=True)
+    y = hp.tensor([-1.0, -1.0, -1.0], requires_grad=True)
+    hp.copysign(x, y).sum().backward()
+    assert x.grad.tolist() == [-1.0, 1.0, 0.0] and y.grad.tolist() == [0.0, 0.0, 0.0]
+    t = hp.tensor([1.0, -2.0])
+    assert t.copysign_(-1.0) is t and t.tolist() == [-1.0, -2.0]
+    h = hp.heaviside(hp.tensor([-1.0, 0.0, 2.0]), hp.tensor([0.5]))
+    assert h.tolist() == [0.0, 0.5, 1.0] and h.dtype == hp.float32
+    np.testing.assert_array_equal(_np(hp.tensor(a).heaviside(hp.tensor(b))), np.heaviside(a, b))
+    with pytest.raises(RuntimeError, match="different dtypes"):
+        hp.heaviside(hp.tensor([-1.0, 0.0]), hp.tensor([1]))
+    with pytest.raises(TypeError, match="must be Tensor"):
+        hp.heaviside(hp.tensor([-1.0, 0.0]), 0.5)
+    t = hp.tensor([0, 3])
+    assert t.heaviside_(hp.tensor([7])).tolist() == [7, 1]
+
+
+# -- in place ----------------------------------------------------------------------------------------------
+def test_more_inplace_binary_ops_check_their_result_dtype():
+    t = hp.tensor([5, 7])
+    assert t.floor_divide_(2) is t and t.tolist() == [2, 3]
+    assert hp.tensor([-5.0, 7.0]).remainder_(3).tolist() == [1.0, 1.0]
+    assert hp.tensor([-5.0, 7.0]).fmod_(3).tolist() == [-2.0, 1.0]
+    np.testing.assert_allclose(_np(hp.tensor([1.0, 2.0]).atan2_(hp.tensor([1.0, 1.0]))), np.arctan2([1, 2], [1, 1]),
+                               rtol=1e-6)
+    assert hp.tensor([1.0]).arctan2_(hp.tensor([0.0])).tolist() == [pytest.approx(math.pi / 2)]
+    assert hp.tensor([3.0, 2.0]).hypot_(hp.tensor([4.0, 1.0])).tolist() == [5.0, pytest.approx(math.sqrt(5))]
+    assert hp.tensor([1.0, 2.0]).true_divide_(2).tolist() == [0.5, 1.0]
+    assert hp.tensor([1.0, 3.0]).divide_(2, rounding_mode="floor").tolist() == [0.0, 1.0]
+    assert hp.tensor([1, 3]).div_(2, rounding_mode="trunc").tolist() == [0, 1]
+    assert hp.tensor([1.0]).multiply_(3).tolist() == [3.0] and hp.tensor([1.0]).subtract_(3).tolist() == [-2.0]
+    for bad in (lambda: hp.tensor([1, 2]).true_divide_(2), lambda: hp.tensor([5, 7]).remainder_(1.5),
+                lambda: hp.tensor([1, 2]).clamp_max_(1.5), lambda: hp.tensor([1, 2]).clip_(0.5, 1)):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            bad()
+    with pytest.raises(NotImplementedError, match="hypot"):
+        hp.tensor([3, 2]).hypot_(hp.tensor([4, 1]))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        hp.tensor([1.0, 2.0]).fmod_(hp.tensor([[1.0], [2.0]]))
+
+
+def test_clip_clamp_min_max_in_place():
+    t = hp.tensor([1, 2, 3])
+    assert t.clip_(0, 2) is t and t.tolist() == [1, 2, 2]
+    assert hp.tensor([1.0, 2.0]).clamp_min_(1.5).tolist() == [1.5, 2.0]
+    assert hp.tensor([1.0, 2.0]).clamp_max_(hp.tensor([0.0, 3.0])).tolist() == [0.0, 2.0]
+    with pytest.raises(RuntimeError, match="At least one of 'min' or 'max'"):
+        hp.tensor([1.0]).clip_()
+
+
+def test_augmented_pow_mod_floordiv_are_in_place_outside_the_graph():
+    t = hp.tensor([2.0, 3.0])
+    alias = t
+    t **= 2
+    assert alias is t and t.tolist() == [4.0, 9.0]
+    i = hp.tensor([5, 7])
+    alias = i
+    i //= 2
+    i %= 2
+    assert alias is i and i.tolist() == [0, 1]
+    x = hp.tensor([1.0, 2.0], requires_grad=True) * 1
+    y = x
+    x **= 2  # in the graph: rebinds x to the recorded result, as the other augmented operators do here
+    assert y.tolist() == [1.0, 2.0] and x.tolist() == [1.0, 4.0] and x.grad_fn is not None

@@ -29,6 +29,13 @@ DEVICE_CASES = {
     "linalg": (lambda x: hp.linalg.inv(x[:, :3] + 4 * hp.eye(3, device=x.device)) + hp.linalg.det(x[:, 1:] + 4 * hp.eye(
         3, device=x.device)), LOOSE),
     "cdist": (lambda x: hp.cdist(x, x * 2), LOOSE),
+    "special": (lambda x: hp.logaddexp(x, x.flip(0)) + hp.logaddexp2(x, 0.5 * x) + hp.xlogy(x, x.abs() + 1)
+                + hp.fmax(x, x.flip(1)) + hp.fmin(x, -x) + hp.copysign(x, x.flip(0)), TIGHT),
+    "products": (lambda x: hp.addmv(x[:, 0], x, x[0], beta=0.5) + hp.addr(x[:, :3], x[:, 0], x[0, :3]).sum(1)
+                 + hp.addbmm(x[:, :3], x[None], x.mT[None, :, :3]).sum(1) + hp.inner(x, x).sum(1)
+                 + hp.aminmax(x, dim=1).max + hp.msort(x)[0, :3], LOOSE),
+    "unary_more": (lambda x: hp.asinh(x) + hp.atanh(x * 0.3) + hp.sinc(x) + hp.deg2rad(x) + hp.logit(x.sigmoid(), 0.2)
+                   + hp.nan_to_num(x.log()) + x.unfold(1, 2, 1).sum(-1).sum(-1, keepdim=True), LOOSE),
 }
 
 
@@ -71,3 +78,29 @@ def test_index_results_on_device(device):
     hp.manual_seed(0)
     assert hp.normal(hp.zeros(3, device=device), 1.0).device.type == device
     assert hp.bernoulli(hp.full((3,), 0.5, device=device)).device.type == device
+
+
+def test_views_comparisons_and_bitwise_on_device(device):
+    x = hp.arange(12.0, device=device).reshape(3, 4)
+    u = x.unfold(1, 2, 1)
+    assert u.device.type == device and u.shape == (3, 3, 2) and u[1, 2].cpu().tolist() == [6.0, 7.0]
+    assert hp.rot90(x).cpu().tolist() == np.rot90(np.arange(12.0).reshape(3, 4)).tolist()
+    assert hp.take_along_dim(x, hp.tensor([[3], [0], [1]], device=device), 1).cpu().tolist() == [[3.0], [4.0], [9.0]]
+    y = x.clone()
+    assert y.t_().shape == (4, 3) and y.unsqueeze_(0).shape == (1, 4, 3) and y.device.type == device
+    assert x.where(x > 5, 0.0).sum().item() == 6 + 7 + 8 + 9 + 10 + 11
+    assert hp.eq(x, 3).sum().item() == 1 and hp.greater_equal(x, 10).sum().item() == 2
+    assert x.clone().lt_(2).cpu().tolist()[0] == [1.0, 1.0, 0.0, 0.0]
+    i = hp.tensor([3, 5, -8], device=device)
+    assert (i & 6).cpu().tolist() == [2, 4, 0] and (i >> 70).cpu().tolist() == [0, 0, -1]
+    assert (1 << hp.tensor([1, 2], device=device)).cpu().tolist() == [2, 4] and (~i).cpu().tolist() == [-4, -6, 7]
+    assert hp.isin(i, hp.tensor([5, 7], device=device)).cpu().tolist() == [False, True, False]
+    assert hp.signbit(hp.tensor([-0.0, 1.0], device=device)).cpu().tolist() == [True, False]
+    assert hp.isposinf(hp.tensor([math.inf, 1.0], device=device)).cpu().tolist() == [True, False]
+    on_gpu = device != "cpu"
+    assert x.get_device() == (0 if on_gpu else -1) and x.is_cpu is not on_gpu and not x.is_pinned()
+    if on_gpu:
+        with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+            x.pin_memory()
+        p = hp.tensor([1.0, 2.0]).pin_memory()
+        assert p.is_pinned() and p.tolist() == [1.0, 2.0] and p.pin_memory() is p

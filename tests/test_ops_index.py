@@ -257,3 +257,24 @@ def test_scatter_and_index_add_refuse_what_pytorch_refuses():
         z.index_add(0, hp.tensor([0]), hp.ones(1, 4, dtype=hp.float64))
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         hp.zeros(3, requires_grad=True).scatter_(0, hp.tensor([0]), value=1.0)
+
+
+def test_where_method_and_take_along_dim(rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4,))
+    c = a > 0
+    np.testing.assert_array_equal(_np(hp.tensor(a).where(hp.tensor(c), hp.tensor(b))), np.where(c, a, b))
+    np.testing.assert_array_equal(_np(hp.tensor(a).where(hp.tensor(c), 0.0)), np.where(c, a, 0.0))
+    gradcheck(lambda x, y: x.where(hp.tensor(c), y), [a, b])
+    idx = rng.integers(0, 4, (3, 2))
+    np.testing.assert_array_equal(_np(hp.take_along_dim(hp.tensor(a), hp.tensor(idx), 1)),
+                                  np.take_along_axis(a, idx, 1))
+    np.testing.assert_array_equal(_np(hp.tensor(a).take_along_dim(hp.tensor([[0, 1]]), dim=-1)),
+                                  np.take_along_axis(a, np.array([[0, 1]] * 3), 1))  # broadcast except along dim
+    np.testing.assert_array_equal(_np(hp.take_along_dim(hp.tensor(a), hp.tensor([11, 0]))), a.ravel()[[11, 0]])
+    gradcheck(lambda x: hp.take_along_dim(x, hp.tensor(idx), 1), [a])
+    with pytest.raises(RuntimeError, match="should be Long"):
+        hp.take_along_dim(hp.tensor(a), hp.tensor([[0.0]]), 1)
+    with pytest.raises(RuntimeError, match="same number of dimensions"):
+        hp.take_along_dim(hp.tensor(a), hp.tensor([0]), 1)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        hp.take_along_dim(hp.tensor(a), hp.tensor([[0], [1]]), 1)

@@ -399,3 +399,48 @@ def test_tril_and_triu_are_tensor_methods_and_in_place_as_pytorch():
     c = hp.tensor(a)
     c.tril_()
     np.testing.assert_array_equal(c.numpy(), np.tril(a))
+
+
+def test_mv_addmv_addr_addbmm_inner(rng):
+    m, v, w = rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal(3)
+    np.testing.assert_allclose(_np(hp.mv(hp.tensor(m), hp.tensor(v))), m @ v, rtol=1e-12)
+    gradcheck(lambda x, y: x.mv(y), [m, v])
+    np.testing.assert_allclose(_np(hp.addmv(hp.tensor(w), hp.tensor(m), hp.tensor(v), beta=2, alpha=3)),
+                               2 * w + 3 * (m @ v), rtol=1e-12)
+    gradcheck(lambda i, x, y: hp.addmv(i, x, y, beta=0.5), [w, m, v])
+    np.testing.assert_allclose(_np(hp.addr(hp.tensor(m), hp.tensor(w), hp.tensor(v), alpha=2)),
+                               m + 2 * np.outer(w, v), rtol=1e-12)
+    gradcheck(lambda i, x, y: hp.addr(i, x, y), [m, w, v])
+    np.testing.assert_array_equal(_np(hp.ger(hp.tensor(w), hp.tensor(v))), np.outer(w, v))
+    b1, b2, c = rng.standard_normal((5, 3, 2)), rng.standard_normal((5, 2, 4)), rng.standard_normal((3, 4))
+    np.testing.assert_allclose(_np(hp.addbmm(hp.tensor(c), hp.tensor(b1), hp.tensor(b2), beta=0.5)),
+                               0.5 * c + np.einsum("bij,bjk->ik", b1, b2), rtol=1e-12)
+    gradcheck(lambda i, x, y: hp.addbmm(i, x, y), [c, b1, b2])
+    x, y = rng.standard_normal((2, 3, 4)), rng.standard_normal((5, 4))
+    np.testing.assert_allclose(_np(hp.inner(hp.tensor(x), hp.tensor(y))), np.inner(x, y), rtol=1e-12)
+    gradcheck(lambda p, q: hp.inner(p, q), [x, y])
+    assert hp.inner(hp.ones(3), hp.ones(3)).item() == 3.0 and hp.inner(hp.tensor(2.0), hp.ones(2)).tolist() == [2, 2]
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        hp.mv(hp.ones(2, 3), hp.ones(2))
+    with pytest.raises(RuntimeError, match="vector expected"):
+        hp.mv(hp.ones(2, 3), hp.ones(3, 1))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        hp.addmv(hp.ones(2, dtype=hp.float64), hp.ones(2, 3), hp.ones(3))
+    with pytest.raises(RuntimeError, match="last dimension must match"):
+        hp.inner(hp.ones(2, 3), hp.ones(2))
+
+
+def test_inplace_products(rng):
+    m, a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 2)), rng.standard_normal((2, 4))
+    t = hp.tensor(m)
+    assert t.addmm_(hp.tensor(a), hp.tensor(b), alpha=2) is t
+    np.testing.assert_allclose(_np(t), m + 2 * a @ b, rtol=1e-12)
+    v = hp.tensor([1.0, 2.0])
+    v.addmv_(hp.ones(2, 3), hp.ones(3), beta=0)
+    assert v.tolist() == [3.0, 3.0]
+    z = hp.zeros(2, 3)
+    assert z.addr_(hp.ones(2), hp.arange(3.0)).tolist() == [[0.0, 1.0, 2.0]] * 2
+    assert hp.zeros(2, 2).addbmm_(hp.ones(4, 2, 3), hp.ones(4, 3, 2)).tolist() == [[12.0, 12.0]] * 2
+    assert hp.zeros(4, 2, 2).baddbmm_(hp.ones(4, 2, 3), hp.ones(4, 3, 2)).sum().item() == 4 * 4 * 3
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        hp.zeros(1, 3).addr_(hp.ones(2), hp.ones(3))  # the result (2, 3) does not fit self

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import hpcfsdp as hp
-from tests._gradcheck import _np, gradcheck, rand
+from tests._gradcheck import _distinct, _np, gradcheck, rand
 
 
 # -- reductions ------------------------------------------------------------------------------------
@@ -240,3 +240,26 @@ def test_diff(rng):
     assert hp.diff(hp.tensor([1, 3, 6, 10]), n=2, prepend=hp.tensor([0])).tolist() == [1, 1, 1]
     with pytest.raises(RuntimeError, match="at least one-dimensional"):
         hp.diff(hp.tensor(1.0))
+
+
+def test_aminmax_msort_and_inplace_scans(rng):
+    a = _distinct(rng, 3, 4)
+    r = hp.aminmax(hp.tensor(a))
+    assert type(r).__name__ == "aminmax" and r.min.item() == a.min() and r.max.item() == a.max()
+    mn, mx = hp.tensor(a).aminmax(dim=1, keepdim=True)
+    np.testing.assert_array_equal(_np(mn), a.min(1, keepdims=True))
+    np.testing.assert_array_equal(_np(mx), a.max(1, keepdims=True))
+    gradcheck(lambda x: hp.aminmax(x, dim=0).min + 2 * hp.aminmax(x, dim=0).max, [a])
+    assert hp.aminmax(hp.tensor(3.0), dim=0).max.item() == 3.0 and hp.aminmax(hp.tensor([1, 2])).max.dtype == hp.int64
+    with pytest.raises(RuntimeError, match="empty dimension"):
+        hp.aminmax(hp.tensor([]))
+    with pytest.raises(IndexError, match="non-zero size"):
+        hp.aminmax(hp.ones(1, 0), dim=1)
+    with pytest.raises(TypeError):
+        hp.aminmax(hp.tensor(a), 1)  # dim is keyword-only, as PyTorch's
+    np.testing.assert_array_equal(_np(hp.msort(hp.tensor(a))), np.sort(a, 0))
+    t = hp.tensor([1, 2, 3], dtype=hp.int32)
+    assert t.cumsum_(0) is t and t.tolist() == [1, 3, 6] and t.dtype == hp.int32
+    assert hp.tensor([1.0, 2.0, 3.0]).cumprod_(0).tolist() == [1.0, 2.0, 6.0]
+    with pytest.raises(RuntimeError, match="Bad in-place call"):
+        hp.tensor([1, 2], dtype=hp.int32).cumsum_(0, dtype=hp.int64)

@@ -138,3 +138,122 @@ def test_movedim(rng):
     x = hp.tensor(a)
     np.testing.assert_array_equal(_np(hp.movedim(x, 0, -1)), np.moveaxis(a, 0, -1))
     np.testing.assert_array_equal(_np(x.moveaxis((0, 1), (2, 0))), np.moveaxis(a, (0, 1), (2, 0)))
+
+
+# -- in-place views ----------------------------------------------------------------------------------------
+def test_inplace_views_change_the_shape_of_self():
+    y = hp.arange(6.0).reshape(2, 3)
+    v = y.view(2, 3)
+    assert y.t_() is y and y.shape == (3, 2) and y.tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    assert v.shape == (2, 3)  # other views keep their shapes, as in PyTorch
+    assert y.swapdims_(0, 1).shape == (2, 3) and y.swapaxes_(1, 0).shape == (3, 2)
+    assert y.transpose_(0, 1).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert y.unsqueeze_(0).shape == (1, 2, 3) and y.unsqueeze_(-1).shape == (1, 2, 3, 1)
+    assert y.squeeze_(0).shape == (2, 3, 1) and y.squeeze_().shape == (2, 3)
+    z = hp.zeros(1, 3, 1)
+    assert z.squeeze_((0, 2)).shape == (3,)
+    with pytest.raises(RuntimeError, match="<= 2 dimensions"):
+        hp.zeros(2, 3, 4).t_()
+    with pytest.raises(IndexError):
+        hp.zeros(3).unsqueeze_(5)
+
+
+def test_inplace_view_in_the_graph_and_on_leaves(rng):
+    a = rng.standard_normal((2, 3))
+
+    def f(x):
+        y = x * 2
+        y.t_()
+        y.unsqueeze_(0)
+        return y * hp.tensor(np.arange(6.0).reshape(1, 3, 2))
+
+    gradcheck(f, [a])
+    leaf = hp.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        leaf.unsqueeze_(0)
+    with hp.no_grad():
+        leaf.unsqueeze_(0)
+    assert leaf.shape == (1, 2, 3) and leaf.requires_grad and leaf.grad_fn is None
+
+
+def test_swapdims_is_transpose(rng):
+    a = rng.standard_normal((2, 3, 4))
+    np.testing.assert_array_equal(_np(hp.swapdims(hp.tensor(a), 0, 2)), np.swapaxes(a, 0, 2))
+    np.testing.assert_array_equal(_np(hp.tensor(a).swapdims(-1, 1)), np.swapaxes(a, -1, 1))
+
+
+# -- windows, select, rot90, splits ------------------------------------------------------------------------
+def _unfold_ref(a, dim, size, step):
+    a = np.moveaxis(a, dim, -1)
+    n = a.shape[-1]
+    w = np.stack([a[..., s:s + size] for s in range(0, n - size + 1, step)], axis=-2)  # (..., windows, size)
+    return np.moveaxis(w, -2, dim if dim >= 0 else dim - 1)
+
+
+@pytest.mark.parametrize("dim,size,step", [(0, 2, 1), (1, 3, 2), (-1, 2, 2), (2, 4, 1), (1, 1, 5), (2, 0, 1)])
+def test_unfold_against_numpy(rng, dim, size, step):
+    a = rng.standard_normal((3, 5, 4))
+    out = hp.tensor(a).unfold(dim, size, step)
+    ref = _unfold_ref(a, dim, size, step)
+    assert out.shape == ref.shape
+    np.testing.assert_array_equal(_np(out), ref)
+    if size:
+        gradcheck(lambda x: x.unfold(dim, size, step), [a])  # overlapping windows add up
+
+
+def test_unfold_edge_cases_and_errors():
+    assert hp.arange(7.0).unfold(0, 7, 1).shape == (1, 7) and hp.arange(7.0).unfold(0, 2, 10).shape == (1, 2)
+    assert hp.tensor(5.0).unfold(0, 1, 1).tolist() == [5.0]
+    with pytest.raises(RuntimeError, match="maximum size for tensor at dimension 0 is 7 but size is 8"):
+        hp.arange(7.0).unfold(0, 8, 1)
+    with pytest.raises(RuntimeError, match="step is 0 but must be > 0"):
+        hp.arange(7.0).unfold(0, 2, 0)
+    with pytest.raises(IndexError):
+        hp.arange(7.0).unfold(1, 2, 1)
+
+
+def test_select_ravel_rot90(rng):
+    a = rng.standard_normal((2, 3, 4))
+    np.testing.assert_array_equal(_np(hp.tensor(a).select(1, -1)), a[:, -1])
+    np.testing.assert_array_equal(_np(hp.select(hp.tensor(a), 0, 1)), a[1])
+    gradcheck(lambda x: x.select(2, 1), [a])
+    with pytest.raises(IndexError, match="out of range"):
+        hp.tensor(a).select(1, 3)
+    with pytest.raises(IndexError, match="0-dim"):
+        hp.tensor(1.0).select(0, 0)
+    np.testing.assert_array_equal(_np(hp.ravel(hp.tensor(a).transpose(0, 2))), a.transpose(2, 1, 0).ravel())
+    for k in (-1, 0, 1, 2, 3, 5):
+        for dims in ((0, 1), (1, 0), (0, 2), (-1, 1)):
+            np.testing.assert_array_equal(_np(hp.rot90(hp.tensor(a), k, dims)), np.rot90(a, k, dims), err_msg=str(k))
+    gradcheck(lambda x: x.rot90(1, (1, 2)), [a])
+    with pytest.raises(RuntimeError, match="total rotation dims == 2"):
+        hp.rot90(hp.tensor(a), 1, [0])
+    with pytest.raises(RuntimeError, match="rotation dims to be different"):
+        hp.rot90(hp.tensor(a), 1, [0, 0])
+    with pytest.raises(RuntimeError, match="total dims >= 2"):
+        hp.rot90(hp.arange(3.0))
+
+
+def test_split_with_sizes_and_hvdsplit(rng):
+    a = rng.standard_normal((4, 6, 8))
+    t = hp.tensor(a)
+    parts = t.split_with_sizes([1, 5], 1)
+    assert [p.shape for p in parts] == [(4, 1, 8), (4, 5, 8)]
+    with pytest.raises(RuntimeError, match="sum exactly to 6"):
+        t.split_with_sizes([1, 1], dim=1)
+    for name, axis in (("hsplit", 1), ("vsplit", 0), ("dsplit", 2)):
+        for ios in (2, [1, 3]):
+            got = getattr(hp, name)(t, ios)
+            ref = np.array_split(a, ios, axis) if isinstance(ios, int) else np.split(a, ios, axis)
+            assert len(got) == len(ref)
+            for g, r in zip(got, ref):
+                np.testing.assert_array_equal(_np(g), r)
+    assert [p.tolist() for p in hp.hsplit(hp.arange(4.0), 2)] == [[0.0, 1.0], [2.0, 3.0]]
+    with pytest.raises(RuntimeError, match="not divisible by the split_size 3"):
+        hp.dsplit(t, 3)
+    with pytest.raises(RuntimeError, match="at least 2 dimension"):
+        hp.vsplit(hp.arange(4.0), 2)
+    with pytest.raises(RuntimeError, match="at least 3 dimension"):
+        hp.dsplit(hp.ones(4, 4), 2)
+    with pytest.raises(TypeError):
+        hp.hsplit(t, 2.0)

@@ -117,3 +117,94 @@ def test_in_place_activations_write_self_and_refuse_autograd_leaves(name, ref):
     np.testing.assert_allclose(t.numpy(), ref(x), rtol=1e-14)
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         getattr(hp.tensor(x, requires_grad=True), name)()
+
+
+# -- hyperbolic inverses, angles, sinc, logit, nan_to_num --------------------------------------------------
+@pytest.mark.parametrize("name,ref,lo,hi", [("asinh", np.arcsinh, -2, 2), ("acosh", np.arccosh, 1.2, 3),
+                                            ("atanh", np.arctanh, -0.8, 0.8), ("arcsinh", np.arcsinh, -2, 2),
+                                            ("arccosh", np.arccosh, 1.2, 3), ("arctanh", np.arctanh, -0.8, 0.8),
+                                            ("deg2rad", np.deg2rad, -200, 200), ("rad2deg", np.rad2deg, -4, 4),
+                                            ("sinc", np.sinc, -3, 3)])
+def test_more_unary_values_and_grad(rng, name, ref, lo, hi):
+    a = rng.uniform(lo, hi, (3, 4))
+    np.testing.assert_allclose(_np(getattr(hp, name)(hp.tensor(a))), ref(a), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(_np(getattr(hp.tensor(a), name)()), ref(a), rtol=1e-12, atol=1e-15)
+    gradcheck(lambda x: getattr(x, name)(), [a.T], atol=1e-5)
+    assert getattr(hp, name)(hp.tensor([1, 2], dtype=hp.int32)).dtype == hp.float32
+
+
+def test_sinc_at_zero_and_sgn_positive_absolute():
+    x = hp.tensor([0.0, 0.5], requires_grad=True)
+    y = hp.sinc(x)
+    assert y.tolist() == [1.0, pytest.approx(2 / math.pi)]
+    y.sum().backward()
+    assert x.grad.tolist()[0] == 0.0  # no 0/0 in the gradient at 0
+    assert hp.sgn(hp.tensor([-2, 0, 3])).tolist() == [-1, 0, 1] and hp.tensor([-0.5]).sgn().tolist() == [-1.0]
+    t = hp.tensor([1.0, -2.0])
+    assert hp.positive(t) is t and +t is t
+    with pytest.raises(RuntimeError, match="bool tensor is not supported"):
+        hp.positive(hp.tensor([True]))
+    assert hp.absolute(t).tolist() == [1.0, 2.0] and t.absolute_() is t and t.tolist() == [1.0, 2.0]
+
+
+def test_logit(rng):
+    p = rng.uniform(0.05, 0.95, (3, 4))
+    np.testing.assert_allclose(_np(hp.logit(hp.tensor(p))), np.log(p / (1 - p)), rtol=1e-12)
+    gradcheck(lambda x: x.logit(), [p])
+    gradcheck(lambda x: x.logit(eps=0.01), [p])
+    out = hp.logit(hp.tensor([0.0, 0.25, 1.0, 1.5])).tolist()
+    assert out[0] == -math.inf and out[2] == math.inf and math.isnan(out[3])
+    np.testing.assert_allclose(_np(hp.logit(hp.tensor([0.0, 0.25, 1.0, 1.5]), eps=0.1)),
+                               [math.log(1 / 9), math.log(1 / 3), math.log(9), math.log(9)], rtol=1e-6)
+    x = hp.tensor([0.05, 0.5, 0.95, 0.1], requires_grad=True)
+    hp.logit(x, 0.1).sum().backward()  # 0 where clamped; the bounds themselves pass the gradient (PyTorch's)
+    np.testing.assert_allclose(_np(x.grad), [0.0, 4.0, 0.0, 1 / 0.09], rtol=1e-5)
+    assert hp.logit(hp.tensor([0, 1])).tolist() == [-math.inf, math.inf]
+    t = hp.tensor([0.5, 0.0])
+    assert t.logit_(0.25) is t and t.tolist() == [0.0, pytest.approx(math.log(1 / 3))]
+
+
+def test_nan_to_num(rng):
+    a = rng.standard_normal((3, 4))
+    a[0, 0], a[1, 1], a[2, 2] = math.nan, math.inf, -math.inf
+    np.testing.assert_array_equal(_np(hp.nan_to_num(hp.tensor(a))), np.nan_to_num(a))
+    np.testing.assert_array_equal(_np(hp.tensor(a).nan_to_num(1.5, 2.0, -3.0)),
+                                  np.nan_to_num(a, nan=1.5, posinf=2.0, neginf=-3.0))
+    gradcheck(lambda x: x.nan_to_num(), [rng.standard_normal((3, 4))])
+    x = hp.tensor([math.nan, math.inf, -math.inf, 1.0], requires_grad=True)
+    hp.nan_to_num(x).sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 0.0, 1.0]
+    for dt in (hp.float32, hp.float16, hp.bfloat16):
+        info = hp.finfo(dt)
+        out = hp.nan_to_num(hp.tensor([math.nan, math.inf, -math.inf], dtype=dt))
+        assert out.dtype == dt and out.float().tolist() == [0.0, float(info.max), float(info.min)]
+    assert hp.nan_to_num(hp.tensor([math.inf]), posinf=1e39).tolist() == [math.inf]  # rounds to float32's inf
+    i = hp.tensor([1, 2])
+    assert hp.nan_to_num(i, nan=1.5).tolist() == [1, 2] and hp.nan_to_num(i) is not i
+    t = hp.tensor([math.nan, 1.0])
+    assert t.nan_to_num_(0.5) is t and t.tolist() == [0.5, 1.0]
+
+
+# -- in place through the out-of-place op ------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["square", "sign", "sgn", "floor", "ceil", "trunc", "fix", "frac", "log", "log1p",
+                                  "log2", "log10", "expm1", "exp2", "reciprocal", "rsqrt", "sin", "cos", "tan",
+                                  "sinh", "cosh", "asin", "arcsin", "acos", "arccos", "atan", "arctan", "asinh",
+                                  "arcsinh", "atanh", "arctanh", "erf", "deg2rad", "rad2deg", "sinc", "absolute",
+                                  "negative"])
+def test_inplace_unary_matches_out_of_place(rng, name):
+    a = rng.uniform(0.1, 0.9, (3, 4))
+    t = hp.tensor(a)
+    ref = getattr(hp.tensor(a), name)()
+    assert getattr(t, name + "_")() is t
+    np.testing.assert_array_equal(_np(t), _np(ref))
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        getattr(hp.tensor(a, requires_grad=True), name + "_")()
+
+
+def test_inplace_unary_refuses_a_float_result_in_an_integer_tensor():
+    assert hp.tensor([4]).square_().tolist() == [16] and hp.tensor([-4]).sign_().tolist() == [-1]
+    assert hp.tensor([-4.55]).round_(decimals=1).tolist() == [pytest.approx(-4.6)]
+    assert hp.tensor([-4.5]).round_().tolist() == [-4.0]
+    for name in ("log_", "sin_", "deg2rad_", "reciprocal_", "rsqrt_"):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            getattr(hp.tensor([4]), name)()

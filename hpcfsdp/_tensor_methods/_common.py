@@ -176,6 +176,33 @@ def check_inplace(t):
                            "by hpcfsdp; use the out-of-place operation or run it under hp.no_grad()")
 
 
+def _inplace_shape(name, a, other):
+    """An in-place op's output is ``a`` itself: ``other`` must broadcast to its shape (PyTorch's check)."""
+    shape = getattr(other, "shape", ())
+    full = np.broadcast_shapes(tuple(shape), a.shape)
+    if full != a.shape:
+        raise RuntimeError(f"{name}: output with shape {list(a.shape)} doesn't match the broadcast shape {list(full)}")
+
+
+def _inplace_cast(name, result, out):
+    """An in-place op writes its result of dtype ``result`` into ``out``'s dtype: only within or down a category
+    (float to int, int to bool refused, as PyTorch's "result type Float can't be cast to the desired output type")."""
+    if dtype_category(result) > dtype_category(out):
+        raise RuntimeError(f"{name}: result type {np.dtype(result).name} can't be cast to the desired output type "
+                           f"{np.dtype(out).name}")
+
+
+def _assign_result(self, out, name):
+    """An in-place method computed out of place: ``out`` written into self (after check_inplace and PyTorch's shape
+    and dtype checks), self returned."""
+    check_inplace(self)
+    _inplace_cast(name, out._data.dtype, self._data.dtype)
+    _inplace_shape(name, self._data, out._data)
+    if not _backend.is_meta_array(self._data):
+        self._data[...] = out._data
+    return self
+
+
 def _raw(x):
     return x._data if isinstance(x, TensorBase) else x
 

@@ -6,13 +6,13 @@ import operator
 import numpy as np
 
 from .. import _backend
-from .._array import SCALAR_TYPES, dtype_category, promote_types, wrap_dim
+from .._array import SCALAR_TYPES, dtype_category, promote_types, result_type_scalar, wrap_dim
 from .._backend import array_module
 from .._registry import mixin, op
 from ..autograd import ops
 from ..autograd.grad_mode import is_grad_enabled
-from ._common import (TensorBase, _as_operand, _binary, _dim_slice, _inplace, _opmath, _promote_operands, _raw,
-                      _reflected, _same_dtype, _tensor_arg, _to_float)
+from ._common import (TensorBase, _as_operand, _assign_result, _binary, _dim_slice, _inplace, _inplace_cast, _opmath,
+                      _promote_operands, _raw, _reflected, _same_dtype, _tensor_arg, _to_float, check_inplace)
 
 __all__ = ["ArithmeticMixin"]
 
@@ -306,7 +306,7 @@ def add_(a, other, *, alpha=1):
     a += o
 
 
-@op("arithmetic")
+@op("arithmetic", aliases=("subtract_",))
 @_inplace
 def sub_(a, other, *, alpha=1):
     o = _raw(other)
@@ -315,16 +315,10 @@ def sub_(a, other, *, alpha=1):
     a -= o
 
 
-@op("arithmetic")
+@op("arithmetic", aliases=("multiply_",))
 @_inplace
 def mul_(a, other):
     a *= _raw(other)
-
-
-@op("arithmetic")
-@_inplace
-def div_(a, other):
-    a /= _raw(other)
 
 
 @op("arithmetic")
@@ -337,15 +331,6 @@ def pow_(a, exponent):
 @_inplace
 def maximum_(a, other):
     array_module(a).maximum(a, _raw(other), out=a)
-
-
-@op("arithmetic")
-@_inplace
-def clamp_(a, min=None, max=None):  # noqa: A002
-    xp = array_module(a)
-    if min is None and max is None:
-        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-    xp.clip(a, _raw(min), _raw(max), out=a)
 
 
 @op("arithmetic")
@@ -380,6 +365,71 @@ def _needs_graph(self, o):
     return (self.requires_grad and self.grad_fn is not None) or (isinstance(o, TensorBase) and o.requires_grad)
 
 
+@op("arithmetic", aliases=("clip_",))
+def clamp_(self, min=None, max=None):  # noqa: A002
+    """In place clamp (not recorded by autograd); a floating bound on an integer tensor is refused, as PyTorch."""
+    check_inplace(self)
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    for b in (min, max):
+        if isinstance(b, TensorBase):
+            _inplace_cast("clamp_", promote_types(self._data.dtype, b._data.dtype), self._data.dtype)
+        elif b is not None:
+            _inplace_cast("clamp_", result_type_scalar(self._data.dtype, b), self._data.dtype)
+    if not _backend.is_meta_array(self._data):
+        a = self._data
+        array_module(a).clip(a, _raw(min), _raw(max), out=a)
+    return self
+
+
+@op("arithmetic")
+def clamp_min_(self, min):  # noqa: A002
+    return self.clamp_(min=min)
+
+
+@op("arithmetic")
+def clamp_max_(self, max):  # noqa: A002
+    return self.clamp_(max=max)
+
+
+# in place through the out-of-place op, with PyTorch's checks of the result's shape and dtype
+@op("arithmetic", aliases=("true_divide_", "divide_"))
+def div_(self, other, *, rounding_mode=None):
+    if rounding_mode is None and dtype_category(self._data.dtype) == 2:  # the fast path of optimizers
+        check_inplace(self)
+        if not _backend.is_meta_array(self._data):
+            self._data /= _raw(other)
+        return self
+    return _assign_result(self, self.div(other, rounding_mode=rounding_mode), "div_")
+
+
+@op("arithmetic")
+def floor_divide_(self, other):
+    return _assign_result(self, self.floor_divide(other), "floor_divide_")
+
+
+@op("arithmetic")
+def remainder_(self, other):
+    return _assign_result(self, self.remainder(other), "remainder_")
+
+
+@op("arithmetic")
+def fmod_(self, other):
+    return _assign_result(self, self.fmod(other), "fmod_")
+
+
+@op("arithmetic", aliases=("arctan2_",))
+def atan2_(self, other):
+    return _assign_result(self, self.atan2(other), "atan2_")
+
+
+@op("arithmetic")
+def hypot_(self, other):
+    if dtype_category(self._data.dtype) != 2:
+        raise NotImplementedError(f"\"hypot\" not implemented for '{self.dtype}'")
+    return _assign_result(self, self.hypot(other), "hypot_")
+
+
 @op("arithmetic")
 def __iadd__(self, o):
     return self.add_(o) if not _needs_graph(self, o) else self + o
@@ -399,5 +449,22 @@ def __imul__(self, o):
 def __itruediv__(self, o):
     return self.div_(o) if not _needs_graph(self, o) else self / o
 
+
+@op("arithmetic")
+def __ipow__(self, o):
+    return self.pow_(o) if not _needs_graph(self, o) else self ** o
+
+
+@op("arithmetic")
+def __imod__(self, o):
+    return self.remainder_(o) if not _needs_graph(self, o) else self % o
+
+
+@op("arithmetic")
+def __ifloordiv__(self, o):
+    return self.floor_divide_(o) if not _needs_graph(self, o) else self // o
+
+
+from . import special  # noqa: E402,F401  (the family's special functions, registered before its mixin is made)
 
 ArithmeticMixin = mixin("arithmetic")

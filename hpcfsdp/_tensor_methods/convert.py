@@ -100,6 +100,21 @@ def bool(self):  # noqa: A001
 
 
 @op("convert")
+def byte(self):
+    return self.to(_backend.uint8)
+
+
+@op("convert")
+def char(self):
+    return self.to(_backend.int8)
+
+
+@op("convert")
+def short(self):
+    return self.to(_backend.int16)
+
+
+@op("convert")
 def type_as(self, other):
     return self.to(other.dtype)
 
@@ -148,13 +163,41 @@ def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
     return self._wrap(array, requires_grad)
 
 
-# -- detach and copy ---------------------------------------------------------------------------------------
+# -- devices and pinned memory ----------------------------------------------------------------------------
+@op("convert", function=True)
+def get_device(self):
+    """The CUDA device index of a GPU tensor, -1 for a CPU (or meta) tensor."""
+    d = self.device
+    return (d.index or 0) if d.type == "cuda" else -1
+
+
 @op("convert")
+def is_pinned(self, device=None):
+    """Whether this CPU tensor's memory is page-locked (False for GPU and meta tensors)."""
+    return _backend.is_pinned(self._data)
+
+
+@op("convert")
+def pin_memory(self, device=None):
+    """This CPU tensor copied into page-locked memory (self if it already is); needs a GPU, as PyTorch's."""
+    if self.device.type != "cpu":
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+    if not _backend.cupy_available():
+        raise RuntimeError("Cannot access accelerator device when none is available.")
+    if _backend.is_pinned(self._data):
+        return self
+    out = _backend.pinned_empty(self._data.shape, self._data.dtype)
+    out[...] = self._data
+    return self._wrap(out)
+
+
+# -- detach and copy ---------------------------------------------------------------------------------------
+@op("convert", function=True)
 def detach(self):
     return self._wrap(self._data)
 
 
-@op("convert")
+@op("convert", function=True)
 def detach_(self):
     self.grad_fn = None
     self._requires_grad = False

@@ -96,6 +96,32 @@ def gather(self, dim, index, *, sparse_grad=False):
     return ops.TakeAlong.apply(self, idx, d)
 
 
+@op("index", function=True)
+def take_along_dim(self, indices, dim=None):
+    """gather along ``dim`` with ``indices`` and self broadcast against each other except along dim; dim None takes
+    from the flattened tensor."""
+    _tensor_arg(indices, "take_along_dim", "indices")
+    if indices._data.dtype != np.int64:
+        raise RuntimeError(f"torch.take_along_dim(): dtype of indices should be Long but got {indices.dtype}")
+    if dim is None:
+        return self.reshape(-1).gather(0, indices.reshape(-1))
+    if self.ndim != indices.ndim:
+        raise RuntimeError(f"torch.take_along_dim(): input and indices should have the same number of dimensions, "
+                           f"but got {self.ndim} dimensions for input, and {indices.ndim} dimensions for indices")
+    d = wrap_dim(dim, self.ndim)
+    a, i = list(self.shape), list(indices.shape)
+    a[d] = i[d] = 1
+    try:
+        common = list(np.broadcast_shapes(tuple(a), tuple(i)))
+    except ValueError:
+        k = next(j for j, (x, y) in enumerate(zip(a, i)) if x != y and 1 not in (x, y))
+        raise RuntimeError(f"The size of tensor a ({a[k]}) must match the size of tensor b ({i[k]}) at non-singleton "
+                           f"dimension {k}") from None
+    src_shape, idx_shape = list(common), list(common)
+    src_shape[d], idx_shape[d] = self.shape[d], indices.shape[d]
+    return self.expand(src_shape).gather(d, indices.expand(idx_shape))
+
+
 def _scatter_args(self, fn, dim, index, src):
     """(dim, index array) of scatter/scatter_add, checked as PyTorch checks them."""
     idx = _tensor_arg(index, fn, "index")._data
@@ -280,8 +306,7 @@ def masked_select(self, mask):
     return ops.GetItem.apply(src, self._xp().nonzero(self._xp().broadcast_to(m._data, shape)))
 
 
-@function_op("index", functions=(ops.Where,))
-def where(condition, input=None, other=None):  # noqa: A002
+def _where(condition, input=None, other=None):  # noqa: A002
     """where(cond, x, y) element-wise select (broadcasting); where(cond) -> tuple of index tensors."""
     c = condition._data if isinstance(condition, TensorBase) else np.asarray(condition)
     if input is None and other is None:
@@ -302,6 +327,15 @@ def where(condition, input=None, other=None):  # noqa: A002
         dt = float32 if builtins.any(isinstance(v, float) for v in (a, b)) else int64
         a, b = dt.type(a), dt.type(b)
     return ops.Where.apply(c, a, b)
+
+
+_where.__name__ = _where.__qualname__ = "where"
+
+
+@op("index", function=_where, functions=(ops.Where,))
+def where(self, condition, other):
+    """self where ``condition`` is True, else ``other`` (hp.where(condition, self, other))."""
+    return _where(condition, self, other)
 
 
 # -- index results (no graph) ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from .._array import dtype_category, promote_types, wrap_dim
 from .._registry import function_op, mixin, op
 from ..autograd import ops
 from ..autograd.ops._common import _axes
-from ._common import (FP32, LOWER, TensorBase, _as_operand, _integral_to_int64, _promote_operands,
+from ._common import (FP32, LOWER, TensorBase, _as_operand, _assign_result, _integral_to_int64, _promote_operands,
                       _tensor_arg, autocast_op)
 
 __all__ = ["LinalgMixin", "vector_norm", "matrix_norm", "svdvals"]
@@ -74,7 +74,7 @@ def bmm(self, mat2):
     return self.matmul(mat2)
 
 
-@op("linalg", aliases=("ger",), function=True)
+@op("linalg", aliases=("ger",), function=True, function_aliases=("ger",))
 def outer(self, vec2):
     _tensor_arg(vec2, "outer", "vec2")
     for name, t in (("self", self), ("vec2", vec2)):
@@ -108,6 +108,79 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
     _tensor_arg(batch1, "baddbmm", "batch1")
     return _scaled_add(self, batch1.bmm(batch2), beta, alpha)
+
+
+@op("linalg", function=True)
+@autocast_op(cpu=LOWER, cuda=LOWER)
+def mv(self, vec):
+    """Matrix (n, m) times vector (m,)."""
+    _tensor_arg(vec, "mv", "vec")
+    if self.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got {self.ndim}, {vec.ndim}")
+    if self.shape[1] != vec.shape[0]:
+        raise RuntimeError(f"size mismatch, got input ({self.shape[0]}), mat ({self.shape[0]}x{self.shape[1]}), "
+                           f"vec ({vec.shape[0]})")
+    if self.dtype != vec.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {self.dtype} != {vec.dtype}")
+    return self.matmul(vec)
+
+
+@op("linalg", function=True)
+@autocast_op(cpu=LOWER, cuda=LOWER)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    """beta * self + alpha * (mat @ vec)."""
+    _tensor_arg(mat, "addmv", "mat")
+    if not (self.dtype == mat.dtype == vec.dtype):
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {self.dtype}, {mat.dtype}, and "
+                           f"{vec.dtype}")
+    return _scaled_add(self, mat.mv(vec), beta, alpha)
+
+
+@op("linalg", function=True)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    """beta * self + alpha * outer(vec1, vec2)."""
+    _tensor_arg(vec1, "addr", "vec1")
+    return _scaled_add(self, vec1.outer(vec2), beta, alpha)
+
+
+@op("linalg", function=True)
+@autocast_op(cpu=LOWER, cuda=LOWER)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """beta * self + alpha * sum_i batch1[i] @ batch2[i]."""
+    _tensor_arg(batch1, "addbmm", "batch1")
+    return _scaled_add(self, batch1.bmm(batch2).sum(0), beta, alpha)
+
+
+@op("linalg", function=True)
+def inner(self, other):
+    """The sum over the last dims of self and other of their products: shape self.shape[:-1] + other.shape[:-1]
+    (a product for a 0-D operand)."""
+    _tensor_arg(other, "inner", "other")
+    if self.ndim == 0 or other.ndim == 0:
+        return self * other
+    if self.shape[-1] != other.shape[-1]:
+        raise RuntimeError(f"inner() the last dimension must match on both input tensors but got shapes "
+                           f"{list(self.shape)} and {list(other.shape)}")
+    return _inner_last(self, other)
+
+
+def _inner_last(a, b):
+    """sum_k a[..., k] b[..., k] over a's and b's leading dims (an outer product over them)."""
+    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    return a2.matmul(b2.transpose(0, 1)).reshape(tuple(a.shape[:-1]) + tuple(b.shape[:-1]))
+
+
+def _inplace_product(name):
+    def f(self, *args, beta=1, alpha=1):
+        return _assign_result(self, getattr(self, name)(*args, beta=beta, alpha=alpha), name + "_")
+
+    f.__name__ = f.__qualname__ = name + "_"
+    f.__doc__ = f"In-place {name} (not recorded by autograd); the result must have self's shape."
+    return f
+
+
+for _name in ("addmm", "baddbmm", "addmv", "addr", "addbmm"):
+    op("linalg", name=_name + "_")(_inplace_product(_name))
 
 
 @function_op("linalg", functions=(ops.Einsum,))

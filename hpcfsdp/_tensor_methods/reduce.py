@@ -11,8 +11,8 @@ from .._array import dtype_category, wrap_dim
 from .._registry import function_op, mixin, op
 from ..autograd import ops
 from ..autograd.ops._common import _axes
-from ._common import (FP32, TensorBase, _argsort, _dim_slice, _float_only, _integral_to_int64, _same_dtype,
-                      _tensor_arg, _to_float, _topk_indices, autocast_op)
+from ._common import (FP32, TensorBase, _argsort, _assign_result, _dim_slice, _float_only, _integral_to_int64,
+                      _same_dtype, _tensor_arg, _to_float, _topk_indices, autocast_op)
 
 __all__ = ["ReduceMixin", "SortResult", "TopkResult", "ValuesIndices"]
 
@@ -203,6 +203,22 @@ def cumprod(self, dim, *, dtype=None):
     return ops.Cumprod.apply(a, wrap_dim(dim, a.ndim))
 
 
+def _cumulative_(name):
+    def f(self, dim, *, dtype=None):
+        if dtype is not None and _backend.to_dtype(dtype) != self._data.dtype:
+            raise RuntimeError(f"Bad in-place call: input tensor dtype {self.dtype} and output tensor dtype "
+                               f"{_backend.to_dtype(dtype)} should match")
+        return _assign_result(self, getattr(self, name)(dim), name + "_")
+
+    f.__name__ = f.__qualname__ = name + "_"
+    f.__doc__ = f"In-place {name} along ``dim`` (not recorded by autograd)."
+    return f
+
+
+op("reduce", name="cumsum_")(_cumulative_("cumsum"))
+op("reduce", name="cumprod_")(_cumulative_("cumprod"))
+
+
 def _cumextreme_indices(a, dim, is_min):
     """Index of the running max (min) along ``dim``: the latest of equal values; NaN propagates, as PyTorch."""
     xp = _backend.array_module(a)
@@ -238,6 +254,25 @@ def cummin(self, dim):
     return _cumextreme(self, dim, True)
 
 
+# -- aminmax ----------------------------------------------------------------------------------------------
+# torch.return_types.aminmax: a tuple with .min and .max
+MinMax = collections.namedtuple("aminmax", ["min", "max"])
+
+
+@op("reduce", function=True, functions=(ops.Amax,))
+def aminmax(self, *, dim=None, keepdim=False):
+    """(min, max) over ``dim`` (all elements for None), differentiable as amin and amax."""
+    if dim is None:
+        if self._data.size == 0:
+            raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+                               "identity.")
+        return MinMax(self.amin(keepdim=keepdim), self.amax(keepdim=keepdim))
+    d = wrap_dim(dim, self.ndim)
+    if self.ndim and self._data.shape[d] == 0:
+        raise IndexError(f"aminmax: Expected reduction dim {d} to have non-zero size.")
+    return MinMax(self.amin(d, keepdim), self.amax(d, keepdim))
+
+
 # -- sorting and order statistics --------------------------------------------------------------------------
 @op("reduce", function=True, functions=(ops.TakeAlong,))
 def sort(self, dim=-1, descending=False, stable=False):
@@ -245,6 +280,12 @@ def sort(self, dim=-1, descending=False, stable=False):
     d = wrap_dim(dim, self.ndim)
     idx = _argsort(self._data, d, descending) if self.ndim else self._xp().zeros((), np.int64)
     return SortResult(ops.TakeAlong.apply(self, idx, d), self._wrap(idx))
+
+
+@op("reduce", function=True, functions=(ops.TakeAlong,))
+def msort(self):
+    """The values sorted along dim 0."""
+    return self.sort(0).values
 
 
 @op("reduce", function=True)

@@ -122,7 +122,7 @@ def permute(self, *dims):
     return ops.Permute.apply(self, tuple(wrap_dim(d, self.ndim) for d in dims))
 
 
-@op("shape", aliases=("swapaxes",), function=True, function_aliases=("swapaxes",),
+@op("shape", aliases=("swapaxes", "swapdims"), function=True, function_aliases=("swapaxes", "swapdims"),
     functions=(ops.Reshape, ops.Permute))
 def transpose(self, dim0, dim1):
     n = self.ndim
@@ -497,5 +497,7 @@ def repeat_interleave(self, repeats, dim=None, *, output_size=None):
     src = src if src.ndim else src.reshape(1)
     return ops.GetItem.apply(src, _dim_slice(d, idx))
 
+
+from . import views  # noqa: E402,F401  (the family's other ops, registered before its mixin is made)
 
 ShapeMixin = mixin("shape")

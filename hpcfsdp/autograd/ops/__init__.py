@@ -8,8 +8,9 @@ softplus). This package re-exports every op and every helper other modules use, 
 """
 from ..._array import array_matmul, sum_to
 from ..._backend import array_module
-from .arithmetic import Add, Atan2, Div, Hypot, Maximum, Minimum, Mul, Pow, PowScalar, RPowScalar, Remainder, Sub
-from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Neg, Rounding, Rsqrt, Sigmoid, Sin, Sqrt, Tanh, UNARY, Unary, erf,
+from .arithmetic import (Add, Atan2, Copysign, Div, FMaxMin, Hypot, LogAddExp, Maximum, Minimum, Mul, Pow, PowScalar,
+                         RPowScalar, Remainder, Sub, Xlogy, xlogy_array)
+from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Logit, NanToNum, Neg, Rounding, Rsqrt, Sigmoid, Sin, Sqrt, Tanh, UNARY, Unary, erf,
                     normal_cdf)
 from .reduce import Amax, Cumprod, Cumsum, Logsumexp, MaxDim, Mean, Prod, Sum, Var
 from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, Flip, Permute, Repeat, Reshape, Roll,
@@ -34,8 +35,8 @@ xp_of = array_module
 mm = array_matmul
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximum", "Minimum", "Atan2", "Hypot",
-           "Remainder", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
-           "Rounding", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
+           "Remainder", "LogAddExp", "Xlogy", "FMaxMin", "Copysign", "xlogy_array", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
+           "Rounding", "Logit", "NanToNum", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
            "Logsumexp", "Cumsum", "Cumprod", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
            "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd",
            "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",

@@ -10,7 +10,7 @@ from ..function import Op
 from ._common import _up
 
 __all__ = ["Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf", "Rounding",
-           "Unary", "UNARY", "erf", "normal_cdf"]
+           "Logit", "NanToNum", "Unary", "UNARY", "erf", "normal_cdf"]
 
 
 class Neg(Op):
@@ -198,6 +198,9 @@ UNARY = {
     "arccos": lambda xp, a, out: -1 / xp.sqrt(1 - a * a),
     "arctan": lambda xp, a, out: 1 / (1 + a * a),
     "reciprocal": lambda xp, a, out: -(out * out),
+    "arcsinh": lambda xp, a, out: 1 / xp.sqrt(1 + a * a),
+    "arccosh": lambda xp, a, out: 1 / xp.sqrt(a * a - 1),
+    "arctanh": lambda xp, a, out: 1 / (1 - a * a),
 }
 
 
@@ -219,6 +222,50 @@ class Unary(Op):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             d = UNARY[ctx.name](xp, ctx.x, ctx.out)
             return (_up(g) * d).astype(ctx.dtype, copy=False), None
+
+
+class Logit(Op):
+    """log(p / (1 - p)) of p = a clamped to [eps, 1 - eps] (eps None: not clamped); d/da = 1 / (p (1 - p)) where
+    eps <= a <= 1 - eps and 0 elsewhere, as PyTorch's."""
+
+    @staticmethod
+    def forward(ctx, a, eps):
+        xp = array_module(a)
+        x = _up(a)
+        if eps is not None:
+            x = xp.clip(x, eps, 1 - eps)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = xp.log(x / (1 - x))
+        ctx.a, ctx.x, ctx.eps = a, x, eps
+        return out.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, eps = ctx.x, ctx.eps
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = _up(g) / (x * (1 - x))
+        if eps is not None:
+            d = d * ((ctx.a >= eps) & (ctx.a <= 1 - eps))
+        return d.astype(g.dtype, copy=False), None
+
+
+class NanToNum(Op):
+    """NaN, +inf and -inf replaced by the given numbers (already of a's dtype); the gradient passes where a is
+    finite, as PyTorch's."""
+
+    @staticmethod
+    def forward(ctx, a, nan, posinf, neginf):
+        xp = array_module(a)
+        x = _up(a)
+        out = xp.where(xp.isnan(x), nan, x)
+        out = xp.where(x == math.inf, posinf, out)
+        out = xp.where(x == -math.inf, neginf, out)
+        ctx.finite = xp.isfinite(x)
+        return out.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.finite, None, None, None
 
 
 # -- erf (also the kernels of gelu) --------------------------------------------------------------------------
