@@ -26,7 +26,8 @@ ELEMENTWISE = {
     "a>b": lambda a, b: a > b, "double": lambda a, b: a.double(), "to": lambda a, b: a.to(hp.float32),
     "clone": lambda a, b: a.clone(), "detach.clone": lambda a, b: a.detach().clone(),
     "zeros_like+": lambda a, b: hp.zeros_like(a) + a, "ones_like": lambda a, b: hp.ones_like(a),
-    "where": lambda a, b: hp.where(a > 0, a, b), "t": lambda a, b: a.t(), "clamp": lambda a, b: a.clamp(-0.5, 0.5),
+    "where": lambda a, b: hp.where(a > 0, a, b), "Tensor.where": lambda a, b: a.where(a > 0, b),
+    "pow(2, a)": lambda a, b: hp.pow(2, a), "t": lambda a, b: a.t(), "clamp": lambda a, b: a.clamp(-0.5, 0.5),
 }
 
 

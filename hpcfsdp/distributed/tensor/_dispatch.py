@@ -47,24 +47,30 @@ def _is_dt(x) -> bool:
 
 class OpCall:
     """One call of a registry op with DTensor operands: the entry, the arguments as given, and the DTensors
-    among them (in argument order, lists and tuples searched one level deep)."""
+    among them (in argument order, lists and tuples searched one level deep). ``via_function``: the call came
+    through the op's written-out hpcfsdp.* function, whose arguments may be in another order than the method's
+    (``hp.where(condition, input, other)`` against ``input.where(condition, other)``)."""
 
-    __slots__ = ("entry", "args", "kwargs", "dtensors")
+    __slots__ = ("entry", "args", "kwargs", "dtensors", "via_function")
 
-    def __init__(self, entry, args, kwargs):
+    def __init__(self, entry, args, kwargs, via_function=False):
         self.entry = entry
         self.args = args
         self.kwargs = kwargs
         self.dtensors = [a for a in _flat(args, kwargs) if _is_dt(a)]
+        self.via_function = via_function
 
     @property
     def mesh(self):
         return self.dtensors[0]._spec.mesh
 
     def compute(self, *args, **kwargs):
-        """The entry's body on (local) arguments: its method body, else its function."""
+        """The entry's body on (local) arguments: the function's where the call came through a written-out
+        function, else its method body, else its function."""
         e = self.entry
-        fn = e.impl if e.impl is not None else getattr(e.function, "__hp_body__", e.function)
+        body = getattr(e.function, "__hp_body__", None)
+        fn = body if self.via_function and body is not None else e.impl if e.impl is not None else \
+            getattr(e.function, "__hp_body__", e.function)
         if isinstance(fn, property):  # t.T, t.mT
             fn = fn.fget
         return fn(*args, **kwargs)
@@ -92,12 +98,12 @@ def no_rule(call: OpCall):
 _METADATA_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand", "type_as": "to"}
 
 
-def dispatch(entry, args, kwargs):
+def dispatch(entry, args, kwargs, via_function=False):
     via = _METADATA_OF_OTHER.get(entry.name)
     if via is not None and len(args) == 2 and not kwargs and _is_dt(args[0]) and isinstance(args[1], Tensor) \
             and not _is_dt(args[1]):
         return getattr(args[0], via)(args[1].dtype if via == "to" else tuple(args[1].shape))
-    call = OpCall(entry, args, kwargs)
+    call = OpCall(entry, args, kwargs, via_function)
     meshes = {id(d._spec.mesh): d._spec.mesh for d in call.dtensors}
     if len(meshes) > 1:
         raise NotImplementedError(f"{entry.name}: DTensor operands on different device meshes are not supported")
@@ -299,7 +305,7 @@ def _method(name, entry):
 def _function_hook(entry, args, kwargs):
     for a in _flat(args, kwargs):
         if _is_dt(a):
-            return dispatch(entry, args, kwargs)
+            return dispatch(entry, args, kwargs, via_function=True)
     return NotImplemented
 
 
