@@ -53,3 +53,26 @@ def test_dense_attention_saves_no_block_loop_and_masked_attention_keeps_the_gene
     assert not out2.grad_fn.dense
     np.testing.assert_allclose(out.detach().cpu().numpy(), out2.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
     assert ops.CAUSAL_BLOCK < 130
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16])
+def test_dense_attention_with_dropout_drops_the_probabilities_with_the_device_s_draw(dtype):
+    import cupy
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 2, 12, 8)).astype(dtype).astype(np.float64) for _ in range(3))
+    cupy.random.seed(11)
+    r = cupy.asnumpy(cupy.random.random_sample((2, 2, 12, 12), dtype=np.float32))  # the draw attention makes
+    cupy.random.seed(11)
+    gpu = _run("cuda", q, k, v, dtype, is_causal=True, dropout_p=0.3)
+    # float64 reference with that mask: softmax(q k^T / sqrt(8), causal) * keep / 0.7, then times v
+    keep = (r >= np.float32(0.3)) / 0.7
+    qt, kt, vt = (hp.tensor(a, requires_grad=True) for a in (q, k, v))
+    s = qt @ kt.transpose(-1, -2) / np.sqrt(8.0)
+    s = s.masked_fill(hp.tensor(np.triu(np.ones((12, 12), bool), 1)), float("-inf"))
+    out = (s.softmax(-1) * hp.tensor(keep)) @ vt
+    g = hp.tensor(np.cos(np.arange(out.numel(), dtype=np.float32)).reshape(out.shape)).double()
+    (out * g).sum().backward()
+    ref = [out.detach().numpy(), qt.grad.numpy(), kt.grad.numpy(), vt.grad.numpy()]
+    bound = 1e-5 if dtype == np.float32 else 2 ** -6
+    for a, b in zip(gpu, ref):
+        assert np.abs(a - b).max() <= bound * np.abs(b).max(), np.abs(a - b).max() / np.abs(b).max()

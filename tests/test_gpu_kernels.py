@@ -190,3 +190,26 @@ def test_embedding_gathers_in_one_launch_and_raises_a_bad_index_at_the_next_read
     F.embedding(hp.tensor([-1], device="cuda"), w)
     with pytest.raises(IndexError, match="index -1 out of range"):
         hp.ones(1, device="cuda").item()  # any read raises the pending one
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16])
+def test_dropout_on_cuda_draws_as_before_and_runs_two_launches_forward_and_one_backward(dtype):
+    import cupy
+    x = hp.tensor(np.random.default_rng(9).standard_normal((4, 33)), device="cuda").to(HP[dtype]).requires_grad_()
+    cupy.random.seed(5)
+    r = cupy.asnumpy(cupy.random.random_sample(x.shape, dtype=np.float32))  # the draw dropout makes
+    cupy.random.seed(5)
+    counts = []
+    with _counting() as cf:
+        y = F.dropout(x, p=0.25, training=True)
+    g = hp.ones(4, 33, device="cuda").to(HP[dtype])
+    with _counting() as cb:
+        y.backward(g)
+    counts = (cf.launches, cb.launches)
+    keep = r >= np.float32(0.25)
+    xs = x.detach().double().cpu().numpy()
+    want = np.where(keep, xs * np.float32(1 / 0.75), 0.0)
+    np.testing.assert_allclose(y.detach().double().cpu().numpy(), want, rtol=2 ** -8 if dtype == BF16 else 1e-7)
+    np.testing.assert_allclose(x.grad.double().cpu().numpy(), np.where(keep, np.float32(1 / 0.75), 0.0),
+                               rtol=2 ** -8 if dtype == BF16 else 1e-7)
+    assert counts == (2, 1), (cf.launches_by_op, cb.launches_by_op)

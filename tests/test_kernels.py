@@ -227,3 +227,21 @@ def test_heads_split3_and_merge3_twins_are_the_packed_projection_s_head_views_an
     back = np.full_like(x, np.nan)  # the merge inverts the split: the biased projection back
     K.KERNELS["heads_merge3"].twin([*outs, back, np.int64(B * H * T * D), np.int32(T), np.int32(H), np.int32(D)], dtype)
     np.testing.assert_array_equal(back, xb)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, BF16])
+def test_dropout_twins_keep_where_the_draw_reaches_p_scaled_and_the_backward_uses_the_mask(dtype):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((5, 13)).astype(dtype)
+    r = rng.random((5, 13), dtype=np.float32)
+    y, keep = np.empty_like(x), np.empty(x.shape, np.uint8)
+    K.KERNELS["dropout_fwd"].twin([x, r, y, keep, np.int64(x.size), np.float32(0.3), np.float32(1 / 0.7)], dtype)
+    k = r >= np.float32(0.3)
+    np.testing.assert_array_equal(keep, k.astype(np.uint8))
+    # as the unfused op: (x * keep) * scale, rounded once in x's dtype
+    np.testing.assert_array_equal(y, (x.astype(np.float64) * k * np.float32(1 / 0.7)).astype(dtype) if dtype == BF16
+                                  else np.where(k, x * np.float32(1 / 0.7), 0.0))
+    g = rng.standard_normal(x.shape).astype(dtype)
+    dx = np.empty_like(g)
+    K.KERNELS["dropout_bwd"].twin([g, keep, dx, np.int64(g.size), np.float32(1 / 0.7)], dtype)
+    np.testing.assert_array_equal(dx, np.where(k, g.astype(np.float64) * np.float32(1 / 0.7), 0.0).astype(dtype))

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from . import activation, attention, embedding, fsdp, quantize, rotary  # noqa: F401 (each family's module declares its kernels)
+from . import activation, attention, dropout, embedding, fsdp, quantize, rotary  # noqa: F401 (each family's module declares its kernels)
 from . import linear, norm  # noqa: F401
 from . import softmax  # noqa: F401
 from . import optim  # noqa: F401

@@ -3,7 +3,9 @@ import numpy as np
 
 from ..._array import HALF_DTYPES, array_matmul, sum_to
 from ..._backend import array_module
+from ... import _backend
 from ..._kernels import attention as _fused
+from ..._kernels import dropout as _fused_dropout
 from ..._kernels import gemm as _gemm
 from ..._kernels import linear as _linear
 from ..._kernels import use_fused
@@ -43,7 +45,7 @@ def _mask_upper_(s, r0, xp):
 #
 # [Note: Dense attention on the GPU]
 # On a GPU the block loop above costs launches, not arithmetic (about 210 forward and 214 backward at
-# T=1024). With CuPy arrays, no explicit mask and no dropout, attention is dense: S = q k^T and out = P v
+# T=1024). With CuPy arrays and no explicit mask, attention is dense: S = q k^T and out = P v
 # are one cuBLAS call each, and one fused kernel scales, masks and soft-maxes each row of S
 # (hpcfsdp/_kernels/attention.cu): 3 launches forward, 5 backward (dv = P^T g, dP = g v^T, the fused
 # softmax backward, dq = dS k, dk = dS^T q). The scores of half-precision inputs must not be rounded to
@@ -53,7 +55,9 @@ def _mask_upper_(s, r0, xp):
 # (See [Note: Mixed-precision batched GEMM] in hpcfsdp/_kernels/gemm.py), the softmax and its backward read
 # float32 scores and write P and dS in the input dtype, and the three products of P or dS with a half
 # operand run in that dtype with float32 accumulation: no cast, and every GEMM on the tensor cores (as
-# FlashAttention, which also multiplies v by P rounded to half). Operands of different batch shapes
+# FlashAttention, which also multiplies v by P rounded to half). Dropout of P is one draw of the device's
+# generator and one fused kernel (hpcfsdp/_kernels/dropout.cu) that keeps a byte mask; backward rebuilds the
+# dropped P from P and the mask and drops dP with it (two launches). Operands of different batch shapes
 # (broadcast heads) compute in float32 after casts, as PyTorch's math attention. The causal half of S is
 # computed and then masked.
 class ScaledDotProductAttention(Op):
@@ -61,22 +65,28 @@ class ScaledDotProductAttention(Op):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale):
-        ctx.dense = use_fused(q) and mask is None and dropout_p == 0 and q.dtype == k.dtype == v.dtype
+        ctx.dense = use_fused(q) and mask is None and q.dtype == k.dtype == v.dtype and 0 <= dropout_p < 1
         if ctx.dense:  # See [Note: Dense attention on the GPU]
             xp = array_module(q)
             ctx.dt = q.dtype
             ctx.tc = _gemm.supports(q, k, v)
             if ctx.tc:
                 q, k, v = xp.ascontiguousarray(q), xp.ascontiguousarray(k), xp.ascontiguousarray(v)
-                p = _fused.causal_softmax(_gemm.bmm(q, k, trans_b=True, out_dtype=np.float32), float(scale),
-                                          bool(is_causal), dtype=q.dtype)
-                ctx.q, ctx.k, ctx.v, ctx.p, ctx.scale = q, k, v, p, float(scale)
-                return _gemm.bmm(p, v)
-            if q.dtype in HALF_DTYPES:
-                q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
-            p = _fused.causal_softmax(xp.matmul(q, k.swapaxes(-1, -2)), float(scale), bool(is_causal))
+                s = _gemm.bmm(q, k, trans_b=True, out_dtype=np.float32)
+            else:
+                if q.dtype in HALF_DTYPES:
+                    q, k, v = q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+                s = xp.matmul(q, k.swapaxes(-1, -2))
+            p = _fused.causal_softmax(s, float(scale), bool(is_causal), dtype=q.dtype)
+            del s
             ctx.q, ctx.k, ctx.v, ctx.p, ctx.scale = q, k, v, p, float(scale)
-            return xp.matmul(p, v).astype(ctx.dt, copy=False)
+            ctx.keep, ctx.dscale = None, 1.0
+            if dropout_p > 0:  # dropout of the probabilities: one draw and one fused kernel (the mask kept)
+                ctx.dscale = float(1.0 / (1.0 - dropout_p))
+                r = _backend.generator(_backend.device_of_array(q)).random_sample(p.shape, dtype=np.float32)
+                p, ctx.keep = _fused_dropout.dropout_forward(p, r, float(dropout_p), ctx.dscale)
+                del r
+            return _gemm.bmm(p, v) if ctx.tc else xp.matmul(p, v).astype(ctx.dt, copy=False)
         xp = array_module(q)
         dt = q.dtype
         if dt in HALF_DTYPES:
@@ -155,6 +165,16 @@ class ScaledDotProductAttention(Op):
         return gq, gk, gv, None, None, None, None
 
     @staticmethod
+    def _dropped(ctx, p):
+        """The probabilities as forward multiplied v by them: p, or its dropout (rebuilt from the kept mask)."""
+        return p if ctx.keep is None else _fused_dropout.dropout_backward(p, ctx.keep, ctx.dscale)
+
+    @staticmethod
+    def _dp(ctx, dpd):
+        """The gradient of the probabilities from that of their dropout (the identity without dropout)."""
+        return dpd if ctx.keep is None else _fused_dropout.dropout_backward(dpd, ctx.keep, ctx.dscale)
+
+    @staticmethod
     def _dense_backward(ctx, g):
         q, k, v, p = ctx.q, ctx.k, ctx.v, ctx.p
         xp = array_module(q)
@@ -162,10 +182,11 @@ class ScaledDotProductAttention(Op):
             return ScaledDotProductAttention._tensor_core_backward(ctx, xp.ascontiguousarray(g, dtype=q.dtype))
         g = g.astype(q.dtype, copy=False)
         nq, nk, nv = ctx.needs_input_grad[:3]
-        gv = sum_to(xp.matmul(p.swapaxes(-1, -2), g), v.shape) if nv else None
+        S = ScaledDotProductAttention
+        gv = sum_to(xp.matmul(S._dropped(ctx, p).swapaxes(-1, -2), g), v.shape) if nv else None
         gq = gk = None
         if nq or nk:
-            ds = _fused.softmax_backward_scaled(p, xp.matmul(g, v.swapaxes(-1, -2)), ctx.scale)
+            ds = _fused.softmax_backward_scaled(p, S._dp(ctx, xp.matmul(g, v.swapaxes(-1, -2))), ctx.scale)
             gq = sum_to(xp.matmul(ds, k), q.shape) if nq else None
             gk = sum_to(xp.matmul(ds.swapaxes(-1, -2), q), k.shape) if nk else None
         return (*(None if a is None else a.astype(ctx.dt, copy=False) for a in (gq, gk, gv)),
@@ -175,10 +196,12 @@ class ScaledDotProductAttention(Op):
     def _tensor_core_backward(ctx, g):
         q, k, v, p = ctx.q, ctx.k, ctx.v, ctx.p
         nq, nk, nv = ctx.needs_input_grad[:3]
-        gv = _gemm.bmm(p, g, trans_a=True) if nv else None
+        S = ScaledDotProductAttention
+        gv = _gemm.bmm(S._dropped(ctx, p), g, trans_a=True) if nv else None
         gq = gk = None
         if nq or nk:
-            ds = _fused.softmax_backward_scaled(p, _gemm.bmm(g, v, trans_b=True, out_dtype=np.float32), ctx.scale)
+            dp = S._dp(ctx, _gemm.bmm(g, v, trans_b=True, out_dtype=np.float32))
+            ds = _fused.softmax_backward_scaled(p, dp, ctx.scale)
             gq = _gemm.bmm(ds, k) if nq else None
             gk = _gemm.bmm(ds, q, trans_a=True) if nk else None
         return gq, gk, gv, None, None, None, None

@@ -2,9 +2,11 @@
 import numpy as np
 
 from ..._array import HALF_DTYPES, array_matmul, index_add
+from ... import _backend
 from ..._backend import array_module
 from ..._kernels import CTYPES, use_fused
 from ..._kernels import checks
+from ..._kernels import dropout as _fused_dropout
 from ..._kernels import embedding as _fused_embedding
 from ..._kernels import linear as _fused_linear
 from ..._kernels import norm as _fused
@@ -212,10 +214,20 @@ class Rotary(Op):
 
 
 class Dropout(Op):
+    """x where a uniform draw is >= p, times 1 / (1 - p); on CuPy the draw and one fused kernel each way (the same
+    draws, so the same result: hpcfsdp/_kernels/dropout.cu)."""
+
     @staticmethod
     def forward(ctx, x, p):
-        keep = _random_keep(x.shape, p, x)
         scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
+        ctx.fused = use_fused(x) and 0 < p < 1 and x.dtype in CTYPES
+        if ctx.fused:
+            gen = _backend.generator(_backend.device_of_array(x))
+            r = gen.random_sample(x.shape, dtype=np.float32)  # what _random_keep draws
+            out, ctx.keep = _fused_dropout.dropout_forward(x, r, float(p), float(1.0 / (1.0 - p)))
+            ctx.scale = float(1.0 / (1.0 - p))
+            return out
+        keep = _random_keep(x.shape, p, x)
         ctx.keep, ctx.scale = keep, scale
         out = x * keep
         out *= scale
@@ -223,6 +235,8 @@ class Dropout(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.fused:
+            return _fused_dropout.dropout_backward(g, ctx.keep, ctx.scale), None
         out = g * ctx.keep
         out *= ctx.scale
         return out, None
