@@ -9,6 +9,7 @@ rows then gives (B, L, D), reduced over L: sum, mean over the counted entries, o
 masked to -inf; an empty bag is 0, as PyTorch's). The weight's gradient comes through the embedding lookup.
 """
 from ..._tensor import Tensor
+from ...autograd import ops
 from ._common import check_tensor
 
 __all__ = ["embedding_bag", "embedding_renorm_"]
@@ -41,7 +42,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
             being the end of the last bag.
         max_norm: rows read whose norm exceeds it are rescaled in place (See ``embedding_renorm_``).
         norm_type: the p of that norm.
-        scale_grad_by_freq, sparse: accepted; gradients are dense and unscaled.
+        scale_grad_by_freq: accepted; gradients are unscaled.
+        sparse: accepted; gradients are dense.
         mode: ``"sum"``, ``"mean"`` or ``"max"``.
         per_sample_weights: a float weight per index of ``input``'s shape (``mode="sum"`` only).
         padding_idx: entries equal to it are left out (and not counted by the mean).
@@ -54,8 +56,6 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     See [Note: Bags as a padded gather].
     """
     import hpcfsdp
-
-    from ..functional import embedding
 
     check_tensor(weight, "embedding_bag", "weight")
     check_tensor(input, "embedding_bag")
@@ -115,7 +115,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         counted = inside & (idx[pos] != pad)
     gather = Tensor._wrap(xp.where(counted, pos, m))  # (B, L) into the M rows and the zero row
     d = weight.shape[1]
-    rows = embedding(Tensor._wrap(idx), weight) if m else hpcfsdp.zeros(0, d, dtype=weight.dtype,
+    rows = ops.Embedding.apply(idx, weight, None) if m else hpcfsdp.zeros(0, d, dtype=weight.dtype,
                                                                       device=weight.device)
     if psw is not None:
         rows = rows * psw.to(rows.dtype).unsqueeze(1)
