@@ -28,7 +28,6 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
         ValueError: ``p`` is not 1 or 2, or ``weight`` is not 1-D.
         RuntimeError: a target of the wrong size or outside [0, C).
     """
-    import hpcfsdp
 
     reduction = legacy_reduction(size_average, reduce, reduction)
     check_reduction(reduction)
