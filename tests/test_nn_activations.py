@@ -196,3 +196,89 @@ def test_activation_layers(rng):
         assert repr(m) == r
     with pytest.raises(ValueError, match=r"max_val \(1\) must be greater than min_val \(2\)"):
         nn.Hardtanh(2, 1)
+
+
+# -- hardshrink, softshrink, rrelu, the in-place functions, alpha dropout, gumbel_softmax ------------------------
+def test_hardshrink_softshrink_values_grads_and_modules():
+    x = np.array([[-1.2, -0.4, 0.0, 0.3, 0.6], [2.0, -0.55, 0.45, -3.0, 0.1]])
+    np.testing.assert_array_equal(F.hardshrink(hp.tensor(x), 0.5).numpy(), np.where(np.abs(x) > 0.5, x, 0.0))
+    soft = np.where(x > 0.5, x - 0.5, np.where(x < -0.5, x + 0.5, 0.0))
+    np.testing.assert_allclose(F.softshrink(hp.tensor(x), 0.5).numpy(), soft, rtol=1e-12)
+    np.testing.assert_allclose(nn.Softshrink(0.5)(hp.tensor(x)).numpy(), soft, rtol=1e-12)
+    np.testing.assert_array_equal(nn.Hardshrink()(hp.tensor(x)).numpy(), np.where(np.abs(x) > 0.5, x, 0.0))
+    gradcheck(lambda a: F.hardshrink(a, 0.5), [x.copy()])
+    gradcheck(lambda a: F.softshrink(a, 0.5), [x.copy()])
+    assert repr(nn.Hardshrink()) == "Hardshrink(0.5)" and repr(nn.Softshrink(0.2)) == "Softshrink(0.2)"
+    with pytest.raises(RuntimeError, match="lambda must be greater or equal to 0"):
+        F.softshrink(hp.tensor(x), -1.0)
+
+
+def test_rrelu_eval_train_and_module():
+    x = np.linspace(-2, 2, 40).reshape(4, 10)
+    mid = (0.125 + 1 / 3) / 2
+    np.testing.assert_allclose(F.rrelu(hp.tensor(x)).numpy(), np.where(x > 0, x, x * mid), rtol=1e-12)
+    hp.manual_seed(0)
+    y = F.rrelu(hp.tensor(x), 0.1, 0.3, training=True).numpy()
+    slope = y[x < 0] / x[x < 0]
+    assert np.all((slope >= 0.1) & (slope <= 0.3)) and slope.std() > 0  # one slope per element
+    np.testing.assert_array_equal(y[x >= 0], x[x >= 0])
+    m = nn.RReLU(0.1, 0.3)
+    assert repr(m) == "RReLU(lower=0.1, upper=0.3)"
+    m.eval()
+    np.testing.assert_allclose(m(hp.tensor(x)).numpy(), np.where(x > 0, x, x * 0.2), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="Lower bound should be less than or equal to the upper bound"):
+        F.rrelu(hp.tensor(x), 0.5, 0.1, training=True)
+
+
+@pytest.mark.parametrize("name, ref", [
+    ("relu_", lambda x: np.maximum(x, 0)), ("elu_", lambda x: np.where(x > 0, x, np.expm1(x))),
+    ("leaky_relu_", lambda x: np.where(x > 0, x, 0.01 * x)), ("hardtanh_", lambda x: np.clip(x, -1, 1)),
+    ("selu_", lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(x))),
+    ("celu_", lambda x: np.where(x > 0, x, np.expm1(x))),
+])
+def test_inplace_activations_write_into_input(name, ref):
+    x = np.linspace(-3, 3, 12)
+    t = hp.tensor(x.copy())
+    out = getattr(F, name)(t)
+    assert out is t
+    np.testing.assert_allclose(t.numpy(), ref(x), rtol=1e-12)
+    t2 = hp.tensor(x.copy())
+    assert F.threshold_(t2, 0.5, -7.0) is t2
+    np.testing.assert_array_equal(t2.numpy(), np.where(x > 0.5, x, -7.0))
+    leaf = hp.tensor(x.copy(), requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        getattr(F, name)(leaf)
+
+
+def test_alpha_dropout_keeps_mean_and_variance():
+    hp.manual_seed(1)
+    x = hp.randn(20000, dtype=hp.float64)
+    y = F.alpha_dropout(x, 0.3, training=True).numpy()
+    alpha, p = 1.7580993408473766, 0.3
+    a = 1 / np.sqrt((alpha * alpha * p + 1) * (1 - p))
+    dropped = np.isclose(y, alpha * a * (p - 1))
+    assert abs(dropped.mean() - p) < 0.02
+    np.testing.assert_allclose(y[~dropped], a * x.numpy()[~dropped] + alpha * a * p, rtol=1e-12)
+    assert abs(y.mean()) < 0.05 and abs(y.std() - 1) < 0.05
+    assert F.alpha_dropout(x, 0.3) is x  # training=False by default
+    z = F.feature_alpha_dropout(hp.randn(8, 50, 6, dtype=hp.float64), 0.5, training=True).numpy()
+    assert np.all(np.ptp(np.isclose(z, alpha * (1 / np.sqrt((alpha * alpha * 0.5 + 1) * 0.5)) * -0.5).astype(int), axis=2) == 0)
+    m = nn.AlphaDropout(0.2)
+    m.eval()
+    assert m(x) is x and repr(m) == "AlphaDropout(p=0.2, inplace=False)"
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        F.alpha_dropout(x, 1.5, True)
+
+
+def test_gumbel_softmax_soft_and_hard():
+    hp.manual_seed(2)
+    logits = np.log(np.array([[0.7, 0.2, 0.1]] * 4000))
+    y = F.gumbel_softmax(hp.tensor(logits), tau=0.5).numpy()
+    np.testing.assert_allclose(y.sum(1), 1, rtol=1e-12)
+    freq = np.bincount(y.argmax(1), minlength=3) / 4000  # argmax of logits + Gumbel noise ~ softmax(logits)
+    np.testing.assert_allclose(freq, [0.7, 0.2, 0.1], atol=0.03)
+    x = hp.tensor(logits[:5].copy(), requires_grad=True)
+    h = F.gumbel_softmax(x, hard=True)
+    assert set(np.unique(h.detach().numpy())) <= {0.0, 1.0} and np.all(h.detach().numpy().sum(1) == 1)
+    (h * hp.tensor(np.arange(3.0))).sum().backward()
+    assert x.grad is not None and np.abs(x.grad.numpy()).sum() > 0  # straight through: the soft sample's gradient

@@ -198,3 +198,61 @@ def test_adaptive_max_pool1d_ties_nan_unbatched_and_layers(rng):
         F.adaptive_max_pool2d(hp.randn(5), 2)
     with pytest.raises(RuntimeError, match="should contain one int"):
         F.adaptive_max_pool1d(hp.randn(1, 5, 7), (2, 3))
+
+
+# -- lp_pool, max_unpool, *_with_indices, the 3-d and circular pads ----------------------------------------------
+def test_lp_pool_against_window_sums():
+    rng = np.random.default_rng(21)
+    x = np.abs(rng.standard_normal((2, 3, 5, 6)))
+    got = F.lp_pool2d(hp.tensor(x), 3, (2, 3), stride=1).numpy()
+    ref = np.empty((2, 3, 4, 4))
+    for i in range(4):
+        for j in range(4):
+            ref[:, :, i, j] = ((x[:, :, i:i + 2, j:j + 3] ** 3).sum((2, 3))) ** (1 / 3)
+    np.testing.assert_allclose(got, ref, rtol=1e-10)
+    np.testing.assert_allclose(nn.LPPool2d(3, (2, 3), stride=1)(hp.tensor(x)).numpy(), ref, rtol=1e-10)
+    x1 = np.abs(rng.standard_normal((2, 3, 6)))
+    ref1 = np.sqrt((x1.reshape(2, 3, 3, 2) ** 2).sum(3))
+    np.testing.assert_allclose(F.lp_pool1d(hp.tensor(x1), 2, 2).numpy(), ref1, rtol=1e-10)
+    gradcheck(lambda a: F.lp_pool1d(a, 2, 2), [x1 + 0.1])
+    assert repr(nn.LPPool1d(2, 3)) == "LPPool1d(norm_type=2, kernel_size=3, stride=None, ceil_mode=False)"
+
+
+def test_max_unpool_scatters_to_the_pooling_indices():
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((2, 3, 4, 6))
+    vals, idx = F.max_pool2d_with_indices(hp.tensor(x), 2)
+    out = F.max_unpool2d(vals, idx, 2).numpy()
+    ref = np.zeros((2, 3, 24))
+    flat_idx, flat_val = idx.numpy().reshape(2, 3, -1), vals.numpy().reshape(2, 3, -1)
+    for n in range(2):
+        for c in range(3):
+            ref[n, c, flat_idx[n, c]] = flat_val[n, c]
+    np.testing.assert_array_equal(out, ref.reshape(2, 3, 4, 6))
+    np.testing.assert_array_equal(nn.MaxUnpool2d(2)(vals, idx).numpy(), out)
+    assert F.max_unpool2d(vals, idx, 2, output_size=(5, 7)).shape == (2, 3, 5, 7)
+    gradcheck(lambda v: F.max_unpool2d(v, idx, 2), [vals.numpy().copy()])
+    assert repr(nn.MaxUnpool2d(2)) == "MaxUnpool2d(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0))"
+    with pytest.raises(ValueError, match="dim 0 must be between 2 and 6"):
+        F.max_unpool2d(vals, idx, 2, output_size=(9, 9))
+    with pytest.raises(RuntimeError, match="Found an invalid max index"):
+        F.max_unpool2d(vals, idx * 10, 2)
+    v1, i1 = F.adaptive_max_pool1d_with_indices(hp.tensor(x[:, :, 0]), 3)
+    assert i1.dtype == hp.int64 and v1.shape == (2, 3, 3)
+
+
+def test_3d_and_circular_pads():
+    x = np.arange(2 * 2 * 3 * 4, dtype=np.float64).reshape(1, 2, 2, 3, 4)
+    np.testing.assert_array_equal(nn.CircularPad2d(1)(hp.tensor(x[0])).numpy(),
+                                  np.pad(x[0], ((0, 0), (0, 0), (1, 1), (1, 1)), mode="wrap"))
+    np.testing.assert_array_equal(nn.CircularPad1d((2, 1))(hp.tensor(x[0, 0])).numpy(),
+                                  np.pad(x[0, 0], ((0, 0), (0, 0), (2, 1)), mode="wrap"))
+    np.testing.assert_array_equal(nn.ReplicationPad3d(1)(hp.tensor(x)).numpy(),
+                                  np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)), mode="edge"))
+    np.testing.assert_array_equal(nn.ReflectionPad3d((1, 0, 1, 0, 1, 0))(hp.tensor(x)).numpy(),
+                                  np.pad(x, ((0, 0), (0, 0), (1, 0), (1, 0), (1, 0)), mode="reflect"))
+    np.testing.assert_array_equal(nn.ConstantPad3d(1, 2.5)(hp.tensor(x)).numpy(),
+                                  np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)), constant_values=2.5))
+    assert nn.ZeroPad3d(1)(hp.tensor(x)).shape == (1, 2, 4, 5, 6)
+    assert repr(nn.ZeroPad3d(1)) == "ZeroPad3d((1, 1, 1, 1, 1, 1))"
+    assert repr(nn.CircularPad2d(1)) == "CircularPad2d((1, 1, 1, 1))"

@@ -12,16 +12,35 @@ from ._functional.activation import (
     celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logsigmoid, mish, prelu, relu6, selu, softmin,
     softplus, softsign, tanhshrink, threshold,
 )
-from ._functional._common import dtensor_rule, elementwise
+from ._functional.activation_shrink import (
+    celu_, elu_, hardshrink, hardtanh_, leaky_relu_, relu_, rrelu, rrelu_, selu_, softshrink, threshold_,
+)
+from ._functional.bilinear import bilinear
+from ._functional.embedding_bag import embedding_bag, embedding_renorm_
+from ._functional.fold import fold, unfold
+from ._functional.gumbel import gumbel_softmax
+from ._functional.loss_embedding import (
+    cosine_embedding_loss, hinge_embedding_loss, margin_ranking_loss, soft_margin_loss, triplet_margin_loss,
+    triplet_margin_with_distance_loss,
+)
+from ._functional.loss_likelihood import gaussian_nll_loss, poisson_nll_loss
+from ._functional.loss_multiclass import multi_margin_loss, multilabel_margin_loss, multilabel_soft_margin_loss
+from ._functional.pooling_extra import (
+    adaptive_max_pool1d_with_indices, adaptive_max_pool2d_with_indices, adaptive_max_pool3d_with_indices, lp_pool1d,
+    lp_pool2d, lp_pool3d, max_pool1d_with_indices, max_pool2d_with_indices, max_pool3d_with_indices, max_unpool1d,
+    max_unpool2d, max_unpool3d,
+)
+from ._functional.shuffle import channel_shuffle, native_channel_shuffle, pixel_shuffle, pixel_unshuffle
+from ._functional._common import dtensor_rule, elementwise, legacy_reduction
 from ._functional.attention import multi_head_attention_forward
 from ._functional.conv import conv1d, conv2d, conv3d, pad
 from ._functional.conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
-from ._functional.distance import cosine_similarity, pairwise_distance
-from ._functional.dropout import dropout1d, dropout2d, dropout3d
+from ._functional.distance import cosine_similarity, pairwise_distance, pdist
+from ._functional.dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from ._functional.loss import (
     binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div, l1_loss, nll_loss, smooth_l1_loss,
 )
-from ._functional.normalization import group_norm, instance_norm, normalize
+from ._functional.normalization import batch_norm, group_norm, instance_norm, local_response_norm, normalize
 from ._functional.pooling import (
     adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool2d,
     adaptive_max_pool3d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d, max_pool3d,
@@ -44,7 +63,20 @@ __all__ = [
     # normalization.py, pooling.py, resample.py, sparse.py
     "group_norm", "instance_norm", "normalize", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d",
     "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d",
-    "adaptive_max_pool2d", "adaptive_max_pool3d", "interpolate", "upsample", "one_hot",
+    "adaptive_max_pool2d", "adaptive_max_pool3d", "interpolate", "upsample", "one_hot", "batch_norm",
+    "local_response_norm", "pdist", "alpha_dropout", "feature_alpha_dropout",
+    # activation_shrink.py, bilinear.py, embedding_bag.py, fold.py, gumbel.py, shuffle.py
+    "hardshrink", "softshrink", "rrelu", "relu_", "elu_", "leaky_relu_", "hardtanh_", "threshold_", "selu_", "celu_",
+    "rrelu_", "bilinear", "embedding_bag", "fold", "unfold", "gumbel_softmax", "pixel_shuffle", "pixel_unshuffle",
+    "channel_shuffle", "native_channel_shuffle",
+    # loss_embedding.py, loss_likelihood.py, loss_multiclass.py
+    "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss", "triplet_margin_loss",
+    "triplet_margin_with_distance_loss", "soft_margin_loss", "poisson_nll_loss", "gaussian_nll_loss",
+    "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
+    # pooling_extra.py
+    "lp_pool1d", "lp_pool2d", "lp_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "adaptive_max_pool1d_with_indices", "adaptive_max_pool2d_with_indices",
+    "adaptive_max_pool3d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",
 ]
 
 
@@ -226,22 +258,24 @@ def _cross_entropy_probs(x, target, weight, reduction, label_smoothing):
 
 @autocast_op(cpu=FP32, cuda=FP32)
 @dtensor_rule
-def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  # noqa: A002
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):  # noqa: A002
     """Squared error (input - target)^2, reduced.
 
     Args:
         input: predictions.
         target: targets, broadcastable to ``input`` (cast to ``input``'s dtype).
-        size_average: deprecated, ignored.
-        reduce: deprecated, ignored.
+        size_average: deprecated; with ``reduce`` mapped onto ``reduction`` as PyTorch does (with its warning).
+        reduce: deprecated, see ``size_average``.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        weight: optional, the input's shape: scales each squared error; the weighted mean divides by its sum.
 
     Raises:
         RuntimeError: the shapes do not broadcast.
-        ValueError: ``reduction`` is not one of the three.
+        ValueError: ``reduction`` is not one of the three, or ``weight`` is not of the input's shape.
     """
     _check(input, "mse_loss")
     _check(target, "mse_loss", "target")
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction, "mse_loss")
     if input.shape != target.shape:
         try:
@@ -251,6 +285,14 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):  
                                f"{tuple(target.shape)} do not broadcast") from None
     if target.dtype != input.dtype:
         target = target.to(input.dtype)
+    if weight is not None:
+        if tuple(weight.shape) != tuple(input.shape):
+            raise ValueError("Weights and input must have the same size.")
+        d = input - target
+        loss = d * d * weight
+        if reduction == "none":
+            return loss
+        return loss.sum() if reduction == "sum" else loss.sum() / weight.sum()
     return ops.MseLoss.apply(input, target, reduction)
 
 
@@ -345,6 +387,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
         raise RuntimeError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), got {tuple(weight.shape)}")
     if padding_idx is not None and padding_idx < 0:
         padding_idx += weight.shape[0]
+    if max_norm is not None:  # rows read are rescaled in place to at most max_norm, as PyTorch's
+        embedding_renorm_(weight, idx, max_norm, norm_type)
     return ops.Embedding.apply(idx, weight, padding_idx)
 
 

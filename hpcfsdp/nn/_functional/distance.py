@@ -1,9 +1,9 @@
-"""cosine_similarity and pairwise_distance, composed of differentiable Tensor ops."""
+"""cosine_similarity, pairwise_distance and pdist, composed of differentiable Tensor ops."""
 import numpy as np
 
 from ._common import check_float
 
-__all__ = ["cosine_similarity", "pairwise_distance"]
+__all__ = ["cosine_similarity", "pairwise_distance", "pdist"]
 
 
 def _broadcast(x1, x2, name):
@@ -51,3 +51,25 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     if a.ndim == 0:
         return (a - b + eps).abs()
     return (a - b + eps).norm(p, a.ndim - 1, keepdim=keepdim)
+
+
+def pdist(input, p=2):  # noqa: A002
+    """The p-norm distances between every pair of rows i < j of (N, M), in row-major order of the pairs: the
+    upper triangle of ``cdist(input, input)`` without its diagonal, shape (N (N - 1) / 2,).
+
+    Raises:
+        RuntimeError: ``input`` is not 2-D, or ``p`` is negative.
+    """
+    import hpcfsdp
+
+    check_float(input, "pdist")
+    if input.ndim != 2:
+        raise RuntimeError(f"pdist only supports 2D tensors, got: {input.ndim}D")
+    if p < 0:
+        raise RuntimeError("pdist only supports non-negative p values")
+    n = input.shape[0]
+    xp = input._xp()
+    i, j = xp.triu_indices(n, 1) if hasattr(xp, "triu_indices") else np.triu_indices(n, 1)
+    a = input[hpcfsdp.Tensor._wrap(xp.asarray(i))]  # (P, M)
+    b = input[hpcfsdp.Tensor._wrap(xp.asarray(j))]
+    return (a - b).norm(float(p), 1)

@@ -1,11 +1,12 @@
-"""Channel dropout of torch.nn.functional: dropout1d, dropout2d, dropout3d (dropout itself is in nn/functional.py)."""
+"""Channel and alpha dropout of torch.nn.functional: dropout1d, dropout2d, dropout3d, alpha_dropout,
+feature_alpha_dropout (dropout itself is in nn/functional.py)."""
 import warnings
 
 from ..._tensor import Tensor
 from ...autograd.ops import _random_keep
 from ._common import check_tensor
 
-__all__ = ["dropout1d", "dropout2d", "dropout3d"]
+__all__ = ["dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
 
 
 def _feature_dropout(input, p, training, mask_shape, name):  # noqa: A002
@@ -65,3 +66,45 @@ def dropout3d(input, p=0.5, training=True, inplace=False):  # noqa: A002
     lead = 1 if input.ndim == 4 else 2
     shape = tuple(input.shape[:lead]) + (1,) * (input.ndim - lead)
     return _feature_dropout(input, p, training, shape, "dropout3d")
+
+
+ALPHA_DROPOUT_ALPHA = 1.7580993408473766  # -SELU_SCALE * SELU_ALPHA: the value SELU saturates to
+
+
+def _alpha_dropout(input, p, training, mask_shape, name):  # noqa: A002
+    """PyTorch's alpha dropout: dropped elements are set to the SELU saturation -alpha, then all are affinely
+    transformed by a, b so that the mean and variance are kept: kept a x + alpha a p, dropped alpha a (p - 1)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    check_tensor(input, name)
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input * 0.0
+    alpha = ALPHA_DROPOUT_ALPHA
+    a = 1.0 / ((alpha * alpha * p + 1) * (1 - p)) ** 0.5
+    keep = _random_keep(tuple(mask_shape), float(p), input._data).astype(input.dtype)
+    b = (keep - 1) * (alpha * a) + alpha * a * p
+    keep *= input.dtype.type(a)
+    return input * Tensor._wrap(keep) + Tensor._wrap(b.astype(input.dtype, copy=False))
+
+
+def alpha_dropout(input, p=0.5, training=False, inplace=False):  # noqa: A002
+    """Alpha dropout (for SELU networks): each element dropped with probability ``p``, keeping zero mean and
+    unit variance. ``inplace`` is accepted; the result is a new tensor.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+    """
+    return _alpha_dropout(input, p, training, tuple(input.shape), "alpha_dropout")
+
+
+def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):  # noqa: A002
+    """Alpha dropout of whole channels of (N, C, *): one draw per (sample, channel).
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+    """
+    check_tensor(input, "feature_alpha_dropout")
+    shape = tuple(input.shape[:2]) + (1,) * (input.ndim - 2) if input.ndim >= 2 else tuple(input.shape)
+    return _alpha_dropout(input, p, training, shape, "feature_alpha_dropout")

@@ -1,4 +1,5 @@
-"""Normalization functions of torch.nn.functional: group_norm, instance_norm, normalize."""
+"""Normalization functions of torch.nn.functional: batch_norm, group_norm, instance_norm, normalize,
+local_response_norm."""
 import numpy as np
 
 from ..._array import wrap_dim
@@ -6,7 +7,7 @@ from ...autograd import ops
 from ._common import check_float
 from ..._autocast import FP32, autocast_op
 
-__all__ = ["group_norm", "instance_norm", "normalize"]
+__all__ = ["batch_norm", "group_norm", "instance_norm", "normalize", "local_response_norm"]
 
 
 @autocast_op(cuda=FP32)
@@ -109,3 +110,86 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if bias is not None:
         y = y + bias.reshape(shape)
     return y
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,  # noqa: A002
+               momentum=0.1, eps=1e-5):
+    """Normalise (N, C, *) per channel over the batch and spatial dims, then scale and shift per channel.
+
+    In training the batch mean and biased variance normalise, and ``running_mean``/``running_var`` (when given)
+    are updated in place as (1 - momentum) * running + momentum * batch, the variance with the unbiased batch
+    variance (See [Note: Batch norm statistics]); otherwise the running statistics normalise.
+
+    Raises:
+        ValueError: training with a single value per channel.
+        RuntimeError: evaluation without running statistics, or a statistic, weight or bias of the wrong size.
+    """
+    check_float(input, "batch_norm")
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm(): expected at least 2D input (got {input.ndim}D input)")
+    c = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and t.numel() != c:
+            raise RuntimeError(f"{name} should contain {c} elements not {t.numel()}")
+    shape = (1, c) + (1,) * (input.ndim - 2)  # per channel: (1, C, 1, ...)
+    if training:
+        n = input.numel() // c if c else 0
+        if n <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                             f"{input.shape}")
+        dims = (0,) + tuple(range(2, input.ndim))
+        mean = input.mean(dim=dims)  # (C,)
+        var = input.var(dim=dims, unbiased=False)  # (C,) biased
+        if running_mean is not None or running_var is not None:
+            import hpcfsdp
+
+            with hpcfsdp.no_grad():
+                if running_mean is not None:
+                    running_mean.mul_(1.0 - momentum).add_(mean.detach().to(running_mean.dtype) * momentum)
+                if running_var is not None:
+                    unbiased = var.detach().to(running_var.dtype) * (n / (n - 1))
+                    running_var.mul_(1.0 - momentum).add_(unbiased * momentum)
+    else:
+        if running_mean is None:
+            raise RuntimeError("running_mean must be defined in evaluation mode")
+        if running_var is None:
+            raise RuntimeError("running_var must be defined in evaluation mode")
+        mean = running_mean.to(input.dtype)
+        var = running_var.to(input.dtype)
+    y = (input - mean.reshape(shape)) / (var.reshape(shape) + eps).sqrt()
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
+
+
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):  # noqa: A002
+    """x / (k + alpha / size * sum of x^2 over ``size`` neighbouring channels)^beta (PyTorch's composition of
+    padding and average pooling over the channel dim).
+
+    Raises:
+        ValueError: ``input`` has fewer than 3 dims.
+    """
+    from .conv import pad
+    from .pooling import avg_pool2d, avg_pool3d
+
+    check_float(input, "local_response_norm")
+    dim = input.ndim
+    if dim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {dim} dimensions)")
+    if input.numel() == 0:
+        return input
+    div = (input * input).unsqueeze(1)  # (N, 1, C, *)
+    if dim == 3:
+        div = pad(div, (0, 0, size // 2, (size - 1) // 2))
+        div = avg_pool2d(div, (size, 1), stride=1).squeeze(1)
+    else:
+        sizes = input.shape
+        div = div.reshape(sizes[0], 1, sizes[1], sizes[2], -1)
+        div = pad(div, (0, 0, 0, 0, size // 2, (size - 1) // 2))
+        div = avg_pool3d(div, (size, 1, 1), stride=1).squeeze(1)
+        div = div.reshape(sizes)
+    div = (div * alpha + k) ** beta
+    return input / div

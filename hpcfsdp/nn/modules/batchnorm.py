@@ -1,11 +1,12 @@
-"""Batch normalisation: _NormBase, _BatchNorm, BatchNorm1d, BatchNorm2d (PyTorch's semantics)."""
+"""Batch normalisation: _NormBase, _BatchNorm, BatchNorm1d, BatchNorm2d, BatchNorm3d (PyTorch's semantics)."""
 
 from ... import _backend
 from .. import init
 from ..parameter import Parameter
+from .._functional.normalization import batch_norm
 from .module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 # [Note: Batch norm statistics]
 # In training (or with no running statistics), the input is normalised over every dim but the channel
@@ -106,30 +107,10 @@ class _BatchNorm(_NormBase):
                 self.num_batches_tracked.add_(1)
             factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else factor
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        dims = (0,) + tuple(range(2, input.ndim))
-        shape = (1, self.num_features) + (1,) * (input.ndim - 2)  # broadcast per channel: (1, C, 1, ...)
-        if use_batch_stats:
-            n = input.numel() // self.num_features
-            if n <= 1:
-                raise ValueError(f"Expected more than 1 value per channel when training, got input size "
-                                 f"{tuple(input.shape)}")
-            mean = input.mean(dim=dims)  # (C,)
-            var = input.var(dim=dims, unbiased=False)  # (C,) biased
-            if self.training and self.running_mean is not None:
-                with hpcfsdp.no_grad():
-                    rdt = self.running_mean.dtype
-                    self.running_mean.mul_(1.0 - factor).add_(mean.detach().to(rdt) * factor)
-                    unbiased = var.detach().to(rdt) * (n / (n - 1))
-                    self.running_var.mul_(1.0 - factor).add_(unbiased * factor)
-        else:
-            mean = self.running_mean.to(input.dtype)
-            var = self.running_var.to(input.dtype)
-        out = (input - mean.reshape(shape)) / (var.reshape(shape) + self.eps).sqrt()
-        if self.weight is not None:
-            out = out * self.weight.reshape(shape)
-        if self.bias is not None:
-            out = out + self.bias.reshape(shape)
-        return out
+        # the running statistics are updated only in training (in eval, without them, the batch normalises)
+        update = not self.training or self.track_running_stats
+        return batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
+                          self.weight, self.bias, use_batch_stats, factor, self.eps)
 
 
 class BatchNorm1d(_BatchNorm):
@@ -146,3 +127,11 @@ class BatchNorm2d(_BatchNorm):
     def _check_input_dim(self, input):
         if input.ndim != 4:
             raise ValueError(f"expected 4D input (got {input.ndim}D input)")
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over (N, C, D, H, W) input."""
+
+    def _check_input_dim(self, input):
+        if input.ndim != 5:
+            raise ValueError(f"expected 5D input (got {input.ndim}D input)")

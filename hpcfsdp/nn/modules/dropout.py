@@ -1,8 +1,8 @@
-"""Dropout: zero elements with probability p in training mode, scale the rest by 1/(1-p)."""
+"""Dropout: zero elements with probability p in training mode, scale the rest by 1/(1-p); and alpha dropout."""
 import hpcfsdp.nn.functional as F
 from hpcfsdp.nn.modules.module import Module
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "AlphaDropout", "FeatureAlphaDropout"]
 
 
 class Dropout(Module):
@@ -29,3 +29,17 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class AlphaDropout(Dropout):
+    """Alpha dropout (``F.alpha_dropout``): keeps the zero mean and unit variance of SELU activations."""
+
+    def forward(self, input):  # noqa: A002
+        return F.alpha_dropout(input, self.p, self.training)
+
+
+class FeatureAlphaDropout(Dropout):
+    """Alpha dropout of whole channels (``F.feature_alpha_dropout``)."""
+
+    def forward(self, input):  # noqa: A002
+        return F.feature_alpha_dropout(input, self.p, self.training)

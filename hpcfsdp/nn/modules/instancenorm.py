@@ -1,10 +1,10 @@
-"""Instance normalisation: InstanceNorm1d, InstanceNorm2d (PyTorch's defaults: no affine, no running stats)."""
+"""Instance normalisation: InstanceNorm1d, InstanceNorm2d, InstanceNorm3d (PyTorch's defaults: no affine, no running stats)."""
 import warnings
 
 from hpcfsdp.nn._functional.normalization import instance_norm
 from hpcfsdp.nn.modules.batchnorm import _NormBase
 
-__all__ = ["InstanceNorm1d", "InstanceNorm2d"]
+__all__ = ["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]
 
 
 class _InstanceNorm(_NormBase):
@@ -13,8 +13,8 @@ class _InstanceNorm(_NormBase):
     _spatial = 1
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                 track_running_stats: bool = False, device=None, dtype=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+                 track_running_stats: bool = False, device=None, dtype=None, *, bias: bool = True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
 
     def _check_input_dim(self, input):  # noqa: A002
         nb = self._spatial + 1
@@ -57,3 +57,9 @@ class InstanceNorm2d(_InstanceNorm):
     """Instance norm over (N, C, H, W) or (C, H, W); arguments as ``InstanceNorm1d``."""
 
     _spatial = 2
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance norm over (N, C, D, H, W) or (C, D, H, W); arguments as ``InstanceNorm1d``."""
+
+    _spatial = 3

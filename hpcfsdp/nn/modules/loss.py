@@ -1,23 +1,17 @@
 """Loss modules (torch.nn.modules.loss): regression (MSELoss, L1Loss, SmoothL1Loss, HuberLoss), classification
-(CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss) and distribution matching (KLDivLoss).
+(CrossEntropyLoss, NLLLoss, BCELoss, BCEWithLogitsLoss), distribution matching (KLDivLoss) and likelihoods
+(PoissonNLLLoss, GaussianNLLLoss). The margin and embedding losses are in loss_margin.py.
 
-Most map the deprecated size_average/reduce arguments onto ``reduction`` as PyTorch does (with its warning);
-CrossEntropyLoss and MSELoss refuse them. An unknown reduction is refused at construction.
+They map the deprecated size_average/reduce arguments onto ``reduction`` as PyTorch does (with its warning).
+An unknown reduction is refused at construction.
 """
 import hpcfsdp.nn.functional as F
+from hpcfsdp.nn._functional import loss_likelihood as _lik
 from hpcfsdp.nn._functional._common import check_reduction, legacy_reduction
 from hpcfsdp.nn.modules.module import Module
 
 __all__ = ["MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
-           "BCEWithLogitsLoss", "KLDivLoss"]
-
-_REDUCTIONS = ("none", "mean", "sum")
-
-
-def _check_reduction(reduction):
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction; expected one of {_REDUCTIONS}")
-
+           "BCEWithLogitsLoss", "KLDivLoss", "PoissonNLLLoss", "GaussianNLLLoss"]
 
 class _Loss(Module):
     _extra = ()
@@ -36,17 +30,10 @@ class _WeightedLoss(_Loss):
 
 # -- regression -------------------------------------------------------------------------------------------------------
 
-class MSELoss(Module):
+class MSELoss(_Loss):
     """Mean (or sum, or none) of the squared differences."""
 
-    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
-        super().__init__()
-        if size_average is not None or reduce is not None:
-            raise ValueError("size_average and reduce are deprecated in PyTorch and not supported; use reduction=")
-        _check_reduction(reduction)
-        self.reduction = reduction
-
-    def forward(self, input, target):
+    def forward(self, input, target):  # noqa: A002
         return F.mse_loss(input, target, reduction=self.reduction)
 
 
@@ -81,21 +68,16 @@ class HuberLoss(_Loss):
 
 # -- classification ---------------------------------------------------------------------------------------------------
 
-class CrossEntropyLoss(Module):
+class CrossEntropyLoss(_WeightedLoss):
     """Cross entropy between logits (N, C) and class indices (N,) (``F.cross_entropy`` with the stored options)."""
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0) -> None:
-        super().__init__()
-        if size_average is not None or reduce is not None:
-            raise ValueError("size_average and reduce are deprecated in PyTorch and not supported; use reduction=")
-        _check_reduction(reduction)
-        self.register_buffer("weight", weight)
+        super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
-        self.reduction = reduction
         self.label_smoothing = label_smoothing
 
-    def forward(self, input, target):
+    def forward(self, input, target):  # noqa: A002
         return F.cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
                                reduction=self.reduction, label_smoothing=self.label_smoothing)
 
@@ -161,3 +143,31 @@ class KLDivLoss(_Loss):
 
     def forward(self, input, target):  # noqa: A002
         return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class PoissonNLLLoss(_Loss):
+    """Poisson negative log likelihood (``F.poisson_nll_loss``): exp(x) - t x of log-rates (``log_input``), else
+    x - t log(x + eps); ``full`` adds Stirling's approximation of log(t!)."""
+
+    def __init__(self, log_input: bool = True, full: bool = False, size_average=None, eps: float = 1e-8,
+                 reduce=None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_input = log_input
+        self.full = full
+        self.eps = eps
+
+    def forward(self, log_input, target):
+        return _lik.poisson_nll_loss(log_input, target, log_input=self.log_input, full=self.full, eps=self.eps,
+                                     reduction=self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    """Gaussian negative log likelihood of targets under N(input, var) (``F.gaussian_nll_loss``)."""
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
+        super().__init__(None, None, reduction)
+        self.full = full
+        self.eps = eps
+
+    def forward(self, input, target, var):  # noqa: A002
+        return _lik.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps, reduction=self.reduction)

@@ -1,9 +1,10 @@
-"""Padding layers over ``functional.pad``: constant, zero, reflection and replication, 1-d and 2-d."""
+"""Padding layers over ``functional.pad``: constant, zero, reflection, replication and circular, 1-d to 3-d."""
 from hpcfsdp.nn._functional.conv import pad
 from hpcfsdp.nn.modules.module import Module
 
 __all__ = ["ConstantPad1d", "ConstantPad2d", "ZeroPad1d", "ZeroPad2d", "ReflectionPad1d", "ReflectionPad2d",
-           "ReplicationPad1d", "ReplicationPad2d"]
+           "ReplicationPad1d", "ReplicationPad2d", "ConstantPad3d", "ZeroPad3d", "ReflectionPad3d", "ReplicationPad3d",
+           "CircularPad1d", "CircularPad2d", "CircularPad3d"]
 
 
 def _ntuple(value, n):
@@ -96,3 +97,49 @@ class ReplicationPad2d(_PadNd):
 
     _n = 4
     _mode = "replicate"
+
+
+class ConstantPad3d(_ConstantPadNd):
+    """Pad the last three dims by ``padding`` (an int, or (l, r, t, b, front, back)) with ``value``."""
+
+    _n = 6
+
+
+class ZeroPad3d(ZeroPad2d):
+    """Pad the last three dims by ``padding`` (an int, or (l, r, t, b, front, back)) with zeros."""
+
+    _n = 6
+
+
+class ReflectionPad3d(_PadNd):
+    """Pad the last three dims of (N, C, D, H, W) or (C, D, H, W) by mirroring."""
+
+    _n = 6
+    _mode = "reflect"
+
+
+class ReplicationPad3d(_PadNd):
+    """Pad the last three dims of (N, C, D, H, W) or (C, D, H, W) by repeating the edges."""
+
+    _n = 6
+    _mode = "replicate"
+
+
+class CircularPad1d(_PadNd):
+    """Pad the last dim of (N, C, L) or (C, L) by wrapping around (the other end's values)."""
+
+    _mode = "circular"
+
+
+class CircularPad2d(_PadNd):
+    """Pad the last two dims of (N, C, H, W) or (C, H, W) by wrapping around; ``padding`` an int or (l, r, t, b)."""
+
+    _n = 4
+    _mode = "circular"
+
+
+class CircularPad3d(_PadNd):
+    """Pad the last three dims of (N, C, D, H, W) or (C, D, H, W) by wrapping around."""
+
+    _n = 6
+    _mode = "circular"

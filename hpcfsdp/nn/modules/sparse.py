@@ -26,9 +26,9 @@ class Embedding(Module):
                 if padding_idx < -num_embeddings:
                     raise ValueError(f"Padding_idx must be within num_embeddings, got {padding_idx}")
                 padding_idx = num_embeddings + padding_idx
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise ValueError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported; "
-                             f"got max_norm={max_norm}, scale_grad_by_freq={scale_grad_by_freq}, sparse={sparse}")
+        if scale_grad_by_freq or sparse:
+            raise ValueError("Embedding: scale_grad_by_freq and sparse are not supported; "
+                             f"got scale_grad_by_freq={scale_grad_by_freq}, sparse={sparse}")
         self.padding_idx = padding_idx
         self.max_norm = max_norm
         self.norm_type = norm_type
@@ -53,14 +53,19 @@ class Embedding(Module):
             self.weight._data[self.padding_idx] = 0
 
     def forward(self, input):
-        if self.padding_idx is None:
+        if self.padding_idx is None and self.max_norm is None:
             return F.embedding(input, self.weight)
-        return F.embedding(input, self.weight, padding_idx=self.padding_idx)
+        return F.embedding(input, self.weight, padding_idx=self.padding_idx, max_norm=self.max_norm,
+                           norm_type=self.norm_type)
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
         return s
 
     @classmethod
