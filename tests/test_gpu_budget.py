@@ -17,12 +17,12 @@ BLOCK_LAUNCHES = 40  # issue 28's budget; 39 measured at 2 blocks (BENCHMARKS.md
 OPTIMIZER_LAUNCHES_PER_GROUP = 2
 
 
-def _counts(tmp_path, fused):
-    js = tmp_path / f"counts{fused}.jsonl"
+def _counts(tmp_path, fused, layers=2):
+    js = tmp_path / f"counts{fused}_{layers}.jsonl"
     env = dict(os.environ, HPCFSDP_CUDA_SIM="1", HPCFSDP_FUSED_KERNELS=str(fused), OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_counts.py"), "--config", "gpt-medium",
-                          "--layers", "2", "--block-size", "32", "--vocab", "512", "--json", str(js)],
+                          "--layers", str(layers), "--block-size", "32", "--vocab", "512", "--json", str(js)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(js.read_text())
@@ -39,3 +39,13 @@ def test_a_block_and_the_optimizer_keep_the_launch_budget_and_the_step_makes_no_
     u = _counts(tmp_path, 0)
     assert u["block_launches"] > 3 * r["block_launches"] and u["optimizer_launches"] > 50 * r["optimizer_launches"]
     assert u["step_host_syncs"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_block_costs_the_step_at_most_the_budget_with_all_of_fsdp_s_work(tmp_path):
+    """What one more block adds to the whole step (its FSDP casts, copies and collectives wherever they run,
+    prefetches included), not only what its own forward and backward windows count."""
+    two, three = _counts(tmp_path, 1, 2), _counts(tmp_path, 1, 3)
+    assert three["fsdp_groups"] == 4 and three["step_host_syncs"] == 0
+    assert three["step_launches"] - two["step_launches"] <= BLOCK_LAUNCHES, (two["step_launches"],
+                                                                           three["step_launches"])

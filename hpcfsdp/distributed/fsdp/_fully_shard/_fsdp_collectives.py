@@ -173,8 +173,21 @@ class AllGatherResult:
 
 
 def foreach_all_gather(all_gather_input, group: ProcessGroup, comm: AllGather, layouts: list, total: int,
-                       device) -> AllGatherResult:
-    """Issue the all-gather of one group's flat input (asynchronously); see [Note: One group's collectives]."""
+                       device, dtype=None) -> AllGatherResult:
+    """Issue the all-gather of one group's flat input (asynchronously), cast to ``dtype`` if given; see [Note: One
+    group's collectives]. A cast with the default all-gather runs in place: the input is cast straight into this
+    rank's piece of the output, as PyTorch's FSDP2 copies it in (a temporary fewer, and at world size 1 a copy)."""
+    dtype = np.dtype(all_gather_input.dtype if dtype is None else dtype)
+    if type(comm) is DefaultAllGather and all_gather_input.dtype != dtype:
+        output = comm.allocate((group.size() * total,), dtype=dtype, device=device)
+        out = _array(output, "all-gather output")
+        mine = out[group.rank() * total:(group.rank() + 1) * total]
+        mine[...] = all_gather_input  # the cast, in the same pass
+        with CT.independent():
+            work = comm(output, Tensor._wrap(mine), group, async_op=True)
+        return AllGatherResult(work, out, layouts, total)
+    if all_gather_input.dtype != dtype:
+        all_gather_input = all_gather_input.astype(dtype)
     output = comm.allocate((group.size() * total,), dtype=all_gather_input.dtype, device=device)
     with CT.independent():  # fresh buffers: may run beside a reduction in flight
         work = comm(output, Tensor._wrap(all_gather_input), group, async_op=True)
@@ -200,6 +213,13 @@ def foreach_all_gather_copy_out(result: AllGatherResult, fsdp_params: list) -> N
     _wait([result.work])
     out = result.output
     xp = _backend.array_module(out)
+    if result.layouts and all(lay.world == 1 and lay.bounds is None and not lay.shard_dim and not p.shard_dim
+                              for p, lay in zip(fsdp_params, result.layouts)):
+        # one rank: each parameter's rows lie whole and in order in the output, so they are its views (no copy)
+        for p, layout in zip(fsdp_params, result.layouts):
+            p.set_unsharded_data(out[layout.offset:layout.offset + layout.numel].reshape(
+                (layout.rows,) + layout.row_shape))
+        return
     copies = _fused_copies(fsdp_params, result.layouts, result.total, out)
     if copies is not None:  # one launch for the group; the parameters are views of one buffer
         for p, layout, flat in zip(fsdp_params, result.layouts, copies.copy_out(out)):
@@ -285,7 +305,9 @@ def foreach_reduce(group, params: list, layouts: list, grads: list, total: int, 
         else:
             layout.scatter_into(inp, total, p.to_front(g._data))
     _divide_if_needed(inp, pre)
-    out_t = comm.allocate((total,), dtype=reduce_dtype, device=device)
+    # a reduce-scatter over one rank is its input: the default one then runs in place (no buffer, no copy)
+    out_t = Tensor._wrap(inp) if world == 1 and type(comm) is DefaultReduceScatter else \
+        comm.allocate((total,), dtype=reduce_dtype, device=device)
     with CT.independent():  # fresh buffers: left in flight, see [Note: HSDP all-reduce]
         works = [comm(out_t, Tensor._wrap(inp), reduce_scatter_group, reduce_scatter_op, async_op=True)]
     input_work = works[0]

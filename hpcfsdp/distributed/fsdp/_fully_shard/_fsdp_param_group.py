@@ -201,9 +201,7 @@ class FSDPParamGroup:
         flat = self.flat
         if self.offload:
             flat = _backend.array_module(self.device).asarray(flat)
-        if flat.dtype != self.param_dtype:
-            flat = flat.astype(self.param_dtype)
-        return flat
+        return flat  # cast to param_dtype by foreach_all_gather, in its copy into the output
 
     def unshard(self, async_op: bool = False):
         if self.sharded_state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
@@ -223,7 +221,7 @@ class FSDPParamGroup:
         else:
             result = foreach_all_gather(self._all_gather_input(), self.mesh_info.shard_process_group,
                                         self.all_gather_comm, [p.layout for p in self.fsdp_params], self.total,
-                                        self.device)
+                                        self.device, self.param_dtype)
         self._all_gather_result = result
         self.sharded_state = ShardedState.UNSHARDING
         if _trace.RECORDER is not None:
