@@ -25,7 +25,7 @@ from ._functional.loss_embedding import (
 )
 from ._functional.loss_likelihood import gaussian_nll_loss, poisson_nll_loss
 from ._functional.loss_multiclass import multi_margin_loss, multilabel_margin_loss, multilabel_soft_margin_loss
-from ._functional.pooling_extra import (
+from ._functional.lp_unpool import (
     adaptive_max_pool1d_with_indices, adaptive_max_pool2d_with_indices, adaptive_max_pool3d_with_indices, lp_pool1d,
     lp_pool2d, lp_pool3d, max_pool1d_with_indices, max_pool2d_with_indices, max_pool3d_with_indices, max_unpool1d,
     max_unpool2d, max_unpool3d,
@@ -73,7 +73,7 @@ __all__ = [
     "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss", "triplet_margin_loss",
     "triplet_margin_with_distance_loss", "soft_margin_loss", "poisson_nll_loss", "gaussian_nll_loss",
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
-    # pooling_extra.py
+    # lp_unpool.py
     "lp_pool1d", "lp_pool2d", "lp_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
     "max_pool3d_with_indices", "adaptive_max_pool1d_with_indices", "adaptive_max_pool2d_with_indices",
     "adaptive_max_pool3d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",

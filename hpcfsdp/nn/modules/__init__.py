@@ -39,7 +39,7 @@ from hpcfsdp.nn.modules.pooling import (
     AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d,
     AvgPool1d, AvgPool2d, AvgPool3d, MaxPool1d, MaxPool2d, MaxPool3d,
 )
-from hpcfsdp.nn.modules.pooling_extra import (
+from hpcfsdp.nn.modules.lp_unpool import (
     LocalResponseNorm, LPPool1d, LPPool2d, LPPool3d, MaxUnpool1d, MaxUnpool2d, MaxUnpool3d,
 )
 from hpcfsdp.nn.modules.sparse import Embedding

@@ -1,12 +1,14 @@
-"""LayerNorm and RMSNorm over the trailing dimensions."""
+"""LayerNorm and RMSNorm over the trailing dimensions (and LocalResponseNorm, defined in lp_unpool.py, as in
+torch.nn.modules.normalization)."""
 import numbers
 
 import hpcfsdp.nn.functional as F
 from hpcfsdp.nn import init
+from hpcfsdp.nn.modules.lp_unpool import LocalResponseNorm
 from hpcfsdp.nn.modules.module import Module
 from hpcfsdp.nn.parameter import Parameter
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "LocalResponseNorm"]
 
 
 class LayerNorm(Module):

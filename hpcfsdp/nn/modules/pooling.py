@@ -1,11 +1,14 @@
 """Pooling layers: MaxPool1d/2d/3d, AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d, AdaptiveMaxPool1d/2d/3d (PyTorch's
-arguments and reprs)."""
+arguments and reprs); LPPool1d/2d/3d and MaxUnpool1d/2d/3d, defined in lp_unpool.py, are here too, as in
+torch.nn.modules.pooling."""
 import hpcfsdp.nn.functional as F
 from hpcfsdp.nn._functional.pooling import adaptive_max_pool1d, adaptive_max_pool2d, adaptive_max_pool3d
+from hpcfsdp.nn.modules.lp_unpool import LPPool1d, LPPool2d, LPPool3d, MaxUnpool1d, MaxUnpool2d, MaxUnpool3d
 from hpcfsdp.nn.modules.module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]
+           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+           "LPPool1d", "LPPool2d", "LPPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"]
 
 
 def _single(v):

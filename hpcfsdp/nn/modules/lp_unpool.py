@@ -1,7 +1,7 @@
 """Power-average pooling and max unpooling layers (torch.nn.modules.pooling): LPPool1d/2d/3d, MaxUnpool1d/2d/3d,
-and LocalResponseNorm (torch.nn.modules.normalization), each over its functional in pooling_extra.py and
+and LocalResponseNorm (torch.nn.modules.normalization), each over its functional in lp_unpool.py and
 normalization.py."""
-from hpcfsdp.nn._functional import pooling_extra as _pool
+from hpcfsdp.nn._functional import lp_unpool as _pool
 from hpcfsdp.nn._functional.normalization import local_response_norm
 from hpcfsdp.nn.modules.module import Module
 
