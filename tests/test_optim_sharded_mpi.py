@@ -1,4 +1,4 @@
-"""Adadelta, RMSprop and the other added optimizers step FSDP's sharded parameters like the unsharded model."""
+"""Adadelta, Adagrad, Adamax, NAdam, RAdam and RMSprop step FSDP's sharded parameters like the unsharded model."""
 import numpy as np
 import pytest
 
