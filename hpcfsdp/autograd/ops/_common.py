@@ -4,6 +4,8 @@ import itertools
 import numpy as np
 
 from ..._array import HALF_DTYPES, array_matmul, wrap_dim
+from ..._kernels import linear as _linear
+from ..._kernels import use_fused
 
 
 def _up(a):
@@ -15,6 +17,15 @@ def _up(a):
     65504 and bfloat16 rounds to 8 significant bits after every step.
     """
     return a.astype(np.float32) if a.dtype in HALF_DTYPES else a
+
+
+def bias_grad(g):
+    """The gradient of a bias broadcast over the rows of ``g`` (..., C): its column sums, in g's dtype, accumulated in
+    float32 (float64 for float64); one launch on the GPU (hpcfsdp/_kernels/linear.cu)."""
+    if use_fused(g):
+        return _linear.col_sum(g)
+    return g.reshape(-1, g.shape[-1]).sum(axis=0, dtype=np.float64 if g.dtype == np.float64 else np.float32) \
+        .astype(g.dtype, copy=False)
 
 
 def _axes(dim, ndim):

@@ -7,9 +7,9 @@ from ... import _backend
 from ..._kernels import attention as _fused
 from ..._kernels import dropout as _fused_dropout
 from ..._kernels import gemm as _gemm
-from ..._kernels import linear as _linear
 from ..._kernels import use_fused
 from ..function import Op
+from ._common import bias_grad
 from .random import _random_keep
 
 __all__ = ["ScaledDotProductAttention", "SplitHeads", "CAUSAL_BLOCK"]
@@ -207,13 +207,6 @@ class ScaledDotProductAttention(Op):
         return gq, gk, gv, None, None, None, None
 
 
-def _col_sum(g):
-    if use_fused(g):
-        return _linear.col_sum(g)
-    f = np.float64 if g.dtype == np.float64 else np.float32
-    return g.reshape(-1, g.shape[-1]).astype(f).sum(axis=0).astype(g.dtype)
-
-
 class SplitHeads(Op):
     """q, k, v (B, H, T, D) of a packed projection (B, T, 3 * H * D) (plus its bias, if given): views on NumPy; on the
     GPU one fused copy into three contiguous arrays (what the attention's batched GEMMs take), with the bias added,
@@ -242,4 +235,4 @@ class SplitHeads(Op):
             B, T, W = ctx.shape
             g = xp.stack([gq, gk, gv], axis=1).transpose(0, 3, 1, 2, 4).reshape(B, T, W)
         nb = len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2]
-        return g, None, (_col_sum(g) if nb else None)
+        return g, None, (bias_grad(g) if nb else None)

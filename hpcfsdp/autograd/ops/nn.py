@@ -8,10 +8,10 @@ from ..._kernels import CTYPES, use_fused
 from ..._kernels import checks
 from ..._kernels import dropout as _fused_dropout
 from ..._kernels import embedding as _fused_embedding
-from ..._kernels import linear as _fused_linear
 from ..._kernels import norm as _fused
 from ..._kernels import rotary as _fused_rotary
 from ..function import Op
+from ._common import bias_grad
 from .random import _random_keep
 
 # Each is one Op (not a composition) for speed and numerical stability. Half-precision inputs on NumPy are
@@ -45,10 +45,7 @@ class Linear(Op):
         g2 = g.reshape(x2.shape[0], g.shape[-1])
         gx = array_matmul(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if nx else None
         gw = array_matmul(g2.T, x2) if nw else None
-        gb = None
-        if ctx.has_b and nb:  # one column-sum launch on the GPU
-            gb = _fused_linear.col_sum(g2) if use_fused(g2) else \
-                g2.sum(axis=0, dtype=np.float32 if g2.dtype in HALF_DTYPES else None).astype(g2.dtype, copy=False)
+        gb = bias_grad(g2) if (ctx.has_b and nb) else None
         return gx, gw, gb
 
 

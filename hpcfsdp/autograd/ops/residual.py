@@ -7,24 +7,16 @@ sums in the unfused order (the CPU path never calls them in the product; the tes
 """
 import types
 
-import numpy as np
-
 from ..._backend import array_module
 from ..._kernels import activation as _act
 from ..._kernels import linear as _lin
 from ..._kernels import norm as _norm
 from ..._kernels import use_fused
 from ..function import Op
+from ._common import bias_grad
 from .nn import LayerNorm
 
 __all__ = ["BiasResidual", "AddNorm", "NormBranch", "BiasGelu"]
-
-
-def _bias_grad(g, xp):
-    if use_fused(g):
-        return _lin.col_sum(g)
-    f = np.float64 if g.dtype == np.float64 else np.float32
-    return g.reshape(-1, g.shape[-1]).astype(f).sum(axis=0).astype(g.dtype)
 
 
 def _round(a, dt):
@@ -43,7 +35,7 @@ class BiasResidual(Op):
     @staticmethod
     def backward(ctx, g):
         nx, ny, nb = ctx.needs_input_grad
-        return g if nx else None, g if ny else None, _bias_grad(g, array_module(g)) if nb else None
+        return g if nx else None, g if ny else None, bias_grad(g) if nb else None
 
 
 class AddNorm(Op):
@@ -69,7 +61,7 @@ class AddNorm(Op):
         if g_s is None:
             g_s = xp.zeros_like(s)
         if g_out is None:
-            ds, dw, db, dyb = g_s, None, None, _bias_grad(g_s, xp) if nyb else None
+            ds, dw, db, dyb = g_s, None, None, bias_grad(g_s) if nyb else None
         elif use_fused(s):
             ds, dw, db, dyb = _norm.add_norm_backward(g_out, g_s, s, s.shape[-1], ctx.w, ctx.mean, ctx.rstd, False,
                                                       nw or nb, nyb)
@@ -77,7 +69,7 @@ class AddNorm(Op):
             ctx.ln.needs_input_grad = (True, False, nw, nb, False)
             gs, _, dw, db, _ = LayerNorm.backward(ctx.ln, g_out)
             ds = g_s + gs
-            dyb = _bias_grad(ds, xp) if nyb else None
+            dyb = bias_grad(ds) if nyb else None
         return (ds if nx else None, ds if ny else None, dyb, dw if nw else None, db if nb else None, None)
 
 
@@ -129,11 +121,10 @@ class BiasGelu(Op):
     @staticmethod
     def backward(ctx, g):
         x, b = ctx.x, ctx.b
-        xp = array_module(x)
         if use_fused(x):
             dx = _act.bias_gelu_backward(g, x, b, ctx.approx)
         else:
             _, slope = _act._gelu_and_slope(_act._biased(x, b, x.dtype), ctx.approx == "tanh")
             dx = _round(_act._acc(g, x.dtype) * slope, x.dtype)
         nx, nb = ctx.needs_input_grad[:2]
-        return dx if nx else None, _bias_grad(dx, xp) if nb else None, None
+        return dx if nx else None, bias_grad(dx) if nb else None, None
