@@ -88,6 +88,8 @@ def test_the_block_runs_its_modules_where_the_fused_path_could_be_told_apart():
     nb = _block(bias=False).to("cuda")
     assert not _fusable(nb, x)  # no biases to fuse
     assert _fusable(_block().to("cuda"), x.to(hp.bfloat16)) is False  # parameters of another dtype
+    with hp.autocast("cuda", dtype=hp.bfloat16):
+        assert not _fusable(blk, x)  # autocast casts per op
 
 
 def test_the_fused_block_runs_13_launches_forward_and_23_backward_with_no_host_sync():

@@ -2,7 +2,7 @@
 kernel after its GEMM. See [Note: The fused GPT block]."""
 from __future__ import annotations
 
-from hpcfsdp import nn
+from hpcfsdp import _autocast, nn
 from hpcfsdp._kernels import use_fused
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.autograd.ops.attention import SplitHeads
@@ -13,19 +13,20 @@ __all__ = ["fusable", "block_forward"]
 
 # [Note: The fused GPT block]
 # Composed of its modules, a block on the GPU launches 18 kernels forward and 29 backward even with every op fused
-# (under FSDP, whose copies and collectives are 3 of them: scripts/gpu_counts.py): each Linear adds its bias in a pass of its own, and each residual add and gradient
-# accumulation is one more. The block's own forward can do better because it knows what follows each Linear:
-# c_attn's bias goes into the split of q, k, v into heads (SplitHeads), c_proj's into the residual add, fused
-# with ln_2 that reads it (AddNorm: one launch, the sum rounded as the unfused adds round it), c_fc's into GELU
-# (BiasGelu), the MLP's c_proj's into the last residual add (BiasResidual); the bias gradients come out of one
-# column-sum launch each (col_sum, or norm_bwd_wb's third column sum), and the residual stream's gradient meets
-# each branch's in the norm's backward launch (NormBranch, AddNorm) instead of in an add of the engine's. The result and the gradients
-# equal the module-by-module path (tests/test_gpt_fused.py holds them to it on the simulated device).
-# The block takes this path only where nothing can tell the difference: CuPy activations with fused kernels,
-# every submodule of the block (its own hooks run around this forward) of exactly GPT's own type, with no forward hook or pre-hook and no instance
-# ``forward``, plain (not DTensor) parameters of the activation's dtype, biases and affine norms present, and no
-# dropout in effect. Anything else (a hook, tensor parallelism, LoRA's replaced Linear, dropout in training)
-# runs the modules as written.
+# (under FSDP, whose copies and collectives are 3 of them: scripts/gpu_counts.py): each Linear adds its bias in a
+# pass of its own, and each residual add and gradient accumulation is one more. The block's own forward can do
+# better because it knows what follows each Linear: c_attn's bias goes into the split of q, k, v into heads
+# (SplitHeads), c_proj's into the residual add, fused with ln_2 that reads it (AddNorm: one launch, the sum rounded
+# as the unfused adds round it), c_fc's into GELU (BiasGelu), the MLP's c_proj's into the last residual add
+# (BiasResidual); the bias gradients come out of one column-sum launch each (col_sum, or norm_bwd_wb's third column
+# sum), and the residual stream's gradient meets each branch's in the norm's backward launch (NormBranch, AddNorm)
+# instead of in an add of the engine's. The result and the gradients equal the module-by-module path
+# (tests/test_gpu_gpt_fused.py holds them to it on the simulated device).
+# The block takes this path only where nothing can tell the difference: CuPy activations with fused kernels, every
+# submodule of the block (its own hooks run around this forward) of exactly GPT's own type, with no forward hook or
+# pre-hook and no instance ``forward``, plain (not DTensor) parameters of the activation's dtype, biases and affine
+# norms present, no dropout in effect, and no autocast (whose per-op casts the fused ops would not repeat). Anything
+# else (a hook, tensor parallelism, LoRA's replaced Linear, dropout in training) runs the modules as written.
 
 
 def _plain(m, kind) -> bool:
@@ -35,7 +36,7 @@ def _plain(m, kind) -> bool:
 def fusable(blk, x, linear, attention, mlp) -> bool:
     """Whether ``blk`` (a GPT Block, whose submodules are of the classes ``linear``, ``attention`` and ``mlp`` and of
     nn's) may run ``block_forward`` on ``x``: See [Note: The fused GPT block]."""
-    if type(x) is not Tensor or not use_fused(x._data) or x.ndim != 3:
+    if type(x) is not Tensor or not use_fused(x._data) or x.ndim != 3 or _autocast.is_autocast_enabled("cuda"):
         return False
     a, m = blk.attn, blk.mlp
     _Linear, CausalSelfAttention, MLP = linear, attention, mlp
