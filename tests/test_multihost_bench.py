@@ -44,8 +44,13 @@ def test_units_gathered_once_and_twice():
     cfg = TrainConfig(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=16, strategy="FULL_SHARD")
     model = build_gpt(cfg)
     blocks = sum(p.numel() for b in model.blocks for p in b.parameters())
+    last = sum(p.numel() for p in model.blocks[-1].parameters())
     total = sum(p.numel() for p in model.parameters())
-    assert _unit_numels(model, cfg) == (total - blocks, blocks)
+    # by strategy: the root and the last block keep their parameters from forward to backward (shard_gpt)
+    assert _unit_numels(model, cfg) == (total - blocks + last, blocks - last)
+    cfg.reshard_after_forward = True  # asked for: every unit reshards, the root and the last block included
+    assert _unit_numels(model, cfg) == (0, total)
+    cfg.reshard_after_forward = None
     cfg.strategy = "SHARD_GRAD_OP"  # nothing reshards after forward: everything is gathered once
     assert _unit_numels(model, cfg) == (total, 0)
 

@@ -207,7 +207,7 @@ def test_plan_text_table_and_bad_ranks():
 
 
 def test_plan_fit_and_check_from_json_lines(tmp_path):
-    shape = sm.gpt_shape(1024, 64, 2, 256, 2)
+    shape = sm.gpt_shape(1024, 64, 2, 256, 2, keep_last=True)  # as shard_gpt wraps the benchmarked model
     truth = sm.Links(inter_rate=25e6, alpha_inter=300e-6, eff_inter=0.8, flat_excess=1.5)
     fit_file, check_file = tmp_path / "fit.jsonl", tmp_path / "check.jsonl"
     model = {"vocab_size": 1024, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 256, "batch_size": 2,

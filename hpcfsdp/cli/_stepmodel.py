@@ -129,6 +129,7 @@ class ModelShape:
     quantize_weights: str = "none"  # none | int8 | fp8: the all-gathers carry codes + scales on every link
     quantize_grads: str = "none"  # none | int8 | int4: the reductions' cross-host hop carries codes + scales
     quantize_block: int = 256  # elements per float32 scale
+    keep_last: bool = False  # the last unit keeps its parameters from forward to backward (gathered once)
 
     def __post_init__(self):
         if len(self.numels) != len(self.flops) or not self.numels:
@@ -159,8 +160,9 @@ class ModelShape:
 
 
 def gpt_shape(vocab, block, n_layer, n_embd, batch, tie=True, param_bytes=4, grad_bytes=4, quantize_weights="none",
-              quantize_grads="none", quantize_block=256):
-    """hpcfsdp's GPT as shard_gpt wraps it: root (embeddings, final norm, head) + one unit per block.
+              quantize_grads="none", quantize_block=256, keep_last=False):
+    """hpcfsdp's GPT as shard_gpt wraps it: root (embeddings, final norm, head) + one unit per block (``keep_last``:
+    the last block keeps its parameters between forward and backward, as shard_gpt's default).
 
     FLOPs per unit are forward matmul FLOPs for ``batch`` sequences (2 per multiply-add; attention included).
     """
@@ -170,7 +172,8 @@ def gpt_shape(vocab, block, n_layer, n_embd, batch, tie=True, param_bytes=4, gra
     root_params = vocab * n_embd + block * n_embd + 2 * n_embd + (0 if tie else vocab * n_embd)
     root_flops = 2 * tokens * vocab * n_embd
     return ModelShape([root_params] + [blk_params] * n_layer, [root_flops] + [blk_flops] * n_layer,
-                      param_bytes, grad_bytes, quantize_weights, quantize_grads, quantize_block)
+                      param_bytes, grad_bytes, quantize_weights, quantize_grads, quantize_block,
+                      keep_last and n_layer > 0)
 
 
 def _flat_excess(links, hosts, per_host):
@@ -212,16 +215,17 @@ def collective_times(nbytes, strategy, hosts, per_host, links, hierarchical=True
 def wire_bound(shape, strategy, hosts, links_or_rate):
     """Least bytes one host sends per step over the nominal link rate (``bench train``'s definition), seconds.
 
-    The bytes are ``wire_min_bytes`` of the root gathered once and the blocks twice, at the shape's cross-host
-    bytes per element (quantized or not).
+    The bytes are ``wire_min_bytes`` of the root gathered once and the blocks twice (the last once with
+    ``keep_last``), at the shape's cross-host bytes per element (quantized or not).
     """
     rate = links_or_rate.inter_rate if isinstance(links_or_rate, Links) else float(links_or_rate)
     if hosts <= 1:
         return 0.0
     if strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
         raise ValueError(f"strategy must be FULL_SHARD or HYBRID_SHARD, got {strategy!r}")
-    root, inner = shape.numels[0], sum(shape.numels[1:])
-    return wire_min_bytes(strategy, hosts, root, inner, shape.param_wire_bytes, shape.grad_wire_bytes) / rate
+    once = shape.numels[0] + (shape.numels[-1] if shape.keep_last and len(shape.numels) > 1 else 0)
+    return wire_min_bytes(strategy, hosts, once, shape.params - once, shape.param_wire_bytes,
+                          shape.grad_wire_bytes) / rate
 
 
 def host_link_bytes(shape, strategy, hosts, per_host, links, hierarchical=True):
@@ -237,8 +241,9 @@ def host_link_bytes(shape, strategy, hosts, per_host, links, hierarchical=True):
     return (least - grads) * excess + grads
 
 
-def simulate(fwd, bwd, ag, rs, ar, opt=0.0, overlap=True):
-    """Step time of one schedule (see [Note: Step-time model]); lists are per unit in forward order, unit 0 the root.
+def simulate(fwd, bwd, ag, rs, ar, opt=0.0, overlap=True, keep_last=False):
+    """Step time of one schedule (see [Note: Step-time model]); lists are per unit in forward order, unit 0 the root
+    (``keep_last``: the last unit is not gathered again for backward).
 
     Returns (step seconds, compute seconds, comm seconds).
     """
@@ -246,7 +251,8 @@ def simulate(fwd, bwd, ag, rs, ar, opt=0.0, overlap=True):
     if not (len(bwd) == len(ag) == len(rs) == len(ar) == n) or n == 0:
         raise ValueError("fwd, bwd, ag, rs, ar must be non-empty lists of equal length")
     compute = sum(fwd) + sum(bwd) + opt
-    comm_total = sum(ag) + sum(ag[1:]) + sum(rs) + sum(ar)
+    keep_last = keep_last and n > 1
+    comm_total = sum(ag) + sum(ag[1:]) - (ag[-1] if keep_last else 0.0) + sum(rs) + sum(ar)
     if not overlap:
         return compute + comm_total, compute, comm_total
     chan = 0.0  # when the comm channel is free
@@ -266,8 +272,8 @@ def simulate(fwd, bwd, ag, rs, ar, opt=0.0, overlap=True):
             ready[i + 1] = issue(start, ag[i + 1])
         t = start + fwd[i]
     t += fwd[0]  # the root's head (its parameters stay gathered)
-    if n > 1:
-        ready[n - 1] = issue(t, ag[n - 1])  # the last block's re-gather overlaps the head's backward
+    if n > 1:  # the last block's re-gather overlaps the head's backward (none if it kept its parameters)
+        ready[n - 1] = t if keep_last else issue(t, ag[n - 1])
     t += bwd[0]
     last = t
     for i in range(n - 1, 0, -1):  # backward of the blocks in reverse
@@ -300,7 +306,7 @@ def predict_step(shape, strategy, hosts, per_host, links, compute_s, hierarchica
         ag.append(a)
         rs.append(r)
         ar.append(x)
-    return simulate(fwd, bwd, ag, rs, ar, opt=compute_s * opt_frac, overlap=overlap)[0]
+    return simulate(fwd, bwd, ag, rs, ar, opt=compute_s * opt_frac, overlap=overlap, keep_last=shape.keep_last)[0]
 
 
 FITTABLE = ("alpha_inter", "eff_inter", "alpha_intra", "bw_intra", "cpu_per_byte", "call_inter")

@@ -72,7 +72,8 @@ def add_parser(subparsers):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-prefetch", action="store_true", help="disable forward and backward prefetching")
     p.add_argument("--reshard-after-forward", choices=["auto", "true", "false"], default="auto",
-                   help="auto: by strategy, and the root keeps its parameters between forward and backward; "
+                   help="auto: by strategy, and the root and the last block keep their parameters between forward and "
+                        "backward; "
                    "true/false: every unit, the root included")
     p.add_argument("--meta-init", action="store_true",
                    help="build the model on the meta device and materialise only each rank's shards (no rank ever "
@@ -148,7 +149,9 @@ def _unit_numels(model, cfg):
     inner = sum(p.numel() for u in units for p in u.parameters())
     reshard = cfg.effective_reshard_after_forward()
     root_twice = cfg.reshard_after_forward is True  # the root keeps its parameters unless told otherwise
-    once = (0 if reshard else inner) + (0 if root_twice else total - inner)
+    auto = cfg.reshard_after_forward is None  # and so does the last block (shard_gpt)
+    last = sum(p.numel() for p in model.blocks[-1].parameters()) if auto and len(model.blocks) else 0
+    once = (last if reshard else inner) + (0 if root_twice else total - inner)
     return once, total - once
 
 

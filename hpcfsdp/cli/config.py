@@ -701,7 +701,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help=_help("cpu_offload", "keep sharded parameters and optimizer state in host memory"))
     g.add_argument("--device", choices=DEVICES, default=S, help=_help("device", "array backend; cuda uses the GPU of the node-local rank"))
     g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=S,
-                   help=_help("reshard_after_forward", "free gathered parameters after forward; unset = by strategy"))
+                   help=_help("reshard_after_forward", "free gathered parameters after forward; unset = by strategy, the root and the "
+                                  "last block keeping theirs"))
     g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=S,
                    help=_help("activation_checkpointing", "recompute each block's forward in backward (less memory, more time)"))
     g.add_argument("--fsdp-units", choices=FSDP_UNITS, default=S,

@@ -145,7 +145,7 @@ def _group(runs):
 
 def _shape(key):
     vocab, block, layers, width, batch, tie = key
-    return sm.gpt_shape(vocab, block, layers, width, batch, tie=tie)
+    return sm.gpt_shape(vocab, block, layers, width, batch, tie=tie, keep_last=True)  # as shard_gpt wraps it
 
 
 def fit_runs(fit, hierarchical=False, params=("alpha_inter", "eff_inter"), cpu_scope="host"):
@@ -217,7 +217,7 @@ def plan_table(a):
     _resolve(a)
     check_quantize(a.quantize_weights, a.quantize_grads, a.quantize_block)  # train's messages
     plain = sm.gpt_shape(a.vocab_size, a.block_size, a.n_layer, a.n_embd, a.batch_size, tie=a.tie,
-                         param_bytes=_BYTES[a.precision], grad_bytes=_BYTES[a.precision])
+                         param_bytes=_BYTES[a.precision], grad_bytes=_BYTES[a.precision], keep_last=True)
     quant = dataclasses.replace(plain, quantize_weights=a.quantize_weights, quantize_grads=a.quantize_grads,
                                 quantize_block=a.quantize_block)
     links = sm.Links(inter_rate=sm.parse_rate(a.link_rate), alpha_inter=a.alpha_inter, eff_inter=a.eff_inter,
