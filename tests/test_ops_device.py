@@ -36,7 +36,17 @@ DEVICE_CASES = {
                  + hp.aminmax(x, dim=1).max + hp.msort(x)[0, :3], LOOSE),
     "unary_more": (lambda x: hp.asinh(x) + hp.atanh(x * 0.3) + hp.sinc(x) + hp.deg2rad(x) + hp.logit(x.sigmoid(), 0.2)
                    + hp.nan_to_num(x.log()) + x.unfold(1, 2, 1).sum(-1).sum(-1, keepdim=True), LOOSE),
+    "index_write": (lambda x: x.index_fill(1, _i(x, [0, 2]), 0.5) + x.index_copy(0, _i(x, [2, 0, 1]), x * 2)
+                    + x.index_put((_i(x, [0, 0]), _i(x, [1, 1])), x[0, :2], accumulate=True)
+                    + x.put(_i(x, [3, 3]), x[1, 1:3], accumulate=True) + x.masked_scatter(x > 0, x.flip(0) * 3)
+                    + x.scatter_reduce(1, _i(x, [[0, 0], [3, 1], [2, 2]]), x[:, :2] + 1, "prod")
+                    + x.scatter_reduce(0, _i(x, [[0, 0, 1, 1]]), x[1:2], "amax", include_self=False)
+                    + x.index_reduce(1, _i(x, [0, 0, 3, 3]), x.exp(), "mean"), TIGHT),
 }
+
+
+def _i(x, v):
+    return hp.tensor(v, device=x.device)
 
 
 @pytest.mark.parametrize("case", sorted(DEVICE_CASES))

@@ -15,7 +15,8 @@ from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Logit, NanToNum, Neg, Roundi
 from .reduce import Amax, Cumprod, Cumsum, Logsumexp, MaxDim, Mean, Prod, Sum, Var
 from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, Flip, Permute, Repeat, Reshape, Roll,
                     Split, Stack, ToDevice)
-from .index import GetItem, IndexAdd, MaskedFill, Scatter, TakeAlong, Where, index_add
+from .index import (GetItem, IndexAdd, IndexPut, MaskedFill, Scatter, ScatterReduce, TakeAlong, Where, index_add,
+                    segment_reduce)
 from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Solve, Svdvals, VectorNorm, einsum_plan
 from .random import Sampled
 from .activation import (Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, LogSigmoid, LogSoftmax,
@@ -38,7 +39,7 @@ __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximu
            "Remainder", "LogAddExp", "Xlogy", "FMaxMin", "Copysign", "xlogy_array", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
            "Rounding", "Logit", "NanToNum", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
            "Logsumexp", "Cumsum", "Cumprod", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
-           "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd",
+           "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd", "IndexPut", "ScatterReduce", "segment_reduce",
            "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
            "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",
            "LeakyRelu", "Elu", "Softplus", "Mish", "Hardtanh", "Prelu", "ScaledElu", "Hardswish", "Hardsigmoid",
