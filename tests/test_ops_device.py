@@ -42,6 +42,8 @@ DEVICE_CASES = {
                     + x.scatter_reduce(1, _i(x, [[0, 0], [3, 1], [2, 2]]), x[:, :2] + 1, "prod")
                     + x.scatter_reduce(0, _i(x, [[0, 0, 1, 1]]), x[1:2], "amax", include_self=False)
                     + x.index_reduce(1, _i(x, [0, 0, 3, 3]), x.exp(), "mean"), TIGHT),
+    "special_functions": (lambda x: hp.erfc(x) + (x * 0.3).erfinv() + (x.abs() + 0.5).lgamma() + hp.digamma(x.abs() + 1)
+                          + hp.polygamma(1, x.abs() + 1) + hp.mvlgamma(x + 4, 2), LOOSE),
 }
 
 
