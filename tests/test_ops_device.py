@@ -116,3 +116,16 @@ def test_views_comparisons_and_bitwise_on_device(device):
             x.pin_memory()
         p = hp.tensor([1.0, 2.0]).pin_memory()
         assert p.is_pinned() and p.tolist() == [1.0, 2.0] and p.pin_memory() is p
+
+
+def test_random_fills_and_inplace_functions_on_device(device):
+    hp.manual_seed(0)
+    fills = [hp.empty(64, device=device).exponential_(), hp.empty(64, device=device).geometric_(0.3),
+             hp.empty(64, device=device).log_normal_(), hp.empty(64, device=device).cauchy_(),
+             hp.empty(64, device=device, dtype=hp.int32).random_(3, 9), hp.empty(64, device=device).random_(),
+             hp.empty(64, device=device).bernoulli_(hp.full((64,), 0.5, device=device))]
+    for t in fills:
+        assert t.device.type == device and bool(hp.isfinite(t.float()).all())
+    assert fills[0].min().item() > 0 and fills[1].min().item() >= 1 and 3 <= fills[4].min().item() <= 8
+    t = hp.ones(2, device=device)
+    assert hp.exp_(t) is t and np.allclose(_np(t), math.e)
