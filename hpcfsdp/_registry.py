@@ -17,7 +17,8 @@ import sys
 import functools
 from typing import Any, Callable
 
-__all__ = ["FAMILIES", "INPLACE_DUNDERS", "OPS", "Op", "function_op", "lookup", "method_names", "mixin", "op",
+__all__ = ["FAMILIES", "INPLACE_DUNDERS", "OPS", "Op", "expose_functions", "function_op", "lookup", "method_names",
+           "mixin", "op",
            "set_function_dispatch", "set_tensor_class", "tensor_class", "top_level"]
 
 # The families, as the files of hpcfsdp/autograd/ops/ and hpcfsdp/_tensor_methods/ are named. "compare"
@@ -156,6 +157,19 @@ def function_op(family, *, name=None, functions=(), aliases=()):
         _register(entry)
         return entry.function
     return register
+
+
+def expose_functions(*names):
+    """Give declared Tensor methods their ``hpcfsdp.<name>(input, ...)`` function after the fact (the in-place ops
+    PyTorch also exposes as functions: ``torch.exp_(t)`` is ``t.exp_()``); an alias (``arccos_``) becomes a function
+    alias of its entry."""
+    for n in names:
+        entry = _METHOD_NAMES[n]
+        if entry.function is None:
+            entry.function = _method_as_function(entry.name, entry.impl, entry)
+        if n != entry.name:
+            entry.function_aliases = (*entry.function_aliases, n)
+        _claim(_FUNCTION_NAMES, (n,), entry, "hpcfsdp function")
 
 
 # [Note: Function dispatch]

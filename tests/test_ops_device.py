@@ -36,7 +36,19 @@ DEVICE_CASES = {
                  + hp.aminmax(x, dim=1).max + hp.msort(x)[0, :3], LOOSE),
     "unary_more": (lambda x: hp.asinh(x) + hp.atanh(x * 0.3) + hp.sinc(x) + hp.deg2rad(x) + hp.logit(x.sigmoid(), 0.2)
                    + hp.nan_to_num(x.log()) + x.unfold(1, 2, 1).sum(-1).sum(-1, keepdim=True), LOOSE),
+    "index_write": (lambda x: x.index_fill(1, _i(x, [0, 2]), 0.5) + x.index_copy(0, _i(x, [2, 0, 1]), x * 2)
+                    + x.index_put((_i(x, [0, 0]), _i(x, [1, 1])), x[0, :2], accumulate=True)
+                    + x.put(_i(x, [3, 3]), x[1, 1:3], accumulate=True) + x.masked_scatter(x > 0, x.flip(0) * 3)
+                    + x.scatter_reduce(1, _i(x, [[0, 0], [3, 1], [2, 2]]), x[:, :2] + 1, "prod")
+                    + x.scatter_reduce(0, _i(x, [[0, 0, 1, 1]]), x[1:2], "amax", include_self=False)
+                    + x.index_reduce(1, _i(x, [0, 0, 3, 3]), x.exp(), "mean"), TIGHT),
+    "special_functions": (lambda x: hp.erfc(x) + (x * 0.3).erfinv() + (x.abs() + 0.5).lgamma() + hp.digamma(x.abs() + 1)
+                          + hp.polygamma(1, x.abs() + 1) + hp.mvlgamma(x + 4, 2), LOOSE),
 }
+
+
+def _i(x, v):
+    return hp.tensor(v, device=x.device)
 
 
 @pytest.mark.parametrize("case", sorted(DEVICE_CASES))
@@ -104,3 +116,16 @@ def test_views_comparisons_and_bitwise_on_device(device):
             x.pin_memory()
         p = hp.tensor([1.0, 2.0]).pin_memory()
         assert p.is_pinned() and p.tolist() == [1.0, 2.0] and p.pin_memory() is p
+
+
+def test_random_fills_and_inplace_functions_on_device(device):
+    hp.manual_seed(0)
+    fills = [hp.empty(64, device=device).exponential_(), hp.empty(64, device=device).geometric_(0.3),
+             hp.empty(64, device=device).log_normal_(), hp.empty(64, device=device).cauchy_(),
+             hp.empty(64, device=device, dtype=hp.int32).random_(3, 9), hp.empty(64, device=device).random_(),
+             hp.empty(64, device=device).bernoulli_(hp.full((64,), 0.5, device=device))]
+    for t in fills:
+        assert t.device.type == device and bool(hp.isfinite(t.float()).all())
+    assert fills[0].min().item() > 0 and fills[1].min().item() >= 1 and 3 <= fills[4].min().item() <= 8
+    t = hp.ones(2, device=device)
+    assert hp.exp_(t) is t and np.allclose(_np(t), math.e)

@@ -14,6 +14,7 @@ from .random import RandomMixin
 from .reduce import ReduceMixin
 from .shape import ShapeMixin
 from .unary import UnaryMixin
+from . import inplace_functions  # noqa: E402,F401  (last: it gives declared in-place ops their hpcfsdp.* functions)
 
 __all__ = ["MIXINS", "ActivationMixin", "ArithmeticMixin", "CompareMixin", "ConvertMixin", "CreationMixin",
            "IndexMixin", "LinalgMixin", "RandomMixin", "ReduceMixin", "ShapeMixin", "UnaryMixin"]

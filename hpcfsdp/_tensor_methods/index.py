@@ -13,20 +13,11 @@ from .._registry import function_op, mixin, op
 from ..autograd import ops
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ._common import TensorBase, _dim_slice, _inplace, _raw, _tensor_arg, _wrap_array, check_inplace
+from .index_write import _out_of_range, _scatter_args  # also registers the family's indexed writes
 
 __all__ = ["IndexMixin"]
 
 _INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
-
-
-def _out_of_range(idx, n):
-    """The first index of ``idx`` outside [0, n), or None (one device-to-host sync on CuPy)."""
-    if idx.size == 0:
-        return None
-    bad = (idx < 0) | (idx >= n)
-    if not bool(bad.any()):
-        return None
-    return int(idx[bad].ravel()[0])
 
 
 # -- t[idx] ------------------------------------------------------------------------------------------------
@@ -120,27 +111,6 @@ def take_along_dim(self, indices, dim=None):
     src_shape, idx_shape = list(common), list(common)
     src_shape[d], idx_shape[d] = self.shape[d], indices.shape[d]
     return self.expand(src_shape).gather(d, indices.expand(idx_shape))
-
-
-def _scatter_args(self, fn, dim, index, src):
-    """(dim, index array) of scatter/scatter_add, checked as PyTorch checks them."""
-    idx = _tensor_arg(index, fn, "index")._data
-    if idx.dtype != np.int64:
-        raise RuntimeError(f"{fn}(): Expected dtype int64 for index")
-    if builtins.max(idx.ndim, 1) != builtins.max(self.ndim, 1):
-        raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
-    d = wrap_dim(dim, builtins.max(self.ndim, 1))
-    shape = self._data.shape or (1,)
-    src_shape = src._data.shape if isinstance(src, TensorBase) else None
-    for i, m in enumerate(idx.shape):
-        if (i != d and m > shape[i]) or (src_shape is not None and m > (src_shape or (1,))[i]):
-            raise RuntimeError(f"Expected index {list(idx.shape)} to be smaller than self {list(self.shape)} apart "
-                               f"from dimension {d}" + (f" and to be smaller size than src {list(src.shape)}"
-                                                        if src_shape is not None else ""))
-    bad = _out_of_range(idx, shape[d])
-    if bad is not None:
-        raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {shape[d]}")
-    return d, idx
 
 
 def _scatter(self, fn, dim, index, src, add):

@@ -1,7 +1,9 @@
-"""Sampling: bernoulli, multinomial, hp.normal and the in-place normal_/uniform_ (initialisation). Samples carry no
-gradient (hp.normal's to its tensor mean and std is zero, as PyTorch's)."""
+"""Sampling: bernoulli, multinomial, hp.normal and the in-place fills normal_/uniform_ (initialisation), exponential_,
+geometric_, log_normal_, cauchy_, random_ and bernoulli_. Samples carry no gradient (hp.normal's to its tensor mean and
+std is zero, as PyTorch's)."""
 import operator
 
+import ml_dtypes
 import numpy as np
 
 from .. import _backend
@@ -10,7 +12,7 @@ from .._normal_math import standard_normal_
 from .._registry import function_op, mixin, op
 from .._tensor_base import Size
 from ..autograd import ops
-from ._common import TensorBase, _float_only, _inplace, _topk_indices, _wrap_array
+from ._common import TensorBase, _float_only, _inplace, _random, _topk_indices, _wrap_array, check_inplace
 
 __all__ = ["RandomMixin"]
 
@@ -128,6 +130,114 @@ def normal_(a, mean=0.0, std=1.0, *, generator=None):
 def uniform_(a, from_=0.0, to=1.0, *, generator=None):
     a[...] = random_array("rand", a.shape, a.dtype if a.dtype == np.float64 else np.dtype(np.float32),
                           _backend.device_of_array(a)) * (to - from_) + from_
+
+
+def _uniform(a, generator):
+    """Uniform samples on [0, 1) of a's shape in float64 (a's device and generator)."""
+    return _random("rand", a.shape, np.dtype(np.float64), _backend.device_of_array(a), generator)
+
+
+def _continuous(a, what):
+    if dtype_category(a.dtype) != 2:
+        raise RuntimeError(f"{what} distribution is a continuous probability distribution. dtype must be a floating "
+                           f"point but you specified {a.dtype}")
+
+
+@op("random")
+@_inplace
+def exponential_(a, lambd=1.0, *, generator=None):
+    """In place: samples of the exponential distribution of rate ``lambd``, -log(1 - U) / lambd."""
+    _continuous(a, "Exponential")
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    a[...] = -_backend.array_module(a).log1p(-_uniform(a, generator)) / lambd
+
+
+@op("random")
+@_inplace
+def geometric_(a, p, *, generator=None):
+    """In place: the number of Bernoulli(p) trials up to the first success (1, 2, ...), any dtype."""
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    xp = _backend.array_module(a)
+    u = 1 - _uniform(a, generator)  # (0, 1]
+    a[...] = xp.maximum(xp.ceil(xp.log(u) / np.log1p(-p)), 1)
+
+
+@op("random")
+@_inplace
+def log_normal_(a, mean=1.0, std=2.0, *, generator=None):
+    """In place: exp of N(mean, std^2) samples."""
+    if dtype_category(a.dtype) != 2:
+        raise NotImplementedError(f"\"log_normal_cpu\" not implemented for '{a.dtype}'")
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    z = _random("randn", a.shape, np.dtype(np.float64), _backend.device_of_array(a), generator)
+    a[...] = _backend.array_module(a).exp(z * std + mean)
+
+
+@op("random")
+@_inplace
+def cauchy_(a, median=0.0, sigma=1.0, *, generator=None):
+    """In place: samples of the Cauchy distribution, median + sigma tan(pi (U - 1/2))."""
+    _continuous(a, "Cauchy")
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    a[...] = median + sigma * _backend.array_module(a).tan(np.pi * (_uniform(a, generator) - 0.5))
+
+
+def _random_bounds(dtype, low, high):
+    """random_'s [low, high) for a's dtype: by default [0, 2^mantissa digits] for floats, [0, max] for integers."""
+    if high is None:
+        if dtype == np.bool_:
+            return 0, 2
+        if dtype_category(dtype) == 2:
+            return 0, 2 ** (int(ml_dtypes.finfo(dtype).nmant) + 1) + 1
+        return 0, int(np.iinfo(dtype).max) if dtype == np.int64 else int(np.iinfo(dtype).max) + 1
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    if dtype_category(dtype) == 1:
+        info = np.iinfo(dtype)
+        if not info.min <= low <= info.max:
+            raise RuntimeError(f"from is out of bounds for {dtype}")
+        if not info.min <= high - 1 <= info.max:
+            raise RuntimeError(f"to - 1 is out of bounds for {dtype}")
+    return low, high
+
+
+@op("random")
+def random_(self, from_=None, to=None, *, generator=None):
+    """In place: integers uniform on [from, to) (``random_(to)``: [0, to); ``random_()``: [0, 2^digits] for floats,
+    [0, max] for integers; int64's default stops at 2^63 - 2)."""
+    check_inplace(self)
+    if from_ is not None and to is None:
+        from_, to = 0, from_
+    low, high = _random_bounds(self._data.dtype, 0 if from_ is None else operator.index(from_),
+                               None if to is None else operator.index(to))
+    if not _backend.is_meta_array(self._data):
+        self._data[...] = _random("randint", self._data.shape, np.dtype(np.int64), self.device, generator, low, high)
+    return self
+
+
+@op("random")
+def bernoulli_(self, p=0.5, *, generator=None):
+    """In place: 0/1 samples with probability ``p`` (a number or a tensor broadcast to self), any dtype."""
+    check_inplace(self)
+    if isinstance(p, TensorBase):
+        try:
+            prob = self._xp().broadcast_to(p._data.astype(np.float64), self._data.shape)
+        except ValueError:
+            raise RuntimeError(f"bernoulli_: p of shape {list(p.shape)} does not broadcast to the tensor's shape "
+                               f"{list(self.shape)}") from None
+        if prob.size and not bool(((prob >= 0) & (prob <= 1)).all()):
+            raise RuntimeError("bernoulli_: Expected p_in >= 0 && p_in <= 1 to be true")
+    else:
+        if not 0 <= p <= 1:
+            raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+        prob = float(p)
+    if not _backend.is_meta_array(self._data):
+        self._data[...] = _uniform(self._data, generator) < prob
+    return self
 
 
 RandomMixin = mixin("random")

@@ -323,9 +323,12 @@ for _name, _aliases in (("square", ()), ("sign", ("sgn_",)), ("floor", ()), ("ce
                         ("exp2", ()), ("reciprocal", ()), ("rsqrt", ()), ("sin", ()), ("cos", ()), ("tan", ()),
                         ("sinh", ()), ("cosh", ()), ("asin", ("arcsin_",)), ("acos", ("arccos_",)),
                         ("atan", ("arctan_",)), ("asinh", ("arcsinh_",)), ("acosh", ("arccosh_",)),
-                        ("atanh", ("arctanh_",)), ("erf", ()), ("deg2rad", ()), ("rad2deg", ()), ("sinc", ())):
+                        ("atanh", ("arctanh_",)), ("erf", ()), ("deg2rad", ()), ("rad2deg", ()), ("sinc", ()),
+                        ("erfc", ()), ("erfinv", ()), ("lgamma", ()), ("digamma", ())):
     op("unary", name=_name + "_", aliases=_aliases)(_through_out_of_place(_name))
 
+
+from . import special_unary  # noqa: E402,F401  (the family's special functions, registered before its mixin is made)
 
 UnaryMixin = mixin("unary")
 

@@ -10,12 +10,13 @@ from ..._array import array_matmul, sum_to
 from ..._backend import array_module
 from .arithmetic import (Add, Atan2, Copysign, Div, FMaxMin, Hypot, LogAddExp, Maximum, Minimum, Mul, Pow, PowScalar,
                          RPowScalar, Remainder, Sub, Xlogy, xlogy_array)
-from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Logit, NanToNum, Neg, Rounding, Rsqrt, Sigmoid, Sin, Sqrt, Tanh, UNARY, Unary, erf,
+from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Logit, NanToNum, Neg, Rounding, Rsqrt, Sigmoid, Sin, Special, Sqrt, Tanh, UNARY, Unary, erf,
                     normal_cdf)
 from .reduce import Amax, Cumprod, Cumsum, Logsumexp, MaxDim, Mean, Prod, Sum, Var
 from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, Flip, Permute, Repeat, Reshape, Roll,
                     Split, Stack, ToDevice)
-from .index import GetItem, IndexAdd, MaskedFill, Scatter, TakeAlong, Where, index_add
+from .index import (GetItem, IndexAdd, IndexPut, MaskedFill, Scatter, ScatterReduce, TakeAlong, Where, index_add,
+                    segment_reduce)
 from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Solve, Svdvals, VectorNorm, einsum_plan
 from .random import Sampled
 from .activation import (Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, LogSigmoid, LogSoftmax,
@@ -36,9 +37,9 @@ mm = array_matmul
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximum", "Minimum", "Atan2", "Hypot",
            "Remainder", "LogAddExp", "Xlogy", "FMaxMin", "Copysign", "xlogy_array", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
-           "Rounding", "Logit", "NanToNum", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
+           "Rounding", "Logit", "NanToNum", "Special", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
            "Logsumexp", "Cumsum", "Cumprod", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
-           "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd",
+           "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd", "IndexPut", "ScatterReduce", "segment_reduce",
            "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
            "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",
            "LeakyRelu", "Elu", "Softplus", "Mish", "Hardtanh", "Prelu", "ScaledElu", "Hardswish", "Hardsigmoid",

@@ -1,8 +1,10 @@
-"""Unary family: element-wise functions of one tensor (exp, log, sqrt, tanh, sigmoid, abs, clamp, trig, erf, round)."""
+"""Unary family: element-wise functions of one tensor (exp, log, sqrt, tanh, sigmoid, abs, clamp, trig, erf, round,
+the special functions erfc, erfinv, lgamma, digamma and polygamma)."""
 import math
 
 import numpy as np
 
+from ... import _special_math
 from ..._array import sum_to
 from ..._erf import _CDF_CLAMP, _CDF_P, _CDF_Q, _ERF_CLAMP, _ERF_P, _ERF_Q, _INV_SQRT_2PI, _rational_odd  # noqa: F401
 from ..._backend import array_module
@@ -10,7 +12,7 @@ from ..function import Op
 from ._common import _up
 
 __all__ = ["Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf", "Rounding",
-           "Logit", "NanToNum", "Unary", "UNARY", "erf", "normal_cdf"]
+           "Logit", "NanToNum", "Special", "Unary", "UNARY", "erf", "normal_cdf"]
 
 
 class Neg(Op):
@@ -321,3 +323,36 @@ class Erf(Op):
     def backward(ctx, g):
         a = ctx.a
         return g * (array_module(a).exp(-a * a) * a.dtype.type(2.0 / math.sqrt(math.pi)))
+
+
+# -- special functions (See [Note: Special functions] in hpcfsdp/_special_math.py) ----------------------------------
+def _special(name, n, x):
+    """The float64 value of special function ``name`` (erfc, erfinv, lgamma, polygamma of order n) at x."""
+    if name == "polygamma":
+        return _special_math.polygamma(n, x)
+    return getattr(_special_math, name)(x)
+
+
+_SPECIAL_GRAD = {  # name -> d/dx from (x, out, n), all float64
+    "erfc": lambda x, out, n: -(2 / math.sqrt(math.pi)) * array_module(x).exp(-x * x),
+    "erfinv": lambda x, out, n: (math.sqrt(math.pi) / 2) * array_module(x).exp(out * out),
+    "lgamma": lambda x, out, n: _special_math.polygamma(0, x),
+    "polygamma": lambda x, out, n: _special_math.polygamma(n + 1, x),
+}
+
+
+class Special(Op):
+    """out = erfc, erfinv, lgamma or polygamma(n) of a, evaluated in float64 and rounded to a's dtype once."""
+
+    @staticmethod
+    def forward(ctx, a, name, n=0):
+        x = a.astype(np.float64)
+        out = _special(name, n, x)
+        ctx.x, ctx.out, ctx.name, ctx.n = x, out, name, n
+        return out.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = _SPECIAL_GRAD[ctx.name](ctx.x, ctx.out, ctx.n)
+        return (g.astype(np.float64) * d).astype(g.dtype, copy=False), None, None
