@@ -256,3 +256,82 @@ def test_normal_and_trunc_normal_fills_take_the_generators_float64_uniforms_on_e
     p0, p1 = 0.5 * math.erfc(2 / math.sqrt(2)), 0.5 * math.erfc(-1 / math.sqrt(2))  # [-1, 2] std, mirrored
     np.testing.assert_allclose(t.cpu().numpy().ravel(), [-0.5 * _ndtri_ref(p0 + x * (p1 - p0)) for x in u[:n]],
                                rtol=1e-13)
+
+
+def _dirac_reference(shape, groups):
+    """PyTorch's loop, written out: out channel g * (C_out / groups) + d takes in channel d at the centre."""
+    want = np.zeros(shape)
+    per = shape[0] // groups
+    for g in range(groups):
+        for d in range(min(per, shape[1])):
+            want[(g * per + d, d) + tuple(n // 2 for n in shape[2:])] = 1
+    return want
+
+
+@pytest.mark.parametrize("shape,groups", [((6, 4, 3), 1), ((6, 4, 3, 5), 2), ((4, 6, 3, 3, 3), 2), ((3, 8, 4), 3)])
+def test_dirac_places_ones_at_the_kernel_centre(shape, groups):
+    t = init.dirac_(hp.full(shape, 5.0), groups=groups)
+    np.testing.assert_array_equal(_np(t), _dirac_reference(shape, groups))
+
+
+def test_dirac_is_the_identity_convolution():
+    x = hp.randn(2, 4, 9)
+    w = init.dirac_(hp.empty(4, 4, 3))
+    np.testing.assert_allclose(nn.functional.conv1d(x, w, padding=1).numpy(), x.numpy(), rtol=0, atol=0)
+
+
+def test_dirac_orthogonal_sparse_errors_and_meta():
+    with pytest.raises(ValueError, match="Only tensors with 3, 4, or 5 dimensions are supported"):
+        init.dirac_(hp.empty(3, 3))
+    with pytest.raises(ValueError, match="dim 0 must be divisible by groups"):
+        init.dirac_(hp.empty(5, 2, 3), groups=2)
+    with pytest.raises(ValueError, match="Only tensors with 2 or more dimensions are supported"):
+        init.orthogonal_(hp.empty(4))
+    with pytest.raises(ValueError, match="Only tensors with 2 dimensions are supported"):
+        init.sparse_(hp.empty(2, 3, 4), 0.5)
+    for fn in (lambda t: init.dirac_(t), init.orthogonal_, lambda t: init.sparse_(t[0], 0.5)):
+        m = hp.empty(4, 4, 3, device="meta")
+        assert fn(m).device == "meta"
+    assert init.orthogonal_(hp.empty(0, 3)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 2, 3), (6, 6)])
+def test_orthogonal_rows_or_columns_are_orthonormal_times_gain(shape, device):
+    t = init.orthogonal_(hp.empty(*shape, device=device), gain=2.0)
+    a = t.cpu().numpy().astype(np.float64).reshape(shape[0], -1)
+    gram = a @ a.T if a.shape[0] <= a.shape[1] else a.T @ a
+    np.testing.assert_allclose(gram, 4.0 * np.eye(min(a.shape)), atol=2e-6)
+
+
+def test_orthogonal_is_q_of_the_normal_matrix_with_rs_diagonal_signs():
+    """PyTorch's construction on the values normal_ draws: Q of the (transposed when wide) normal matrix, each
+    column multiplied by sign(R_ii), transposed back (NumPy's QR in float64 here)."""
+    for shape in ((3, 5), (5, 3)):
+        hp.manual_seed(4)
+        z = _np(init.normal_(hp.empty(*shape, dtype=hp.float64)))
+        hp.manual_seed(4)
+        t = init.orthogonal_(hp.empty(*shape, dtype=hp.float64))
+        wide = shape[0] < shape[1]
+        q, r = np.linalg.qr(z.T if wide else z)
+        q = q * np.sign(np.diag(r))
+        np.testing.assert_allclose(_np(t), q.T if wide else q, rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_zeros_ceil_sparsity_rows_per_column_from_the_global_randperm():
+    hp.manual_seed(0)
+    t = init.sparse_(hp.empty(10, 7), 0.25, std=0.5, generator=hp.Generator().manual_seed(1))
+    a = _np(t)
+    np.testing.assert_array_equal((a == 0).sum(axis=0), [3] * 7)  # ceil(0.25 * 10)
+    hp.manual_seed(0)
+    want = _np(init.normal_(hp.empty(10, 7), std=0.5, generator=hp.Generator().manual_seed(1)))
+    for col in range(7):
+        want[hp.randperm(10).numpy()[:3], col] = 0  # the global generator's permutations, one per column
+    np.testing.assert_array_equal(a, want)
+
+
+def test_deprecated_names_warn_and_fill():
+    with pytest.warns(FutureWarning, match=r"`nn.init.uniform` is now deprecated in favor of `nn.init.uniform_`"):
+        t = init.uniform(hp.empty(50), 2.0, 3.0)
+    assert _np(t).min() >= 2.0 and _np(t).max() <= 3.0
+    with pytest.warns(FutureWarning, match="nn.init.orthogonal_"):
+        init.orthogonal(hp.empty(3, 3))

@@ -10,7 +10,9 @@ from hpcfsdp._tensor import Tensor
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+    "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+    "uniform", "normal", "constant", "eye", "dirac", "xavier_uniform", "xavier_normal", "kaiming_uniform",
+    "kaiming_normal", "orthogonal", "sparse",
 ]
 
 # [Note: Initialising local storage]
@@ -196,7 +198,8 @@ def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", gene
         return tensor
     fan = _calculate_correct_fan(tensor, mode)
     gain = calculate_gain(nonlinearity, a)
-    bound = math.sqrt(3.0) * gain / math.sqrt(fan)
+    std = gain / math.sqrt(fan)
+    bound = math.sqrt(3.0) * std  # PyTorch's order of operations (the same float bound)
     return uniform_(tensor, -bound, bound, generator)
 
 
@@ -208,3 +211,127 @@ def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", gener
     fan = _calculate_correct_fan(tensor, mode)
     std = calculate_gain(nonlinearity, a) / math.sqrt(fan)
     return normal_(tensor, 0.0, std, generator)
+
+
+def _write_whole(tensor, values):
+    """Write the values of the whole tensor (C order, its global shape) into its local storage: all of it for a
+    plain tensor, the local piece of a sharded one (See [Note: Random values of a sharded tensor])."""
+    sink = _random._sink(tensor, values.dtype)
+    sink.put_range(0, values.reshape(-1))
+    return _write(tensor, sink.result())
+
+
+def dirac_(tensor, groups=1):
+    """Fill a 3-, 4- or 5-d (convolution) weight with the Dirac delta: out channel ``g * (C_out / groups) + d``
+    of group ``g`` passes input channel ``d`` through at the kernel's centre (``size // 2``), for ``d`` below
+    ``min(C_out / groups, C_in)``; everything else 0.
+
+    Raises:
+        ValueError: another rank, or dim 0 not divisible by ``groups``.
+    """
+    sizes = tuple(tensor.shape)
+    if len(sizes) not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    if sizes[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    if not _check(tensor, "dirac_"):
+        return tensor
+    xp = _backend.array_module(tensor._data)
+    out_chans_per_grp = sizes[0] // groups
+    min_dim = min(out_chans_per_grp, sizes[1])
+    whole = np.zeros(sizes, dtype=tensor._data.dtype)
+    centre = tuple(n // 2 for n in sizes[2:])
+    for g in range(groups):
+        for d in range(min_dim):
+            whole[(g * out_chans_per_grp + d, d) + centre] = 1
+    return _write_whole(tensor, xp.asarray(whole))
+
+
+def orthogonal_(tensor, gain=1, generator=None):
+    """Fill with a (semi-)orthogonal matrix times ``gain``, PyTorch's construction: a standard normal
+    (rows, numel / rows) matrix (transposed when wider than tall) factored by QR, Q's columns multiplied by the
+    signs of R's diagonal (uniform over the orthogonal group: Mezzadri, math-ph/0609050), transposed back.
+    Trailing dims are flattened; the QR runs in float32 (float64 for a float64 tensor).
+
+    Raises:
+        ValueError: fewer than 2 dimensions.
+    """
+    shape = tuple(tensor.shape)
+    if len(shape) < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    if not _check(tensor, "orthogonal_") or math.prod(shape) == 0:
+        return tensor
+    xp = _backend.array_module(tensor._data)
+    rows = shape[0]
+    cols = math.prod(shape) // rows
+    dt = _gen_dtype(tensor._data)
+    flattened = Tensor._wrap(xp.empty((rows, cols), dtype=dt))
+    normal_(flattened, 0.0, 1.0, generator)  # the values a normal_ fill of the tensor itself would take
+    a = flattened._data
+    if rows < cols:
+        a = a.T
+    q, r = xp.linalg.qr(a)
+    q = q * xp.sign(xp.diagonal(r))
+    if rows < cols:
+        q = q.T
+    q = q * gain
+    return _write_whole(tensor, xp.ascontiguousarray(q).astype(tensor._data.dtype))
+
+
+def sparse_(tensor, sparsity, std=0.01, generator=None):
+    """Fill a 2-D tensor from N(0, std^2) and zero ``ceil(sparsity * rows)`` entries of every column: those at the
+    first rows of ``randperm(rows)``, one permutation per column from the global CPU generator (as PyTorch:
+    ``generator`` draws only the normal values).
+
+    Raises:
+        ValueError: not 2-D.
+    """
+    shape = tuple(tensor.shape)
+    if len(shape) != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    if not _check(tensor, "sparse_"):
+        return tensor
+    import hpcfsdp
+
+    rows, cols = shape
+    num_zeros = math.ceil(sparsity * rows)
+    normal_(tensor, 0.0, std, generator)
+    keep = np.ones(shape, dtype=np.bool_)
+    for col_idx in range(cols):
+        zero_indices = hpcfsdp.randperm(rows).numpy()[:num_zeros]
+        keep[zero_indices, col_idx] = False
+    xp = _backend.array_module(tensor._data)
+    sink = _random._sink(tensor, np.bool_)
+    sink.put_range(0, xp.asarray(keep.reshape(-1)))
+    tensor._data[...] = xp.where(sink.result(), tensor._data, 0)
+    return tensor
+
+
+def _make_deprecate(meth):
+    """The old name of an in-place init function (``uniform`` for ``uniform_``): PyTorch's FutureWarning, then the
+    function."""
+    new_name = meth.__name__
+    old_name = new_name[:-1]
+
+    def deprecated_init(*args, **kwargs):
+        warnings.warn(f"`nn.init.{old_name}` is now deprecated in favor of `nn.init.{new_name}`.",
+                      FutureWarning, stacklevel=2)
+        return meth(*args, **kwargs)
+
+    deprecated_init.__doc__ = f"Deprecated alias of :func:`{new_name}` (warns FutureWarning)."
+    deprecated_init.__name__ = old_name
+    deprecated_init.__qualname__ = old_name
+    return deprecated_init
+
+
+uniform = _make_deprecate(uniform_)
+normal = _make_deprecate(normal_)
+constant = _make_deprecate(constant_)
+eye = _make_deprecate(eye_)
+dirac = _make_deprecate(dirac_)
+xavier_uniform = _make_deprecate(xavier_uniform_)
+xavier_normal = _make_deprecate(xavier_normal_)
+kaiming_uniform = _make_deprecate(kaiming_uniform_)
+kaiming_normal = _make_deprecate(kaiming_normal_)
+orthogonal = _make_deprecate(orthogonal_)
+sparse = _make_deprecate(sparse_)

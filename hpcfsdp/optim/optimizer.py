@@ -120,8 +120,9 @@ def _step_tensor(value=0.0):
     return Tensor._wrap(np.array(value, dtype=np.float32))
 
 
-# State keys PyTorch keeps as float32 cpu scalars (not shaped, typed or placed like the parameter).
-_SCALAR_STATE_KEYS = ("step", "mu_product")
+# State keys kept as float32 cpu scalars (not shaped, typed or placed like the parameter): PyTorch's ``step``;
+# NAdam's ``mu_product`` and ASGD's ``eta`` and ``mu``, which PyTorch casts to the parameter's dtype on loading.
+_SCALAR_STATE_KEYS = ("step", "mu_product", "eta", "mu")
 
 
 def _check_lr(lr):
