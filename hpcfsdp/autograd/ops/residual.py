@@ -23,6 +23,19 @@ def _round(a, dt):
     return a.astype(dt, copy=False)
 
 
+def _norm_and_stream_backward(ctx, s, g_out, g_s, need_wb, need_yb):
+    """(ds, dw, db, dyb) for the norm of ``s`` read by a branch (gradient ``g_out``) and ``s`` carried on by the
+    residual stream (gradient ``g_s``): one launch for ds on the GPU (two with the column sums), the saved
+    LayerNorm's backward plus the stream's gradient elsewhere. ``dyb``: ds's column sums (the bias before s)."""
+    if use_fused(s):
+        return _norm.add_norm_backward(g_out, g_s, s, s.shape[-1], ctx.w, ctx.mean, ctx.rstd, False, need_wb,
+                                       need_yb)
+    ctx.ln.needs_input_grad = (True, False, need_wb, need_wb, False)
+    gs, _, dw, db, _ = LayerNorm.backward(ctx.ln, g_out)
+    ds = g_s + gs
+    return ds, dw, db, bias_grad(ds) if need_yb else None
+
+
 class BiasResidual(Op):
     """x + (y + b): the residual add of a Linear's output y and its bias b (C,), each sum rounded as unfused."""
 
@@ -62,14 +75,8 @@ class AddNorm(Op):
             g_s = xp.zeros_like(s)
         if g_out is None:
             ds, dw, db, dyb = g_s, None, None, bias_grad(g_s) if nyb else None
-        elif use_fused(s):
-            ds, dw, db, dyb = _norm.add_norm_backward(g_out, g_s, s, s.shape[-1], ctx.w, ctx.mean, ctx.rstd, False,
-                                                      nw or nb, nyb)
         else:
-            ctx.ln.needs_input_grad = (True, False, nw, nb, False)
-            gs, _, dw, db, _ = LayerNorm.backward(ctx.ln, g_out)
-            ds = g_s + gs
-            dyb = bias_grad(ds) if nyb else None
+            ds, dw, db, dyb = _norm_and_stream_backward(ctx, s, g_out, g_s, nw or nb, nyb)
         return (ds if nx else None, ds if ny else None, dyb, dw if nw else None, db if nb else None, None)
 
 
@@ -97,13 +104,7 @@ class NormBranch(Op):
             return g_x, None, None, None
         if g_x is None:
             g_x = xp.zeros_like(x)
-        if use_fused(x):
-            dx, dw, db, _ = _norm.add_norm_backward(g_out, g_x, x, x.shape[-1], ctx.w, ctx.mean, ctx.rstd, False,
-                                                    nw or nb, False)
-        else:
-            ctx.ln.needs_input_grad = (True, False, nw, nb, False)
-            gx, _, dw, db, _ = LayerNorm.backward(ctx.ln, g_out)
-            dx = g_x + gx
+        dx, dw, db, _ = _norm_and_stream_backward(ctx, x, g_out, g_x, nw or nb, False)
         return dx if nx else None, dw if nw else None, db if nb else None, None
 
 
