@@ -25,8 +25,8 @@
 # MFU = FLOPs / (step time x 989e12), FLOPs per step = tokens x (6 x params + 12 x n_layer x n_embd x block_size)
 # (the matmul FLOPs of forward+backward plus the attention-score term; 989 TFLOP/s = dense bf16 peak of an
 # H200 SXM), as `hpcfsdp bench train` and torch_gpt_step.py both compute it. Models (MODELS below; head tied to
-# the token embedding, batch 8 x 1024 tokens): gpt-medium n_layer 12, n_head 16, n_embd 1024; gpt-large n_layer 16,
-# n_head 16, n_embd 2048; vocab 32768.
+# the token embedding, batch 8 x 1024 tokens): issue 28's reference configs, gpt-medium n_layer 24, n_head 16,
+# n_embd 1024, and gpt-large n_layer 36, n_head 20, n_embd 1280 (as scripts/gpu_counts.py); vocab 32768.
 #
 # The machine: Python 3.12 (python3, itself a virtual environment holding PyTorch), CuPy 14 for CUDA 13 with NCCL
 # (nvidia-nccl-cu13), mpi4py, pytest, pytest-timeout, hypothesis, numpy, ml_dtypes, safetensors, tqdm; no MPI
@@ -56,7 +56,7 @@ preflight                  40
 gpu-1rank                 115
 parity-2ranks-staged       60
 nccl-ws1                   30
-hpcfsdp-gpt-medium         45
+hpcfsdp-gpt-medium         50
 torch-gpt-medium           30
 hpcfsdp-gpt-large          75
 torch-gpt-large            35
@@ -65,8 +65,8 @@ BUDGET=450
 
 # name         vocab  block  n_layer  n_head  n_embd  batch
 MODELS_RUN="
-gpt-medium     32768  1024   12       16      1024    8
-gpt-large      32768  1024   16       16      2048    8
+gpt-medium     32768  1024   24       16      1024    8
+gpt-large      32768  1024   36       20      1280    8
 "
 MODELS_SIM="
 gpt-medium     256    16     2        2       32      2

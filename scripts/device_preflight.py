@@ -22,7 +22,7 @@ import traceback
 import numpy as np
 
 SHAPES = {"gpt-medium": [(8 * 1024, 1024, 4096), (8 * 1024, 4096, 1024)],   # (M, K, N): x @ W, the MLP's GEMMs
-          "gpt-large": [(8 * 1024, 2048, 8192), (8 * 1024, 8192, 2048)]}
+          "gpt-large": [(8 * 1024, 1280, 5120), (8 * 1024, 5120, 1280)]}
 SIM_SHAPES = {"gpt-medium": [(64, 32, 128)], "gpt-large": [(64, 64, 256)]}
 
 

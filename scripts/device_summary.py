@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-MFU_TARGET = 0.30
+MFU_TARGET = 0.35  # issue 28: gpt-large's bf16 MFU at one rank, torchtitan's eager FSDP2 level (33-39% on H100)
 
 
 def _load(path):
