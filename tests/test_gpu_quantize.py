@@ -57,3 +57,30 @@ def test_one_launch_per_bucket_each_way_and_no_host_sync():
     assert c.launches == 2 and dict(c.launches_by_op) == {"kernel quantize_blocks_ef<float>": 1,
                                                           "kernel dequantize_blocks<__nv_bfloat16>": 1}
     assert c.host_syncs == []
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("n", [1024, 333])
+def test_rows_and_their_sum_are_one_launch_each_and_the_numpy_path_bit_for_bit(kind, n):
+    from hpcfsdp.testing import cuda_sim
+    rows = 4
+    x = np.concatenate([_inputs(n, np.float32) * (r + 1) for r in range(rows)])
+    res_h = np.empty(rows * n, np.float32)
+    ref = Q.quantize(x, kind, 32, residual=res_h, rows=rows)
+    xd, res_d = cp.asarray(x), cp.empty(rows * n, np.float32)
+    out = cp.empty(ref.size, np.uint8)
+    back = cp.empty(rows * n, BF16)
+    total = cp.empty(n, np.float32)
+    with cuda_sim.counting() as c:
+        Q.quantize(xd, kind, 32, out=out, residual=res_d, rows=rows)
+        Q.dequantize(out, kind, n, 32, BF16, out=back, rows=rows)
+        Q.dequantize_sum(out, kind, n, 32, rows, out=total)
+    assert dict(c.launches_by_op) == {"kernel quantize_blocks_ef<float>": 1,
+                                      "kernel dequantize_blocks<__nv_bfloat16>": 1,
+                                      "kernel dequantize_sum<float>": 1} and c.host_syncs == []
+    np.testing.assert_array_equal(out.get(), ref)
+    np.testing.assert_array_equal(res_d.get().view(np.uint32), res_h.view(np.uint32))
+    np.testing.assert_array_equal(back.get().view(np.uint16),
+                                  Q.dequantize(ref, kind, n, 32, BF16, rows=rows).view(np.uint16))
+    np.testing.assert_array_equal(total.get().view(np.uint32),
+                                  Q.dequantize_sum(ref, kind, n, 32, rows).view(np.uint32))

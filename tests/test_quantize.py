@@ -113,3 +113,55 @@ def test_residual_is_what_the_round_trip_lost(kind):
     assert np.all(np.abs(res - lost) <= 4 * 2.0 ** -23 * peak), np.abs(res - lost).max()
     with pytest.raises(ValueError, match="residual must be 1001 float32 values"):
         Q.quantize(x, kind, 64, residual=np.zeros(5, np.float32))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [1024, 333, 7])
+def test_rows_are_the_row_by_row_payloads_laid_end_to_end(kind, n):
+    rows = 3
+    x = np.concatenate([_data(n, seed=r) for r in range(rows)])
+    x[n + 5] = np.nan  # a non-finite block in the middle row only
+    p = Q.payload_bytes(kind, n, 64)
+    res = np.full(rows * n, -1.0, np.float32)
+    got = Q.quantize(x, kind, 64, residual=res, rows=rows)
+    assert got.size == rows * p
+    for r in range(rows):
+        res_r = np.empty(n, np.float32)
+        want = Q.quantize(x[r * n:(r + 1) * n], kind, 64, residual=res_r)
+        np.testing.assert_array_equal(got[r * p:(r + 1) * p], want)
+        np.testing.assert_array_equal(res[r * n:(r + 1) * n].view(np.uint32), res_r.view(np.uint32))
+    back = Q.dequantize(got, kind, n, 64, np.float32, rows=rows)
+    for r in range(rows):
+        np.testing.assert_array_equal(back[r * n:(r + 1) * n].view(np.uint32),
+                                      Q.dequantize(got[r * p:(r + 1) * p], kind, n, 64, np.float32).view(np.uint32))
+    assert np.isnan(back[n:2 * n][:64]).all() and np.isfinite(back[:n]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_sum_adds_the_rows_in_float32_row_0_first(kind):
+    n, rows = 777, 4
+    x = np.concatenate([_data(n, seed=10 + r) for r in range(rows)])
+    pay = Q.quantize(x, kind, 128, rows=rows)
+    vals = Q.dequantize(pay, kind, n, 128, np.float32, rows=rows).reshape(rows, n)
+    want = vals[0].copy()
+    for r in range(1, rows):
+        want = (want + vals[r]).astype(np.float32)
+    got = Q.dequantize_sum(pay, kind, n, 128, rows)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    exact = vals.astype(np.float64).sum(axis=0)  # 3 float32 adds: each rounding within eps/2 of its partial sum
+    assert np.all(np.abs(got - exact) <= 1.5 * np.finfo(np.float32).eps * np.abs(vals).astype(np.float64).sum(axis=0))
+    out = np.empty(n, np.float32)
+    assert Q.dequantize_sum(pay, kind, n, 128, rows, out=out) is out
+    np.testing.assert_array_equal(out, got)
+
+
+def test_bad_rows_are_named():
+    with pytest.raises(ValueError, match="rows=2 must be a positive integer dividing the 5 elements"):
+        Q.quantize(np.ones(5, np.float32), "int8", 4, rows=2)
+    pay = Q.quantize(np.ones(8, np.float32), "int8", 4, rows=2)
+    with pytest.raises(ValueError, match="3 int8 payloads of 4 elements have 24 bytes, got 16"):
+        Q.dequantize(pay, "int8", 4, 4, np.float32, rows=3)
+    with pytest.raises(ValueError, match="rows=0"):
+        Q.dequantize_sum(pay, "int8", 4, 4, 0)
+    with pytest.raises(ValueError, match="out must be 4 float32 values"):
+        Q.dequantize_sum(pay, "int8", 4, 4, 2, out=np.empty(4, np.float64))

@@ -1,5 +1,7 @@
 // Block quantization of a flat array into one payload, and back (See [Note: Quantized payloads] in quantize.py):
-// one CUDA block per quantization block (a grid-stride loop over them), so a bucket is one launch each way. The
+// one CUDA block per quantization block (a grid-stride loop over them), so a bucket is one launch each way. A
+// launch takes `rows` arrays of n elements each (row r at x + r * n) to `rows` payloads laid end to end (row r at
+// out + r * (cb + 4 * nb)): the pieces of a collective are one launch, not one per rank. The
 // arithmetic is the NumPy path's, in float32 (x * (1 / scale), rint, round-to-nearest-even e4m3), so the codes and
 // scales agree bit for bit. The scales follow the codes at byte offset cb, which need not be 4-aligned: they are
 // stored and loaded byte by byte. kind: 0 int8, 1 int4 (two codes per byte, low nibble first, +8), 2 fp8 e4m3.
@@ -28,12 +30,18 @@ __device__ __forceinline__ float q_e4m3_value(unsigned char c) {
 }
 
 template <typename T>
-__device__ void q_quantize(const T* x, unsigned char* out, float* residual, long long n, int block, int kind) {
+__device__ void q_quantize(const T* x0, unsigned char* out0, float* residual0, long long n, long long rows, int block,
+                           int kind) {
     __shared__ float sh[Q_THREADS / 32];
     const long long nb = (n + block - 1) / block;
     const long long cb = kind == 1 ? (n + 1) / 2 : n;
+    const long long pb = cb + 4 * nb;  // one row's payload bytes
     const float qmax = q_qmax(kind);
-    for (long long b = blockIdx.x; b < nb; b += gridDim.x) {
+    for (long long rb = blockIdx.x; rb < rows * nb; rb += gridDim.x) {
+        const long long row = rb / nb, b = rb - row * nb;
+        const T* x = x0 + row * n;
+        unsigned char* out = out0 + row * pb;
+        float* residual = residual0 ? residual0 + row * n : nullptr;
         const long long e0 = b * block;
         float amax = 0.0f, bad = 0.0f;
         for (int j = threadIdx.x; j < block; j += Q_THREADS) {
@@ -87,27 +95,46 @@ __device__ void q_quantize(const T* x, unsigned char* out, float* residual, long
 }
 
 template <typename T>
-__global__ void quantize_blocks(const T* x, unsigned char* out, long long n, int block, int kind) {
-    q_quantize<T>(x, out, nullptr, n, block, kind);
+__global__ void quantize_blocks(const T* x, unsigned char* out, long long n, long long rows, int block, int kind) {
+    q_quantize<T>(x, out, nullptr, n, rows, block, kind);
 }
 
 // the same, also writing what the rounding lost (x minus its dequantized value; 0 in a non-finite block)
 template <typename T>
-__global__ void quantize_blocks_ef(const T* x, unsigned char* out, float* residual, long long n, int block, int kind) {
-    q_quantize<T>(x, out, residual, n, block, kind);
+__global__ void quantize_blocks_ef(const T* x, unsigned char* out, float* residual, long long n, long long rows,
+                                   int block, int kind) {
+    q_quantize<T>(x, out, residual, n, rows, block, kind);
+}
+
+__device__ __forceinline__ float q_value(const unsigned char* p, long long cb, long long e, int block, int kind) {
+    const unsigned char* s = p + cb + 4 * (e / block);
+    const float scale = __uint_as_float((unsigned int)s[0] | ((unsigned int)s[1] << 8) |
+                                        ((unsigned int)s[2] << 16) | ((unsigned int)s[3] << 24));
+    float v;
+    if (kind == 0) v = (float)(signed char)p[e];
+    else if (kind == 1) v = (float)((e & 1) ? (p[e / 2] >> 4) : (p[e / 2] & 15)) - 8.0f;
+    else v = q_e4m3_value(p[e]);
+    return __fmul_rn(v, scale);
 }
 
 template <typename T>
-__global__ void dequantize_blocks(const unsigned char* payload, T* y, long long n, int block, int kind) {
+__global__ void dequantize_blocks(const unsigned char* payload, T* y, long long n, long long rows, int block, int kind) {
     const long long cb = kind == 1 ? (n + 1) / 2 : n;
+    const long long pb = cb + 4 * ((n + block - 1) / block);
+    GRID_STRIDE(t, rows * n) {
+        const long long row = t / n;
+        y[t] = from_acc<T>((typename Acc<T>::type)q_value(payload + row * pb, cb, t - row * n, block, kind));
+    }
+}
+
+// the float32 sum over the rows of their values, row 0 first, rounded at each add as the NumPy path's (no fma)
+template <typename T>
+__global__ void dequantize_sum(const unsigned char* payload, T* y, long long n, long long rows, int block, int kind) {
+    const long long cb = kind == 1 ? (n + 1) / 2 : n;
+    const long long pb = cb + 4 * ((n + block - 1) / block);
     GRID_STRIDE(e, n) {
-        const unsigned char* s = payload + cb + 4 * (e / block);
-        const float scale = __uint_as_float((unsigned int)s[0] | ((unsigned int)s[1] << 8) |
-                                            ((unsigned int)s[2] << 16) | ((unsigned int)s[3] << 24));
-        float v;
-        if (kind == 0) v = (float)(signed char)payload[e];
-        else if (kind == 1) v = (float)((e & 1) ? (payload[e / 2] >> 4) : (payload[e / 2] & 15)) - 8.0f;
-        else v = q_e4m3_value(payload[e]);
-        y[e] = from_acc<T>((typename Acc<T>::type)(v * scale));
+        float acc = q_value(payload, cb, e, block, kind);
+        for (long long row = 1; row < rows; ++row) acc = __fadd_rn(acc, q_value(payload + row * pb, cb, e, block, kind));
+        y[e] = from_acc<T>((typename Acc<T>::type)acc);
     }
 }

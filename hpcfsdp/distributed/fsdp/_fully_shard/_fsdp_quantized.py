@@ -167,11 +167,8 @@ class QuantizedAllGather(AllGather):
         recv = _backend.array_module(inp).empty(world * nbytes, np.uint8)
         work = g.all_gather_into(recv, send, async_op=True)
 
-        def finish():
-            flat = out.reshape(world, k)
-            pieces = recv.reshape(world, nbytes)
-            for r in range(world):
-                Q.dequantize(pieces[r], kind, k, block, out.dtype, out=flat[r])
+        def finish():  # every rank's payload, one call (one launch on a GPU)
+            Q.dequantize(recv, kind, k, block, out.dtype, out=out.reshape(-1), rows=world)
 
         done = _Done(work, finish)
         if not async_op:
@@ -291,8 +288,7 @@ class QuantizedReduceScatter(ReduceScatter):
             else:
                 res = xp.empty(rows.shape, np.float32)
         send = xp.empty((rows.shape[0], Q.payload_bytes(kind, k, block)), np.uint8)
-        for i in range(rows.shape[0]):
-            Q.quantize(rows[i], kind, block, out=send[i], residual=None if res is None else res[i])
+        Q.quantize(rows, kind, block, out=send, residual=res, rows=rows.shape[0])  # one launch on a GPU
         if res is not None:
             self.residuals[key] = res
         return send
@@ -306,12 +302,7 @@ class QuantizedReduceScatter(ReduceScatter):
         send = self._quantize_rows(chunks, key)
         recv = xp.empty_like(send)
         io.all_to_all(cross, recv.reshape(-1), send.reshape(-1))
-        total = Q.dequantize(recv[0], kind, k, block, np.float32, out=xp.empty(k, np.float32))
-        if recv.shape[0] > 1:
-            part = xp.empty(k, np.float32)
-            for h in range(1, recv.shape[0]):
-                total += Q.dequantize(recv[h], kind, k, block, np.float32, out=part)
-        return total
+        return Q.dequantize_sum(recv, kind, k, block, recv.shape[0])
 
     def all_reduce(self, arr, group, op=ReduceOp.SUM, async_op: bool = False):
         """HSDP's replicate all-reduce of ``arr`` in place, quantized (See [Note: Quantized gradient reduction])."""
@@ -334,9 +325,7 @@ class QuantizedReduceScatter(ReduceScatter):
             payload = self._quantize_rows(mine.reshape(1, c), ("ar-sum", flat.size))
             gathered = xp.empty((n, payload.shape[1]), np.uint8)
             io.all_gather(g, gathered.reshape(-1), payload.reshape(-1))
-            whole = xp.empty((n, c), np.float32)
-            for r in range(n):
-                Q.dequantize(gathered[r], self.dtype, c, self.block_size, np.float32, out=whole[r])
+            whole = Q.dequantize(gathered, self.dtype, c, self.block_size, np.float32, rows=n).reshape(n, c)
             if op is ReduceOp.AVG:
                 whole /= np.float32(n)
             flat[...] = whole.reshape(-1)[:flat.size].astype(flat.dtype)
