@@ -1,13 +1,14 @@
-"""torch.linalg: norms (vector_norm, matrix_norm, norm, svdvals), det, inv, solve and cholesky (differentiable) and
+"""torch.linalg: norms (vector_norm, matrix_norm, norm, svdvals), cross, vander, det, inv, solve and cholesky (differentiable) and
 the factorizations qr, svd, eigh, matrix_rank and pinv (forward-only: their backward raises)."""
 import numpy as np
 
 from ._array import dtype_category
 from ._tensor import Tensor
 from ._tensor_methods.linalg import matrix_norm, svdvals, vector_norm
+from ._tensor_methods.products import linalg_cross as cross
 from .autograd import ops
 
-__all__ = ["vector_norm", "matrix_norm", "norm", "svdvals", "det", "inv", "solve", "cholesky", "qr", "svd", "eigh",
+__all__ = ["vector_norm", "matrix_norm", "norm", "svdvals", "cross", "vander", "det", "inv", "solve", "cholesky", "qr", "svd", "eigh",
            "matrix_rank", "pinv", "LinAlgError"]
 
 
@@ -161,3 +162,21 @@ def pinv(A, *, atol=None, rtol=None, hermitian=False):
         return xp.swapaxes(vh, -1, -2) @ (s_inv[..., :, None] * xp.swapaxes(u, -1, -2))
 
     return _forward_only("pinv", fn, A)
+
+
+def vander(x, *, N=None):  # noqa: N803
+    """torch.linalg.vander: the Vandermonde matrix of ``x`` (..., n) in increasing powers, (..., n, N), N = n by
+    default (N > 1); differentiable (products of x)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"linalg.vander(): argument 'x' must be Tensor, not {type(x).__name__}")
+    if x._data.dtype == np.bool_:
+        raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got Bool")
+    n = (x.shape[-1] if x.ndim else 1) if N is None else int(N)
+    if n <= 1:
+        raise RuntimeError("N must be greater than 1.")
+    if dtype_category(x._data.dtype) < 2:
+        x = x.to(np.int64)
+    cols = [x.new_ones(x.shape)]
+    for _ in range(n - 1):
+        cols.append(cols[-1] * x)
+    return ops.Stack.apply(x.ndim, *cols)

@@ -68,6 +68,7 @@ REDUCTIONS = {  # name: (op, placement over sharded dim 0 when it is reduced)
     "std0": (lambda a: a.std(0, correction=0), Replicate()), "var1": (lambda a: a.var(1), Shard(0)),
     "logsumexp0": (lambda a: a.logsumexp(0), Replicate()), "logsumexp1": (lambda a: a.logsumexp(1), Shard(0)),
     "nanmean0": (lambda a: a.nanmean(0), Replicate()), "median": (lambda a: a.median(), Replicate()),
+    "nanmedian": (lambda a: a.nanmedian(), Replicate()),
     "var_mean": (lambda a: hp.var_mean(a, 1), None),
 }
 
@@ -78,6 +79,8 @@ SCANS = {  # dim-wise ops: placements kept along an unsharded dim, the dim gathe
     "sort": lambda a, d: a.sort(d), "argsort": lambda a, d: a.argsort(d, descending=True),
     "topk": lambda a, d: a.topk(2, d), "kthvalue": lambda a, d: a.kthvalue(2, d),
     "median": lambda a, d: a.median(d), "quantile": lambda a, d: a.quantile(0.3, d),
+    "nanmedian": lambda a, d: a.nanmedian(d), "mode": lambda a, d: a.mode(d),
+    "logcumsumexp": lambda a, d: a.logcumsumexp(d),
 }
 
 

@@ -1,6 +1,6 @@
 """Linear algebra: matmul and its operators, mm/bmm/dot/outer, addmm/baddbmm, einsum, norms (with the vector and
 matrix norms and svdvals that hpcfsdp.linalg exposes), cdist, and the matrix structure ops diag, diagonal, trace,
-tril and triu."""
+tril and triu; products.py adds kron, cross and vander."""
 import math
 import operator
 
@@ -375,5 +375,7 @@ def triu_(self, diagonal=0):
     xp = self._xp()
     return self.masked_fill_(self._wrap(_outside(xp, xp.triu, self.shape, diagonal)), 0)
 
+
+from . import products  # noqa: E402,F401  (the family's structured products, registered before its mixin is made)
 
 LinalgMixin = mixin("linalg")

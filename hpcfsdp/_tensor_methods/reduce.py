@@ -1,6 +1,7 @@
 """Reductions, scans and order statistics along dims: sum, mean, prod, amax/amin, max/min, argmax/argmin, var/std
 (and var_mean/std_mean), logsumexp, count_nonzero, all/any, the nan-reductions, cumsum/cumprod/cummax/cummin, sort,
-argsort, topk, median, kthvalue and quantile."""
+argsort, topk, median, kthvalue and quantile; statistics.py adds logcumsumexp, nanmedian, mode, histc, cov, corrcoef
+and the trapezoid rule."""
 import collections
 import operator
 
@@ -399,5 +400,7 @@ def quantile(self, q, dim=None, keepdim=False, *, interpolation="linear"):
         out = out.squeeze(0)
     return out
 
+
+from . import statistics  # noqa: E402,F401  (the family's other reductions, registered before its mixin is made)
 
 ReduceMixin = mixin("reduce")

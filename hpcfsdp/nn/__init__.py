@@ -1,5 +1,5 @@
-"""Neural-network building blocks: Module, Parameter, layers, functional, init and utils."""
-from hpcfsdp.nn.parameter import Parameter  # noqa: I001  (Parameter first: modules import it)
+"""Neural-network building blocks: Module, Parameter, Buffer, layers, functional, init and utils."""
+from hpcfsdp.nn.parameter import Buffer, Parameter  # noqa: I001  (Parameter first: modules import it)
 from hpcfsdp.nn import functional, init
 from hpcfsdp.nn import modules as _modules
 from hpcfsdp.nn.modules import *  # noqa: F403  (every layer, as torch.nn re-exports torch.nn.modules)
@@ -8,5 +8,5 @@ from hpcfsdp.nn import utils
 # torch.nn.parallel: DistributedDataParallel (loads hpcfsdp.distributed only when one is built)
 from hpcfsdp.nn import parallel
 
-__all__ = ["Parameter", "functional", "init", "utils", "parallel"]
+__all__ = ["Buffer", "Parameter", "functional", "init", "utils", "parallel"]
 __all__ += _modules.__all__

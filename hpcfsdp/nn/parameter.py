@@ -1,10 +1,11 @@
-"""Parameter: a Tensor that a Module registers as a learnable weight (``torch.nn.Parameter`` semantics)."""
+"""Parameter and Buffer: Tensors that a Module registers, on assignment, as a learnable weight or as a buffer
+(``torch.nn.Parameter`` / ``torch.nn.Buffer`` semantics)."""
 import copy
 
 from hpcfsdp import _backend
 from hpcfsdp._tensor import Tensor
 
-__all__ = ["Parameter"]
+__all__ = ["Buffer", "Parameter"]
 
 
 # Per-instance autograd fields of Tensor (class attributes hold their defaults): dropping them from an
@@ -80,3 +81,30 @@ class Parameter(Tensor):
                 result.__dict__[name] = copy.deepcopy(value, memo)
         result.requires_grad = self.requires_grad
         return result
+
+
+class _BufferMeta(type):
+    """``isinstance(t, Buffer)`` is True for any tensor marked as a buffer (``Buffer(t)`` returns a plain Tensor)."""
+
+    def __instancecheck__(cls, instance):
+        if cls is Buffer and isinstance(instance, Tensor) and getattr(instance, "_is_buffer", False):
+            return True
+        return super().__instancecheck__(instance)
+
+
+class Buffer(Tensor, metaclass=_BufferMeta):
+    """A tensor that a Module registers as a buffer when assigned as its attribute (``m.running = Buffer(t)``),
+    persistent (in ``state_dict``) unless ``persistent=False``. ``Buffer(t)`` returns ``t.detach()`` (keeping its
+    ``requires_grad``) marked with ``persistent`` and ``_is_buffer``, as PyTorch's."""
+
+    def __new__(cls, data=None, *, persistent=True):
+        if data is None:
+            import hpcfsdp
+
+            data = hpcfsdp.empty(0)
+        if not isinstance(data, Tensor):
+            raise TypeError(f"Buffer expects an hpcfsdp Tensor as data, got {type(data).__name__}")
+        t = data.detach().requires_grad_(data.requires_grad)
+        t.persistent = persistent
+        t._is_buffer = True
+        return t

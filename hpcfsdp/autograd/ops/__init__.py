@@ -12,7 +12,7 @@ from .arithmetic import (Add, Atan2, Copysign, Div, FMaxMin, Hypot, LogAddExp, M
                          RPowScalar, Remainder, Sub, Xlogy, xlogy_array)
 from .unary import (Abs, Clamp, Cos, Erf, Exp, Log, Logit, NanToNum, Neg, Rounding, Rsqrt, Sigmoid, Sin, Special, Sqrt, Tanh, UNARY, Unary, erf,
                     normal_cdf)
-from .reduce import Amax, Cumprod, Cumsum, Logsumexp, MaxDim, Mean, Prod, Sum, Var
+from .reduce import Amax, Cumprod, Cumsum, Logcumsumexp, Logsumexp, MaxDim, Mean, Prod, Sum, Var, logcumsumexp_array
 from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, Flip, Permute, Repeat, Reshape, Roll,
                     Split, Stack, ToDevice)
 from .index import (GetItem, IndexAdd, IndexPut, MaskedFill, Scatter, ScatterReduce, TakeAlong, Where, index_add,
@@ -38,7 +38,7 @@ mm = array_matmul
 __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximum", "Minimum", "Atan2", "Hypot",
            "Remainder", "LogAddExp", "Xlogy", "FMaxMin", "Copysign", "xlogy_array", "Neg", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Abs", "Clamp", "Cos", "Sin", "Erf",
            "Rounding", "Logit", "NanToNum", "Special", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
-           "Logsumexp", "Cumsum", "Cumprod", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
+           "Logsumexp", "Cumsum", "Cumprod", "Logcumsumexp", "logcumsumexp_array", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
            "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd", "IndexPut", "ScatterReduce", "segment_reduce",
            "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
            "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",

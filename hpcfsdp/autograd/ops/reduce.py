@@ -1,11 +1,13 @@
-"""Reduce family: sum, mean, amax/amin, max/min over a dim, var, prod, logsumexp, and the scans cumsum and cumprod."""
+"""Reduce family: sum, mean, amax/amin, max/min over a dim, var, prod, logsumexp, and the scans cumsum, cumprod and
+logcumsumexp."""
 import numpy as np
 
 from ..._backend import array_module
 from ..function import Op
 from ._common import _axes, _reduced_shape, _up
 
-__all__ = ["Sum", "Mean", "Amax", "MaxDim", "Var", "Prod", "Logsumexp", "Cumsum", "Cumprod"]
+__all__ = ["Sum", "Mean", "Amax", "MaxDim", "Var", "Prod", "Logsumexp", "Cumsum", "Cumprod", "Logcumsumexp",
+           "logcumsumexp_array"]
 
 
 class Sum(Op):
@@ -208,3 +210,46 @@ class Cumprod(Op):
             res[..., i] = before * (gm[..., i] + (gm[..., i + 1:] * after).sum(axis=-1))
             before = before * xm[..., i]
         return xp.moveaxis(res, -1, d).astype(ctx.dtype, copy=False), None
+
+
+def logcumsumexp_array(x, d):
+    """log(cumsum(exp(x))) along ``d`` without overflow or underflow: a running logaddexp (NumPy's accumulate; one
+    step per element of the dim elsewhere)."""
+    xp = array_module(x)
+    acc = getattr(getattr(xp, "logaddexp", None), "accumulate", None)
+    if xp is np and acc is not None:
+        return acc(x, axis=d)
+    xm = xp.moveaxis(x, d, -1)
+    out = xp.empty_like(xm)
+    if xm.shape[-1]:
+        out[..., 0] = xm[..., 0]
+    for j in range(1, xm.shape[-1]):
+        out[..., j] = xp.logaddexp(out[..., j - 1], xm[..., j])
+    return xp.moveaxis(out, -1, d)
+
+
+class Logcumsumexp(Op):
+    """logcumsumexp along ``dim``. The gradient sum_{j >= i} g_j exp(x_i - out_j), computed as PyTorch's: reversed
+    logcumsumexps of log|g| - out for the positive and the negative parts of g, so nothing overflows."""
+
+    @staticmethod
+    def forward(ctx, a, dim):
+        x = _up(a)
+        out = logcumsumexp_array(x, dim) if a.ndim else x.copy()
+        ctx.x, ctx.out, ctx.dim, ctx.dtype = x, out, dim, a.dtype
+        return out.astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out, d = ctx.x, ctx.out, ctx.dim
+        if x.ndim == 0:
+            return g, None
+        xp = array_module(g)
+        g = _up(g)
+        lowest = np.finfo(g.dtype).min
+        with np.errstate(divide="ignore"):
+            log_abs = xp.log(xp.abs(g))
+        rev = lambda v: xp.flip(logcumsumexp_array(xp.flip(v, d), d), d)  # noqa: E731
+        pos = xp.exp(rev(xp.where(g > 0, log_abs, lowest) - out) + x)
+        neg = xp.exp(rev(xp.where(g < 0, log_abs, lowest) - out) + x)
+        return (pos - neg).astype(ctx.dtype, copy=False), None

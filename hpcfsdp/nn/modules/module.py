@@ -9,7 +9,7 @@ from hpcfsdp import _backend
 from hpcfsdp._tensor import Tensor
 from hpcfsdp.nn.modules._state_dict import StateDictMixin, _IncompatibleKeys  # noqa: F401
 from hpcfsdp.nn.modules.hooks import RemovableHandle
-from hpcfsdp.nn.parameter import Parameter
+from hpcfsdp.nn.parameter import Buffer, Parameter
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -305,12 +305,15 @@ class Module(StateDictMixin):
                 modules[name] = value
             else:
                 buffers = self.__dict__.get("_buffers")
-                if buffers is not None and name in buffers:
+                if isinstance(value, Buffer) or (buffers is not None and name in buffers):
                     if value is not None and not isinstance(value, Tensor):
-                        raise TypeError(
-                            f"cannot assign '{_typename(value)}' as buffer '{name}' (hpcfsdp Tensor or None expected)"
-                        )
-                    buffers[name] = value
+                        raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' "
+                                        "(hpcfsdp.nn.Buffer, hpcfsdp Tensor or None expected)")
+                    if isinstance(value, Buffer):
+                        persistent = value.persistent
+                    else:
+                        persistent = name not in self._non_persistent_buffers_set
+                    self.register_buffer(name, value, persistent)
                 else:
                     super().__setattr__(name, value)
 

@@ -12,9 +12,9 @@ Per mesh dim, a reduction over dims D of a DTensor:
   reduction's identity. Nothing moves until the Partial is resolved (an all-reduce of the result's size).
 - Partial input: kept by the linear ones (sum, mean of a Partial "sum"/"avg"), else reduced first.
 Reductions that no Partial expresses (var/std, nanmean, logsumexp, max/min/argmax/argmin with their indices,
-median/kthvalue/quantile, all/any as a bool) and dim-wise ops (scans, softmax, sort/topk) gather the dims they
-work along when sharded (redistributed to Replicate there) and keep every other placement: exact, and the
-indices are global. all/any reduce their local answer at once (one all-reduce of the result).
+median/nanmedian/mode/kthvalue/quantile, all/any as a bool) and dim-wise ops (scans, softmax, sort/topk) gather
+the dims they work along when sharded (redistributed to Replicate there) and keep every other placement: exact,
+and the indices are global. all/any reduce their local answer at once (one all-reduce of the result).
 cat/stack lay every operand out as the first one (Partial reduced unless all alike); stack shifts Shard dims at
 or after the new dim; cat along a sharded dim gathers that dim. Stacking 0-d p-norm partials keeps the
 _NormPartial, so ``vector_norm(stack([g.norm() for g in grads]))`` is the global total norm.
@@ -40,8 +40,9 @@ from hpcfsdp.distributed.tensor.placement_types import (Partial, Replicate, Shar
 _PARTIAL = {"sum": "sum", "nansum": "sum", "mean": "sum", "count_nonzero": "sum", "prod": "product",
             "amax": "max", "amin": "min", "max": "max", "min": "min"}
 _LINEAR = {"sum", "mean"}  # keep a Partial "sum"/"avg" input
-GATHERED = ("var", "std", "nanmean", "logsumexp", "argmax", "argmin", "median", "kthvalue", "quantile", "cumsum",
-            "cumprod", "cummax", "cummin", "softmax", "log_softmax", "sort", "argsort", "topk")
+GATHERED = ("var", "std", "nanmean", "logsumexp", "argmax", "argmin", "median", "nanmedian", "mode", "kthvalue",
+            "quantile", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "softmax", "log_softmax", "sort",
+            "argsort", "topk")
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,13 +217,13 @@ def _along(call: OpCall, a: dict, ndim: int):
     dim = a.get("dim")
     if name in ("argmax", "argmin") and dim is None:
         return tuple(range(ndim)), not a.get("keepdim", False)
-    if name in ("median", "quantile") and dim is None:
+    if name in ("median", "nanmedian", "quantile") and dim is None:
         return tuple(range(ndim)), True
     if name in ("var", "std") and isinstance(dim, bool):
         return tuple(range(ndim)), not a.get("keepdim", False)
     if name in ("var", "std", "logsumexp", "nanmean", "max", "min", "argmax", "argmin"):
         return _dims(dim, ndim), not a.get("keepdim", False)
-    if name in ("median", "kthvalue", "quantile"):
+    if name in ("median", "nanmedian", "mode", "kthvalue", "quantile"):
         return _dims(dim, ndim), not a.get("keepdim", False)
     return _dims(dim, ndim), False  # scans, softmax, sort, topk keep every dim
 
