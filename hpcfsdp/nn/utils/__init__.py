@@ -1,4 +1,4 @@
-"""nn utilities: gradient clipping, parameter/vector conversion and padded sequences (``rnn``)."""
+"""nn utilities: gradient clipping, parameter/vector conversion and padded or packed sequences (``rnn``)."""
 from hpcfsdp.nn.utils.clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from hpcfsdp.nn.utils import rnn
 from hpcfsdp.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
