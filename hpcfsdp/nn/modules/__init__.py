@@ -42,6 +42,7 @@ from hpcfsdp.nn.modules.pooling import (
 from hpcfsdp.nn.modules.lp_unpool import (
     LocalResponseNorm, LPPool1d, LPPool2d, LPPool3d, MaxUnpool1d, MaxUnpool2d, MaxUnpool3d,
 )
+from hpcfsdp.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from hpcfsdp.nn.modules.sparse import Embedding
 from hpcfsdp.nn.modules.syncbatchnorm import SyncBatchNorm
 from hpcfsdp.nn.modules.transformer import (
@@ -70,6 +71,8 @@ __all__ = [
     "ReLU", "Hardtanh", "ReLU6", "LeakyReLU", "Threshold", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Sigmoid",
     "LogSigmoid", "Hardsigmoid", "Hardswish", "Tanh", "Tanhshrink", "Softsign", "Softplus", "PReLU", "GLU", "Softmax",
     "LogSoftmax", "Softmin", "Softmax2d", "Hardshrink", "Softshrink", "RReLU", "MultiheadAttention",
+    # recurrent layers
+    "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
     # transformer layers
     "Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer", "TransformerDecoderLayer",
     # losses (loss.py) and distances

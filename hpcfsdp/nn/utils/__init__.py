@@ -1,5 +1,5 @@
-"""nn utilities: gradient clipping, parameter/vector conversion, padded sequences (``rnn``), parametrizations
-(``parametrize``, ``parametrizations``) and the hook-based weight_norm / spectral_norm."""
+"""nn utilities: gradient clipping, parameter/vector conversion, padded or packed sequences (``rnn``),
+parametrizations (``parametrize``, ``parametrizations``) and the hook-based weight_norm / spectral_norm."""
 from hpcfsdp.nn.utils.clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from hpcfsdp.nn.utils import rnn
 from hpcfsdp.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
