@@ -20,6 +20,10 @@ __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell"
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
+# RNNBase.extra_repr: the settings shown when they differ from these defaults, in this order
+_REPR_DEFAULTS = (("proj_size", 0), ("num_layers", 1), ("bias", True), ("batch_first", False), ("dropout", 0),
+                  ("bidirectional", False))
+
 
 def _hp():
     import hpcfsdp
@@ -165,14 +169,13 @@ class RNNBase(Module):
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
                                f"got {input.size(-1)}")
 
+    def _states_and_batch(self, input, batch_sizes) -> tuple:  # noqa: A002
+        """(layers x directions, batch): a packed batch's size is its first step's."""
+        batch = int(batch_sizes[0]) if batch_sizes is not None else input.size(0 if self.batch_first else 1)
+        return self.num_layers * (2 if self.bidirectional else 1), batch
+
     def get_expected_hidden_size(self, input, batch_sizes) -> tuple:  # noqa: A002
-        if batch_sizes is not None:
-            mini_batch = int(batch_sizes[0])
-        else:
-            mini_batch = input.size(0) if self.batch_first else input.size(1)
-        num_directions = 2 if self.bidirectional else 1
-        size = self.proj_size if self.proj_size > 0 else self.hidden_size
-        return (self.num_layers * num_directions, mini_batch, size)
+        return (*self._states_and_batch(input, batch_sizes), self.proj_size or self.hidden_size)
 
     def check_hidden_size(self, hx, expected_hidden_size, msg: str = "Expected hidden size {}, got {}") -> None:
         if tuple(hx.size()) != tuple(expected_hidden_size):
@@ -186,20 +189,10 @@ class RNNBase(Module):
         return _permute(hx, permutation)
 
     def extra_repr(self) -> str:
-        s = "{input_size}, {hidden_size}"
-        if self.proj_size != 0:
-            s += ", proj_size={proj_size}"
-        if self.num_layers != 1:
-            s += ", num_layers={num_layers}"
-        if self.bias is not True:
-            s += ", bias={bias}"
-        if self.batch_first is not False:
-            s += ", batch_first={batch_first}"
-        if self.dropout != 0:
-            s += ", dropout={dropout}"
-        if self.bidirectional is not False:
-            s += ", bidirectional={bidirectional}"
-        return s.format(**self.__dict__)
+        # the sizes, then each setting that differs from its default, in PyTorch's order
+        shown = [(k, getattr(self, k)) for k, default in _REPR_DEFAULTS if getattr(self, k) != default
+                 or (isinstance(default, bool) and getattr(self, k) is not default)]
+        return ", ".join([f"{self.input_size}, {self.hidden_size}"] + [f"{k}={v}" for k, v in shown])
 
     # -- forward ----------------------------------------------------------------------------------------------------
 
@@ -290,18 +283,14 @@ class RNN(RNNBase):
     def __init__(self, *args, **kwargs):
         if "proj_size" in kwargs:
             raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
-        if len(args) > 3:
-            self.nonlinearity = args[3]
-            args = args[:3] + args[4:]
-        else:
-            self.nonlinearity = kwargs.pop("nonlinearity", "tanh")
-        if self.nonlinearity == "tanh":
-            mode = "RNN_TANH"
-        elif self.nonlinearity == "relu":
-            mode = "RNN_RELU"
-        else:
-            raise ValueError(f"Unknown nonlinearity '{self.nonlinearity}'. Select from 'tanh' or 'relu'.")
-        super().__init__(mode, *args, **kwargs)
+        # nonlinearity is RNN's fourth positional argument (input_size, hidden_size, num_layers, nonlinearity, ...)
+        args = list(args)
+        act = args.pop(3) if len(args) > 3 else kwargs.pop("nonlinearity", "tanh")
+        modes = {"tanh": "RNN_TANH", "relu": "RNN_RELU"}
+        if act not in modes:
+            raise ValueError(f"Unknown nonlinearity '{act}'. Select from 'tanh' or 'relu'.")
+        self.nonlinearity = act
+        super().__init__(modes[act], *args, **kwargs)
 
 
 class LSTM(RNNBase):
@@ -319,12 +308,7 @@ class LSTM(RNNBase):
         super().__init__("LSTM", *args, **kwargs)
 
     def get_expected_cell_size(self, input, batch_sizes) -> tuple:  # noqa: A002
-        if batch_sizes is not None:
-            mini_batch = int(batch_sizes[0])
-        else:
-            mini_batch = input.size(0) if self.batch_first else input.size(1)
-        num_directions = 2 if self.bidirectional else 1
-        return (self.num_layers * num_directions, mini_batch, self.hidden_size)
+        return (*self._states_and_batch(input, batch_sizes), self.hidden_size)
 
     def check_forward_args(self, input, hidden, batch_sizes) -> None:  # noqa: A002
         self.check_input(input, batch_sizes)
@@ -375,17 +359,18 @@ class RNNCellBase(Module):
         self.reset_parameters()
 
     def extra_repr(self) -> str:
-        s = "{input_size}, {hidden_size}"
-        if "bias" in self.__dict__ and self.bias is not True:
-            s += ", bias={bias}"
-        if "nonlinearity" in self.__dict__ and self.nonlinearity != "tanh":
-            s += ", nonlinearity={nonlinearity}"
-        return s.format(**self.__dict__)
+        parts = [f"{self.input_size}, {self.hidden_size}"]
+        if self.__dict__.get("bias", True) is not True:
+            parts.append(f"bias={self.bias}")
+        if self.__dict__.get("nonlinearity", "tanh") != "tanh":
+            parts.append(f"nonlinearity={self.nonlinearity}")
+        return ", ".join(parts)
 
     def reset_parameters(self) -> None:
-        stdv = 1.0 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
-        for weight in self.parameters():
-            init.uniform_(weight, -stdv, stdv)
+        """Every parameter uniform in [-1/sqrt(hidden_size), 1/sqrt(hidden_size)] (0 for an empty hidden state)."""
+        bound = 1.0 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0.0
+        for p in self.parameters():
+            init.uniform_(p, -bound, bound)
 
     def _batched(self, name, input, hx, n_states):  # noqa: A002
         """Check dims, add the batch dim of an unbatched input (and hx), default hx to zeros, check sizes (the
