@@ -1,7 +1,8 @@
 """Sharding rules of views: those that only reorder dims (transpose, t, T, mT, permute, movedim/moveaxis: a
 sharded dim moves with its data, so the local piece is reordered the same way and no data moves between ranks),
-reshapes (See [Note: View placements]), expand/broadcast_to, split/chunk/tensor_split/unbind/narrow, and
-tril/triu/diagonal/diag."""
+reshapes (See [Note: View placements]), expand/broadcast_to, split/chunk/tensor_split/unbind/narrow,
+tril/triu/diagonal/diag, and the ops that move data along some dims (flip, fliplr, flipud, roll, rot90, diff,
+msort: those dims gathered, every other shard kept; tile, trace, repeat_interleave, ravel gathered)."""
 from __future__ import annotations
 
 import inspect
@@ -318,6 +319,46 @@ def triangle(call: OpCall):
     return wrap(out, call.mesh, out_pl, shape)
 
 
+def _moved_dims(call: OpCall, nd: int):
+    """The dims along which flip/fliplr/flipud/roll/rot90/diff/msort move data, or None for all of them (roll
+    without dims works on the flattened tensor)."""
+    name = call.entry.name
+    if name == "fliplr":
+        return {1}
+    if name in ("flipud", "msort"):
+        return {0}
+    a = bound(call)
+    if name == "flip":
+        dims = a["dims"][0] if len(a["dims"]) == 1 and isinstance(a["dims"][0], (list, tuple)) else a["dims"]
+    elif name == "diff":
+        dims = [a["dim"]]
+    else:  # roll, rot90
+        dims = a["dims"]
+        if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+            return None
+        dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    return {wrap_dim(int(k), nd) for k in dims}
+
+
+def moved(call: OpCall):
+    """An op that moves data along some dims: computed on local pieces with those dims gathered; the result keeps
+    every other shard (its size along them is the input's) and a Partial input is reduced first."""
+    d = call.dtensors[0]
+    dims = _moved_dims(call, d.ndim)
+    if dims is None or len(call.dtensors) > 1 or not _plain_shards(d):  # diff's prepend/append: all gathered
+        return fallback(call)
+    src = gathered(d, dims, reduce_partial=True)
+    args, kwargs = local_args(call, [src])
+    out = call.compute(*args, **kwargs)
+    shape = list(out.shape)
+    for p in src:
+        if isinstance(p, Shard):
+            shape[p.dim] = d.shape[p.dim]  # rot90 swaps only gathered dims: the others stay in place
+    return wrap(out, call.mesh, src, tuple(shape))
+
+
+register_rule(moved, "flip", "fliplr", "flipud", "roll", "rot90", "diff", "msort")
+register_rule(fallback, "tile", "trace", "repeat_interleave", "ravel")
 register_rule(reshape, "view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze")
 register_rule(expand, "expand", "expand_as", "broadcast_to")
 register_rule(split, "split", "chunk", "tensor_split", "unbind", "narrow")
