@@ -179,16 +179,22 @@ class Cumsum(Op):
         return xp.flip(_up(xp.flip(g, d)).cumsum(axis=d), d).astype(g.dtype, copy=False), None
 
 
+def _scan_forward(ctx, a, dim, scan):
+    """A cumulative op's forward in the accumulation dtype (``scan(x, dim)``; a 0-d input is its own result), with
+    the input, the output and the dim saved for the backward."""
+    x = _up(a)
+    out = scan(x, dim) if a.ndim else x.copy()
+    ctx.x, ctx.out, ctx.dim, ctx.dtype = x, out, dim, a.dtype
+    return out.astype(a.dtype, copy=False)
+
+
 class Cumprod(Op):
     """cumprod along ``dim``. The gradient sum_{j >= i} g_j out_j / a_i where no element is 0; elsewhere it is
     computed exactly from exclusive products (one pass per element of the dim, only for inputs with zeros)."""
 
     @staticmethod
     def forward(ctx, a, dim):
-        x = _up(a)
-        out = x.cumprod(axis=dim) if a.ndim else x.copy()
-        ctx.x, ctx.out, ctx.dim, ctx.dtype = x, out, dim, a.dtype
-        return out.astype(a.dtype, copy=False)
+        return _scan_forward(ctx, a, dim, lambda x, d: x.cumprod(axis=d))
 
     @staticmethod
     def backward(ctx, g):
@@ -234,10 +240,7 @@ class Logcumsumexp(Op):
 
     @staticmethod
     def forward(ctx, a, dim):
-        x = _up(a)
-        out = logcumsumexp_array(x, dim) if a.ndim else x.copy()
-        ctx.x, ctx.out, ctx.dim, ctx.dtype = x, out, dim, a.dtype
-        return out.astype(a.dtype, copy=False)
+        return _scan_forward(ctx, a, dim, logcumsumexp_array)
 
     @staticmethod
     def backward(ctx, g):
