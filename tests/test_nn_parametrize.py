@@ -403,3 +403,108 @@ def test_buffer_assignment_registers():
         m.x = nn.Buffer(hp.ones(1))
     with pytest.raises(TypeError, match="Buffer expects an hpcfsdp Tensor"):
         nn.Buffer([1.0])
+
+
+# -- behaviour checked against PyTorch 2.13 (observed, not from its tests) -------------------------------------
+def test_chained_registration_checks_right_inverse():
+    class BadInverseShape(nn.Module):
+        def forward(self, X):
+            return X
+
+        def right_inverse(self, X):
+            return X[:1]
+
+    class NotImplementedInverse(nn.Module):
+        def forward(self, X):
+            return X + 1
+
+        def right_inverse(self, X):
+            raise NotImplementedError
+
+    m = _linear()
+    P.register_parametrization(m, "weight", Double())
+    with pytest.raises(ValueError, match="right_inverse must have the same shape as module.weight"):
+        P.register_parametrization(m, "weight", BadInverseShape())
+    assert len(m.parametrizations.weight) == 1  # a failed check appends nothing
+    P.register_parametrization(m, "weight", NotImplementedInverse())  # NotImplementedError: check skipped
+    assert len(m.parametrizations.weight) == 2
+    with pytest.raises(NotImplementedError):  # but assignment needs every right_inverse
+        m.weight = hp.zeros(3, 3, dtype=hp.float64)
+    u = _linear()
+    P.register_parametrization(u, "weight", Double(), unsafe=True)
+    P.register_parametrization(u, "weight", Double())
+    assert u.parametrizations.weight.unsafe  # unsafe once, unsafe for the chain
+
+
+def test_assignment_errors():
+    m = _linear()
+    P.register_parametrization(m, "weight", Double())
+    with pytest.raises(ValueError, match="`right_inverse` should return a tensor. Got float"):
+        m.weight = 3.0
+    with pytest.raises(ValueError, match="has dtype float32 while `original` has dtype float64"):
+        m.weight = hp.zeros(3, 3, dtype=hp.float32)
+    r = _linear(3, 4)
+    P.register_parametrization(r, "weight", RankOne())
+    r.parametrizations.weight[0].right_inverse = lambda Z: (Z,)
+    with pytest.raises(ValueError, match="sequence of tensors of length 2. Got a sequence of length 1"):
+        r.weight = hp.zeros(4, 3, dtype=hp.float64)
+
+
+def test_remove_sequence_original_parameter_or_buffer():
+    m = _linear(3, 4)
+    m.weight.requires_grad_(False)
+    P.register_parametrization(m, "weight", RankOne())
+    assert isinstance(m.parametrizations.weight.original0, nn.Parameter)
+    assert not m.parametrizations.weight.original0.requires_grad
+    P.remove_parametrizations(m, "weight")  # the value does not require grad: a buffer
+    assert "weight" in m._buffers and "weight" not in m._parameters
+    b = nn.Module()
+    b.register_buffer("w", hp.tensor(RNG.standard_normal((4, 3)), requires_grad=True))
+    P.register_parametrization(b, "w", RankOne())
+    assert list(b.parametrizations.w._buffers) == ["original0", "original1"]
+    P.remove_parametrizations(b, "w")  # the value requires grad: a Parameter
+    assert isinstance(b.w, nn.Parameter) and b.w.grad_fn is None
+
+
+def test_transfer_creates_missing_tensor_and_shares():
+    src = _linear()
+    P.register_parametrization(src, "weight", Double())
+    P.register_parametrization(src, "weight", Double())
+    dst = nn.Module()
+    assert P.transfer_parametrizations_and_params(src, dst) is dst
+    assert type(dst).__name__ == "ParametrizedModule" and len(dst.parametrizations.weight) == 2
+    assert dst.parametrizations.weight[0] is src.parametrizations.weight[0]
+    assert dst.parametrizations.weight.original is src.parametrizations.weight.original
+    assert list(dst.state_dict()) == ["parametrizations.weight.original"]
+    plain = nn.Linear(2, 2)
+    assert P.transfer_parametrizations_and_params(nn.Linear(2, 2), plain) is plain and type(plain) is nn.Linear
+
+
+def test_parametrized_module_refuses_pickle():
+    import pickle
+
+    m = _linear()
+    P.register_parametrization(m, "weight", Double())
+    with pytest.raises(RuntimeError, match="only supported through state_dict"):
+        pickle.dumps(m)
+    assert type(m) is not type(P.register_parametrization(_linear(), "weight", Double()))  # one class per module
+
+
+def test_old_spectral_norm_loads_version_0_state_dict():
+    src = nn.utils.spectral_norm(_linear(5, 4))
+    x = hp.tensor(RNG.standard_normal((2, 5)))
+    for _ in range(5):
+        src(x)
+    src.eval()
+    src(x)
+    old = dict(src.state_dict())  # no metadata: as a version-0 save, with the weight and without v
+    old["weight"] = src.weight.detach().clone()
+    del old["weight_v"]
+    dst = nn.utils.spectral_norm(_linear(5, 4))
+    dst.load_state_dict(old)
+    dst.eval()
+    dst(x)
+    np.testing.assert_allclose(dst.weight.detach().numpy(), src.weight.detach().numpy(), rtol=1e-8)
+    del old["weight"]
+    missing = nn.utils.spectral_norm(_linear(5, 4)).load_state_dict(old, strict=False).missing_keys
+    assert missing == ["weight", "weight_v"]
