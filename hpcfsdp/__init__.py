@@ -40,6 +40,10 @@ __all__ = sorted(__all__ + list(_OPS))  # its own names above, then the registry
 
 # Submodules above the compute core, imported last: they import the names above.
 from . import nn, optim, models, accelerator  # noqa: E402,F401
+_OPS = _top_level()  # the registry again: with the nn.functional ops PyTorch exposes at the top level (torch.dropout,
+# torch.conv2d, ...: hpcfsdp/nn/_functional/torch_functions.py, loaded with nn)
+globals().update(_OPS)
+__all__ = sorted(set(__all__) | set(_OPS))
 from .serialization import load, save  # noqa: E402
 from . import utils  # noqa: E402,F401
 from .random import Generator, default_generator, get_rng_state, initial_seed, seed, set_rng_state  # noqa: E402,F401

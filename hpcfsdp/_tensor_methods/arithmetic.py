@@ -467,4 +467,6 @@ def __ifloordiv__(self, o):
 
 from . import special  # noqa: E402,F401  (the family's special functions, registered before its mixin is made)
 
+from . import number_functions  # noqa: E402,F401  (gcd, lcm, ldexp, frexp, ...: registered before the mixin)
+
 ArithmeticMixin = mixin("arithmetic")

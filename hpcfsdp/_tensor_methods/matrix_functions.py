@@ -259,6 +259,8 @@ def matrix_power(A, n):
                            "linalg.matrix_power: The input tensor A must have at least 2 dimensions.")
     if n == 0:
         return _identity_like(A)
+    if n == 1:
+        return A.clone()
     if n < 0:
         A, n = inv(A), -n
     out, base = None, A
@@ -302,7 +304,7 @@ op("linalg", name="matrix_exp", function=True)(matrix_exp)
 def logdet(self):
     """log(det(A)) for each square matrix of A: NaN where det < 0, -inf where it is 0; differentiable."""
     sign, logabs = slogdet(self)
-    return logabs + sign.log()
+    return logabs.masked_fill(sign < 0, float("nan"))  # sign 0: logabs is already -inf
 
 
 @op("linalg", function=True, functions=(ops.ForwardOnly,))
