@@ -5,9 +5,13 @@ from ._backend import (bfloat16, bool, device, double, float, float16, float32, 
 # _creation, and with it _tensor, loads before autograd: See [Note: Tensor and Function] in _tensor.py
 from ._creation import (arange, as_tensor, empty, eye, from_dlpack, from_numpy, full, is_tensor, linspace, numel,
                         ones, rand, randint, randn, randperm, tensor, zeros)
+from ._creation import (asarray, bartlett_window, blackman_window, hamming_window, hann_window, logspace,  # noqa: F401
+                        scalar_tensor)
 from ._creation import tril_indices, triu_indices  # noqa: F401
 from ._dtype_info import (e, finfo, get_default_dtype, iinfo, inf, is_floating_point, nan, newaxis, pi,  # noqa: F401
                           promote_types)
+from ._dtype_info import can_cast, result_type, set_default_dtype  # noqa: F401
+from ._printing import set_printoptions  # noqa: F401
 from ._registry import top_level as _top_level
 from ._tensor import Size, Tensor
 from ._tensor_base import broadcast_shapes  # noqa: F401
@@ -36,6 +40,10 @@ __all__ = sorted(__all__ + list(_OPS))  # its own names above, then the registry
 
 # Submodules above the compute core, imported last: they import the names above.
 from . import nn, optim, models, accelerator  # noqa: E402,F401
+_OPS = _top_level()  # the registry again: with the nn.functional ops PyTorch exposes at the top level (torch.dropout,
+# torch.conv2d, ...: hpcfsdp/nn/_functional/torch_functions.py, loaded with nn)
+globals().update(_OPS)
+__all__ = sorted(set(__all__) | set(_OPS))
 from .serialization import load, save  # noqa: E402
 from . import utils  # noqa: E402,F401
 from .random import Generator, default_generator, get_rng_state, initial_seed, seed, set_rng_state  # noqa: E402,F401

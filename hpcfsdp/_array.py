@@ -7,7 +7,8 @@ import builtins
 
 import numpy as np
 
-from ._backend import array_module, bfloat16, float16, float32, generator, int64, meta_array, to_dtype
+from ._backend import (array_module, bfloat16, default_float_dtype, float16, float32, generator, int64, meta_array,
+                       to_dtype)
 
 __all__ = ["HALF_DTYPES", "SCALAR_TYPES", "dtype_category", "promote_types", "result_type_scalar", "wrap_dim",
            "new_array", "random_array", "shape_of", "sum_to", "array_matmul", "index_add"]
@@ -47,7 +48,7 @@ def result_type_scalar(dtype, scalar):
     if isinstance(scalar, (builtins.int, np.integer)):
         return int64 if dtype.kind == "b" else dtype
     if isinstance(scalar, (builtins.float, np.floating)):
-        return dtype if dtype_category(dtype) == 2 else float32
+        return dtype if dtype_category(dtype) == 2 else default_float_dtype()
     raise TypeError(f"unsupported scalar {scalar!r} of type {type(scalar).__name__}; expected bool, int or float")
 
 

@@ -12,7 +12,7 @@ import hpcfsdp._settings as _settings  # a leaf: safe while hpcfsdp is still imp
 __all__ = [
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
     "double", "float", "half", "long", "int",
-    "to_dtype", "is_floating_dtype", "default_float_dtype", "device", "to_device", "default_device",
+    "to_dtype", "is_floating_dtype", "default_float_dtype", "set_default_float_dtype", "device", "to_device", "default_device",
     "array_module", "device_of_array", "synchronize", "pinned_empty", "is_cupy_array", "to_numpy",
     "cupy_available", "generator", "generator_for", "manual_seed", "meta_array", "is_meta_array", "host_allocator_tuned",
     "pinned_bytes", "is_pinned", "host_empty", "current_cuda_device", "use_cuda_device", "cuda_simulated",
@@ -42,9 +42,18 @@ _NAMES = {
 _SUPPORTED = frozenset(_NAMES.values())
 
 
+_DEFAULT_FLOAT = [float32]  # PyTorch's default dtype; hp.set_default_dtype changes it
+
+
 def default_float_dtype():
-    """The dtype of floating tensors built from Python floats (PyTorch's default dtype)."""
-    return float32
+    """The dtype of floating tensors built from Python floats and of the factories' results (PyTorch's default
+    dtype: float32 unless hp.set_default_dtype changed it)."""
+    return _DEFAULT_FLOAT[0]
+
+
+def set_default_float_dtype(dt):
+    """Make ``dt`` (a floating dtype, checked by the caller) the default dtype."""
+    _DEFAULT_FLOAT[0] = dt
 
 
 def to_dtype(x):

@@ -1,5 +1,6 @@
 """torch.finfo and torch.iinfo: the numeric limits of a floating or integer dtype (bfloat16 through ml_dtypes);
-the dtype queries get_default_dtype, is_floating_point and promote_types; the constants inf, nan, pi, e and newaxis.
+the dtype queries and settings get_default_dtype, set_default_dtype, is_floating_point, promote_types, result_type
+and can_cast; the constants inf, nan, pi, e and newaxis.
 None of them computes on a tensor's data: they are not in the op registry.
 
 The usual use of finfo is an attention mask's fill value, ``torch.finfo(x.dtype).min``.
@@ -10,9 +11,11 @@ import ml_dtypes
 import numpy as np
 
 from . import _backend
+from ._array import dtype_category, result_type_scalar
 from ._array import promote_types as _promote
 
-__all__ = ["finfo", "iinfo", "get_default_dtype", "is_floating_point", "promote_types", "inf", "nan", "pi", "e",
+__all__ = ["finfo", "iinfo", "get_default_dtype", "set_default_dtype", "is_floating_point", "promote_types",
+           "result_type", "can_cast", "inf", "nan", "pi", "e",
            "newaxis"]
 
 inf = math.inf
@@ -23,7 +26,17 @@ newaxis = None
 
 
 def get_default_dtype():
-    return _backend.float32
+    """The dtype of floating tensors made from Python floats and by the factories (float32 unless changed)."""
+    return _backend.default_float_dtype()
+
+
+def set_default_dtype(d):
+    """Make the floating dtype ``d`` the default dtype (hp.tensor of Python floats, hp.zeros, hp.rand, ...); a
+    TypeError for a non-floating one, as PyTorch."""
+    dt = _backend.to_dtype(d)
+    if not _backend.is_floating_dtype(dt):
+        raise TypeError("only floating-point types are supported as the default type")
+    _backend.set_default_float_dtype(dt)
 
 
 def is_floating_point(t):
@@ -94,3 +107,37 @@ class iinfo:  # noqa: N801  (PyTorch's name)
 
     def __repr__(self):
         return f"iinfo(min={self.min:g}, max={self.max:g}, dtype={self.dtype})"
+
+
+def _scalar_dtype(x):
+    """The dtype PyTorch gives a Python number standing alone: bool, int64 or the default float dtype."""
+    if isinstance(x, (bool, np.bool_)):
+        return _backend.bool
+    if isinstance(x, (int, np.integer)):
+        return _backend.int64
+    if isinstance(x, (float, np.floating)):
+        return _backend.default_float_dtype()
+    raise TypeError(f"result_type(): expected a Tensor or a number, got {type(x).__name__}")
+
+
+def result_type(tensor1, tensor2):
+    """The dtype of an arithmetic op on ``tensor1`` and ``tensor2`` (tensors or numbers), by PyTorch's promotion:
+    a number or a 0-d tensor raises the result's category but not its size within the category."""
+    def is_t(x):
+        return hasattr(x, "_data")
+
+    if is_t(tensor1) and is_t(tensor2):
+        a, b = tensor1._data, tensor2._data
+        return _promote(a.dtype, b.dtype, a.ndim == 0, b.ndim == 0)
+    if is_t(tensor1) or is_t(tensor2):
+        t, s = (tensor1, tensor2) if is_t(tensor1) else (tensor2, tensor1)
+        _scalar_dtype(s)
+        return result_type_scalar(t._data.dtype, s)
+    d1, d2 = _scalar_dtype(tensor1), _scalar_dtype(tensor2)
+    return d1 if dtype_category(d1) >= dtype_category(d2) else d2
+
+
+def can_cast(from_, to):
+    """Whether PyTorch's casting rules allow ``from_`` into ``to`` where it does so implicitly (an op's ``out=`` or
+    in-place result): not down a category (floating to integer, integer to bool); any size within one."""
+    return dtype_category(_backend.to_dtype(from_)) <= dtype_category(_backend.to_dtype(to))

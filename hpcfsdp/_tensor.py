@@ -6,7 +6,6 @@ import numpy as np
 
 from . import _backend
 from ._array import new_array, promote_types, result_type_scalar
-from ._backend import float32
 from ._registry import set_tensor_class
 from ._tensor_base import Size, TensorBase, as_array, parse_shape
 from ._tensor_methods import MIXINS
@@ -42,13 +41,13 @@ class Tensor(TensorBase, *MIXINS):
     def __new__(cls, *args, **kwargs):
         self = object.__new__(cls)
         if not args and not kwargs:
-            self._data = np.empty((0,), dtype=float32)
+            self._data = np.empty((0,), dtype=_backend.default_float_dtype())
         elif len(args) == 1 and not isinstance(args[0], int):
             # torch.Tensor(data) is a FloatTensor whatever the data's type
-            self._data = as_array(args[0], kwargs.get("dtype") or float32, kwargs.get("device"), copy=True)
+            self._data = as_array(args[0], kwargs.get("dtype") or _backend.default_float_dtype(), kwargs.get("device"), copy=True)
         else:
             dev = _backend.to_device(kwargs.get("device"))
-            self._data = new_array(dev, parse_shape(args), kwargs.get("dtype") or float32, "empty")
+            self._data = new_array(dev, parse_shape(args), kwargs.get("dtype") or _backend.default_float_dtype(), "empty")
         return self
 
     @classmethod

@@ -6,8 +6,9 @@ import weakref
 import numpy as np
 
 from . import _backend
+from ._printing import format_array
 from ._array import dtype_category, wrap_dim
-from ._backend import bfloat16, float32, int64
+from ._backend import bfloat16, int64
 
 __all__ = ["TensorBase", "Size", "as_array", "broadcast_shapes", "parse_shape"]
 
@@ -274,12 +275,12 @@ class TensorBase:
             a = _backend.to_numpy(self._data)
             if a.dtype == bfloat16:
                 a = a.astype(np.float32)
-            body = np.array2string(a, separator=", ", prefix="tensor(", precision=4, floatmode="maxprec_equal")
+            body = format_array(a, "tensor(")
         extras = []
         dev = self.device
         if dev.type != "cpu":
             extras.append(f"device='{dev}'")
-        if self._data.dtype not in (float32, _backend.int64, _backend.bool):
+        if self._data.dtype not in (_backend.default_float_dtype(), _backend.int64, _backend.bool):
             extras.append(f"dtype={_dtype_name(self._data.dtype)}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
@@ -341,7 +342,7 @@ def _infer_dtype(a):
     """PyTorch's dtype for Python data (floats -> float32, ints -> int64) or an unsupported array dtype."""
     k = a.dtype.kind
     if k == "f":
-        return float32 if a.dtype.itemsize >= 4 else _backend.float16
+        return _backend.default_float_dtype() if a.dtype.itemsize >= 4 else _backend.float16
     if k in "iu":
         return int64
     if k == "b":

@@ -34,6 +34,8 @@ NOT_OP_FUNCTIONS = {
     "clear_autocast_cache", "get_autocast_cpu_dtype", "get_autocast_dtype", "get_autocast_gpu_dtype",
     "is_autocast_cache_enabled", "is_autocast_cpu_enabled", "is_autocast_enabled", "set_autocast_cache_enabled",
     "set_autocast_dtype", "set_autocast_enabled", "autocast", "is_floating_point", "numel",
+    "set_default_dtype", "set_printoptions", "result_type", "can_cast", "asarray", "scalar_tensor", "logspace",
+    "hann_window", "hamming_window", "blackman_window", "bartlett_window",
 }
 
 

@@ -95,7 +95,7 @@ def _opmath(a, b):
 
 
 def _to_float(t):
-    return t if dtype_category(t._data.dtype) == 2 else t.to(_backend.float32)
+    return t if dtype_category(t._data.dtype) == 2 else t.to(_backend.default_float_dtype())
 
 
 def _float_only(t, name):

@@ -1,6 +1,6 @@
-"""Activations that PyTorch makes Tensor methods: relu, sigmoid, softmax and log_softmax (the others are
+"""Activations that PyTorch makes Tensor methods: relu, sigmoid, softmax, log_softmax and hardshrink (the others are
 hpcfsdp.nn.functional's)."""
-from .._array import wrap_dim
+from .._array import dtype_category, wrap_dim
 from .._registry import mixin, op
 from ..autograd import ops
 from ._common import FP32, _to_float, autocast_op
@@ -30,6 +30,14 @@ def softmax(self, dim, dtype=None):
 def log_softmax(self, dim, dtype=None):
     a = self.to(dtype) if dtype is not None else _to_float(self)
     return ops.LogSoftmax.apply(a, wrap_dim(dim, a.ndim))
+
+
+@op("activation", function=True)
+def hardshrink(self, lambd=0.5):
+    """x where |x| > lambd, else 0; the gradient is 1 where |x| > lambd, else 0 (nn.functional.hardshrink)."""
+    if dtype_category(self._data.dtype) != 2:
+        raise RuntimeError(f"hardshrink(): expected a floating point input, got dtype {self.dtype}")
+    return self * (self.abs() > lambd).to(self.dtype)
 
 
 ActivationMixin = mixin("activation")

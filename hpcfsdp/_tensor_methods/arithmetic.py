@@ -173,7 +173,7 @@ def __pow__(self, exponent):
         raise TypeError(f"unsupported exponent {exponent!r}")
     a = self
     if isinstance(exponent, (float, np.floating)) and dtype_category(a._data.dtype) != 2:
-        a = a.to(_backend.float32)
+        a = a.to(_backend.default_float_dtype())
     e = exponent.item() if isinstance(exponent, np.generic) else exponent
     a, e, low = _opmath(a, e)
     out = ops.PowScalar.apply(a, e)
@@ -209,7 +209,7 @@ def clamp(self, min=None, max=None):  # noqa: A002
     a = self
     for v in (lo, hi):
         if isinstance(v, (float, np.floating)) and dtype_category(a._data.dtype) != 2:
-            a = a.to(_backend.float32)
+            a = a.to(_backend.default_float_dtype())
     lo = lo if (lo is None or isinstance(lo, TensorBase)) else a._data.dtype.type(lo)
     hi = hi if (hi is None or isinstance(hi, TensorBase)) else a._data.dtype.type(hi)
     return ops.Clamp.apply(a, lo, hi)
@@ -466,5 +466,7 @@ def __ifloordiv__(self, o):
 
 
 from . import special  # noqa: E402,F401  (the family's special functions, registered before its mixin is made)
+
+from . import number_functions  # noqa: E402,F401  (gcd, lcm, ldexp, frexp, ...: registered before the mixin)
 
 ArithmeticMixin = mixin("arithmetic")

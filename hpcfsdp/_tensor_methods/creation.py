@@ -1,5 +1,5 @@
-"""New tensors shaped like another: zeros_like, ones_like, empty_like, full_like, randn_like, rand_like; and the
-in-place fills fill_ and zero_. (The constructors from shapes and data, hp.zeros and hp.tensor, are
+"""New tensors shaped like another: zeros_like, ones_like, empty_like, full_like, randn_like, rand_like,
+randint_like; and the in-place fills fill_ and zero_. (The constructors from shapes and data, hp.zeros and hp.tensor, are
 hpcfsdp/_creation.py's: they are not ops on tensors.)"""
 from .. import _backend
 from .._array import new_array
@@ -55,6 +55,18 @@ def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad=
 def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
     dt, dev = _like(input, dtype, device)
     return _wrap_array(_random("rand", tuple(input.shape), dt, dev, generator), requires_grad)
+
+
+@function_op("creation")
+def randint_like(input, low=0, high=None, *, generator=None, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    """Integers drawn uniformly from [low, high) in ``input``'s shape (its dtype unless ``dtype``):
+    ``randint_like(input, high)`` or ``randint_like(input, low, high)``."""
+    if high is None:
+        low, high = 0, low
+    if not low < high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    dt, dev = _like(input, dtype, device)
+    return _wrap_array(_random("randint", tuple(input.shape), dt, dev, generator, low, high), requires_grad)
 
 
 # -- in place (See [Note: In-place ops and autograd] in _common.py) ----------------------------------------

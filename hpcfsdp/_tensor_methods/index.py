@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _backend
 from .._array import promote_types, result_type_scalar, wrap_dim
-from .._backend import float32, int64
+from .._backend import int64
 from .._registry import function_op, mixin, op
 from ..autograd import ops
 from ..autograd.grad_mode import is_grad_enabled, no_grad
@@ -294,7 +294,7 @@ def _where(condition, input=None, other=None):  # noqa: A002
         b = b.to(result_type_scalar(b.dtype, a))
         a = b._data.dtype.type(a)
     else:
-        dt = float32 if builtins.any(isinstance(v, float) for v in (a, b)) else int64
+        dt = _backend.default_float_dtype() if builtins.any(isinstance(v, float) for v in (a, b)) else int64
         a, b = dt.type(a), dt.type(b)
     return ops.Where.apply(c, a, b)
 

@@ -377,5 +377,7 @@ def triu_(self, diagonal=0):
 
 
 from . import products  # noqa: E402,F401  (the family's structured products, registered before its mixin is made)
+from . import matrix_functions  # noqa: E402,F401  (det, slogdet, inverse, svd, ...: the same)
+from . import diagonals  # noqa: E402,F401  (diag_embed, diagflat, fill_diagonal_, renorm, dist, vdot: the same)
 
 LinalgMixin = mixin("linalg")

@@ -1,5 +1,5 @@
-"""Linear algebra's structured products, of the same family: kron, cross (and the linalg.cross it calls) and vander,
-compositions of differentiable ops. hpcfsdp/_tensor_methods/linalg.py loads this module before it makes the family's
+"""Linear algebra's structured products, of the same family: kron, cross (and the linalg.cross it calls), vander
+and linalg.vander, compositions of differentiable ops. hpcfsdp/_tensor_methods/linalg.py loads this module before it makes the family's
 mixin."""
 import operator
 import warnings
@@ -10,9 +10,9 @@ from .. import _backend
 from .._array import dtype_category, wrap_dim
 from .._registry import function_op, op
 from ..autograd import ops
-from ._common import _tensor_arg
+from ._common import TensorBase, _tensor_arg
 
-__all__ = ["linalg_cross"]
+__all__ = ["linalg_cross", "linalg_vander"]
 
 
 @op("linalg", function=True)
@@ -85,3 +85,21 @@ def vander(x, N=None, increasing=False):  # noqa: N803
     if not increasing:
         cols.reverse()
     return ops.Stack.apply(1, *cols)
+
+
+def linalg_vander(x, *, N=None):  # noqa: N803
+    """torch.linalg.vander: the Vandermonde matrix of ``x`` (..., n) in increasing powers, (..., n, N), N = n by
+    default (N > 1); differentiable (products of x)."""
+    if not isinstance(x, TensorBase):
+        raise TypeError(f"linalg.vander(): argument 'x' must be Tensor, not {type(x).__name__}")
+    if x._data.dtype == np.bool_:
+        raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got Bool")
+    n = (x.shape[-1] if x.ndim else 1) if N is None else int(N)
+    if n <= 1:
+        raise RuntimeError("N must be greater than 1.")
+    if dtype_category(x._data.dtype) < 2:
+        x = x.to(np.int64)
+    cols = [x.new_ones(x.shape)]
+    for _ in range(n - 1):
+        cols.append(cols[-1] * x)
+    return ops.Stack.apply(x.ndim, *cols)

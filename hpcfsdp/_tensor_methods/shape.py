@@ -499,5 +499,7 @@ def repeat_interleave(self, repeats, dim=None, *, output_size=None):
 
 
 from . import views  # noqa: E402,F401  (the family's other ops, registered before its mixin is made)
+from . import stacking  # noqa: E402,F401  (hstack, tensordot, block_diag, ...: the same)
+from . import real_views  # noqa: E402,F401  (real, conj, angle, H, mH, adjoint, sum_to_size: the same)
 
 ShapeMixin = mixin("shape")

@@ -1,4 +1,4 @@
-"""The unary family's special functions: erfc, erfinv, lgamma, digamma, polygamma and mvlgamma, with their in-place
+"""The unary family's special functions: erfc, erfinv, lgamma, digamma, polygamma, mvlgamma and i0, with their in-place
 forms (erfc_, erfinv_, lgamma_, digamma_ with unary.py's other in-place forms), differentiable (ops.Special, float64 inside; See [Note: Special functions] in hpcfsdp/_special_math.py).
 hpcfsdp/_tensor_methods/unary.py loads this module before it makes the family's mixin."""
 import math
@@ -75,3 +75,14 @@ def polygamma_(self, n):
 @op("unary")
 def mvlgamma_(self, p):
     return _assign_result(self, self.mvlgamma(p), "mvlgamma_")
+
+
+@op("unary", function=True, functions=(ops.Special,))
+def i0(self):
+    """The modified Bessel function of the first kind of order 0; differentiable (its derivative is i1)."""
+    return ops.Special.apply(_to_float(self), "i0")
+
+
+@op("unary")
+def i0_(self):
+    return _assign_result(self, i0(self), "i0_")

@@ -17,7 +17,7 @@ from .shape import (Cast, Cat, Clone, Contiguous, DiagEmbed, Diagonal, Expand, F
                     Split, Stack, ToDevice)
 from .index import (GetItem, IndexAdd, IndexPut, MaskedFill, Scatter, ScatterReduce, TakeAlong, Where, index_add,
                     segment_reduce)
-from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Solve, Svdvals, VectorNorm, einsum_plan
+from .linalg import Cholesky, Det, Einsum, ForwardOnly, Inv, Matmul, Slogdet, Solve, Svdvals, VectorNorm, einsum_plan
 from .random import Sampled
 from .activation import (Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, LogSigmoid, LogSoftmax,
                          Mish, Prelu, Relu, ScaledElu, Softmax, Softplus, Threshold, softplus_array)
@@ -40,7 +40,7 @@ __all__ = ["Add", "Sub", "Mul", "Div", "Pow", "PowScalar", "RPowScalar", "Maximu
            "Rounding", "Logit", "NanToNum", "Special", "Unary", "UNARY", "erf", "normal_cdf", "Sum", "Mean", "Amax", "MaxDim", "Var", "Prod",
            "Logsumexp", "Cumsum", "Cumprod", "Logcumsumexp", "logcumsumexp_array", "Reshape", "Permute", "Expand", "Split", "Cat", "Stack", "Roll", "Flip",
            "Repeat", "Diagonal", "DiagEmbed", "Clone", "Contiguous", "Cast", "ToDevice", "GetItem", "TakeAlong", "Scatter", "IndexAdd", "IndexPut", "ScatterReduce", "segment_reduce",
-           "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det",
+           "Where", "MaskedFill", "index_add", "Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det", "Slogdet",
            "Inv", "Solve", "Cholesky", "ForwardOnly", "Sampled", "Relu", "Softmax", "LogSoftmax", "Gelu", "GeluTanh",
            "LeakyRelu", "Elu", "Softplus", "Mish", "Hardtanh", "Prelu", "ScaledElu", "Hardswish", "Hardsigmoid",
            "Threshold", "LogSigmoid", "softplus_array", "Linear", "LayerNorm", "RmsNorm", "Rotary", "Embedding", "Dropout", "CrossEntropy",

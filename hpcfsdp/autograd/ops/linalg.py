@@ -1,4 +1,5 @@
-"""Linear-algebra family: matmul, einsum, vector norm, svdvals, det, inv, solve, cholesky, factorizations (no grad)."""
+"""Linear-algebra family: matmul, einsum, vector norm, svdvals, det, slogdet, inv, solve, cholesky, factorizations (no
+grad)."""
 import math
 
 import numpy as np
@@ -8,7 +9,7 @@ from ..._backend import array_module, bfloat16
 from ..function import Op
 from ._common import _reduced_shape, _up
 
-__all__ = ["Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det", "Inv", "Solve", "Cholesky",
+__all__ = ["Matmul", "Einsum", "einsum_plan", "VectorNorm", "Svdvals", "Det", "Slogdet", "Inv", "Solve", "Cholesky",
            "ForwardOnly"]
 
 
@@ -287,6 +288,23 @@ class Det(Op):
     def backward(ctx, g):
         xp = array_module(g)
         return (g * ctx.out)[..., None, None] * _mT(xp.linalg.inv(ctx.a))
+
+
+class Slogdet(Op):
+    """(sign, log|det A|) of A; the gradient of log|det A| g A^-T (A invertible), sign has none."""
+
+    @staticmethod
+    def forward(ctx, a):
+        sign, logabs = array_module(a).linalg.slogdet(a)
+        ctx.a = a
+        return sign, logabs
+
+    @staticmethod
+    def backward(ctx, g_sign, g):
+        if g is None:
+            return None
+        xp = array_module(g)
+        return g[..., None, None] * _mT(xp.linalg.inv(ctx.a))
 
 
 class Inv(Op):

@@ -338,11 +338,12 @@ _SPECIAL_GRAD = {  # name -> d/dx from (x, out, n), all float64
     "erfinv": lambda x, out, n: (math.sqrt(math.pi) / 2) * array_module(x).exp(out * out),
     "lgamma": lambda x, out, n: _special_math.polygamma(0, x),
     "polygamma": lambda x, out, n: _special_math.polygamma(n + 1, x),
+    "i0": lambda x, out, n: _special_math.i1(x),
 }
 
 
 class Special(Op):
-    """out = erfc, erfinv, lgamma or polygamma(n) of a, evaluated in float64 and rounded to a's dtype once."""
+    """out = erfc, erfinv, lgamma, i0 or polygamma(n) of a, evaluated in float64 and rounded to a's dtype once."""
 
     @staticmethod
     def forward(ctx, a, name, n=0):

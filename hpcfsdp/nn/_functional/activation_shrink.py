@@ -5,6 +5,7 @@ The in-place functions compute out of place and write the result into ``input`` 
 methods' rule: refused on a tensor that autograd records (See [Note: In-place ops and autograd]).
 """
 from ..._array import dtype_category
+from ..._tensor_methods import activation as _tensor_activation
 from ._common import check_float, check_tensor, elementwise
 from . import activation as _act
 from .activation import celu, elu, hardtanh, leaky_relu, selu
@@ -21,10 +22,8 @@ def _lambd(lambd):
 
 @elementwise
 def hardshrink(input, lambd=0.5):  # noqa: A002
-    """x where |x| > lambd, else 0; the gradient is 1 where |x| > lambd, else 0."""
-    check_float(input, "hardshrink")
-    return input * (input.abs() > lambd).to(input.dtype)
-
+    """x where |x| > lambd, else 0; the gradient is 1 where |x| > lambd, else 0 (Tensor.hardshrink)."""
+    return _tensor_activation.hardshrink(input, lambd)
 
 @elementwise
 def softshrink(input, lambd=0.5):  # noqa: A002

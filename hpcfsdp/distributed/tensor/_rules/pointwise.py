@@ -30,7 +30,7 @@ UNARY = ("neg", "__pos__", "abs", "square", "exp", "exp2", "log", "sqrt", "rsqrt
          "cos_", "cosh_", "deg2rad_", "digamma_", "erf_", "erfc_", "erfinv_", "exp2_", "expm1_", "floor_", "frac_",
          "lgamma_", "log10_", "log1p_", "log2_", "log_", "logical_not_", "logit_", "mvlgamma_", "nan_to_num_",
          "polygamma_", "rad2deg_", "reciprocal_", "relu_", "round_", "rsqrt_", "sigmoid_", "sign_", "sin_", "sinc_",
-         "sinh_", "square_", "tan_", "tanh_", "trunc_")
+         "sinh_", "square_", "tan_", "tanh_", "trunc_", "i0", "i0_", "hardshrink", "angle")
 BINARY = ("add", "__radd__", "sub", "__rsub__", "mul", "__rmul__", "div", "__rtruediv__", "floor_divide",
           "__rfloordiv__", "remainder", "__rmod__", "fmod", "pow", "__rpow__", "maximum", "minimum", "clamp",
           "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv", "atan2", "hypot", "add_", "sub_", "mul_", "div_",
@@ -38,7 +38,8 @@ BINARY = ("add", "__radd__", "sub", "__rsub__", "mul", "__rmul__", "div", "__rtr
           "eq", "ne", "lt", "le", "gt", "ge", "__and__", "__or__", "__xor__", "isclose", "logical_and", "logical_or",
           "logical_xor", "logical_and_", "masked_fill", "masked_fill_", "where", "copysign", "float_power", "xlogy",
           "atan2_", "clamp_max_", "clamp_min_", "copysign_", "eq_", "float_power_", "floor_divide_", "fmod_", "ge_",
-          "gt_", "hypot_", "le_", "lt_", "ne_", "remainder_", "xlogy_")
+          "gt_", "hypot_", "le_", "lt_", "ne_", "remainder_", "xlogy_", "gcd", "lcm", "ldexp", "nextafter", "rsub", "gcd_",
+          "lcm_", "ldexp_", "nextafter_")
 CASTS = ("to", "cpu", "cuda", "float", "double", "half", "bfloat16", "long", "int", "bool", "type_as", "clone",
          "contiguous", "byte", "char", "short")
 LIKE = ("zeros_like", "ones_like", "empty_like", "full_like", "randn_like", "rand_like")
