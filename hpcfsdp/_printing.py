@@ -43,6 +43,14 @@ def format_array(a, prefix):
         if a.dtype.kind == "f":
             p = o["precision"]
             kwargs["formatter"] = {"float_kind": lambda v: f"{v:.{p}f}"}
-    return np.array2string(a, separator=", ", prefix=prefix, precision=o["precision"], floatmode="maxprec_equal",
+    # as PyTorch: integral values print as "1.", any other float tensor with exactly ``precision`` decimals
+    mode = "maxprec_equal"
+    if a.dtype.kind == "f" and a.size:
+        fin = np.abs(a[np.isfinite(a)])
+        big = fin[fin != 0]
+        sci = big.size and (big.max() / big.min() > 1000.0 or big.max() > 1e8)  # PyTorch's switch to e-notation
+        if fin.size and (sci or not bool((fin == np.round(fin)).all())):
+            mode = "fixed"
+    return np.array2string(a, separator=", ", prefix=prefix, precision=o["precision"], floatmode=mode,
                            threshold=sys.maxsize if threshold == math.inf else int(threshold),
                            edgeitems=int(o["edgeitems"]), max_line_width=int(o["linewidth"]), **kwargs)

@@ -80,7 +80,7 @@ SCANS = {  # dim-wise ops: placements kept along an unsharded dim, the dim gathe
     "topk": lambda a, d: a.topk(2, d), "kthvalue": lambda a, d: a.kthvalue(2, d),
     "median": lambda a, d: a.median(d), "quantile": lambda a, d: a.quantile(0.3, d),
     "nanmedian": lambda a, d: a.nanmedian(d), "mode": lambda a, d: a.mode(d),
-    "logcumsumexp": lambda a, d: a.logcumsumexp(d),
+    "logcumsumexp": lambda a, d: a.logcumsumexp(d), "nanquantile": lambda a, d: a.nanquantile(0.3, d),
 }
 
 
@@ -293,3 +293,18 @@ def test_distribute_tensor_to_a_norm_partial():
         np.testing.assert_allclose(d.full_tensor().numpy(), v.numpy(), rtol=1e-12)
     with pytest.raises(ValueError, match="_NormPartial"):
         DTensor.from_local(v, init_device_mesh("cpu", (1, dist.get_world_size())), [Partial(), _NormPartial(2)])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unique_consecutive_and_histogram_gather_the_tensor():
+    mesh = _mesh()
+    fa = hp.tensor(np.repeat(np.arange(6.0), 3).reshape(6, 3) % 4)
+    d = distribute_tensor(fa, mesh, [Shard(0)])
+    vals, counts = d.unique_consecutive(return_counts=True)
+    want_vals, want_counts = fa.unique_consecutive(return_counts=True)
+    assert vals.placements == (Replicate(),) and vals.full_tensor().tolist() == want_vals.tolist()
+    assert counts.full_tensor().tolist() == want_counts.tolist()
+    h = hp.histogram(d, bins=4)
+    ref = hp.histogram(fa, bins=4)
+    assert h.hist.full_tensor().tolist() == ref.hist.tolist() and h.bin_edges.full_tensor().tolist() == ref.bin_edges.tolist()
+

@@ -252,3 +252,84 @@ def test_trapezoid_edge_cases_and_errors():
     with pytest.raises(TypeError):
         hp.trapezoid(hp.tensor([1.0, 5, 10]), hp.tensor([1.0, 3, 6]), dx=1)
     assert not hasattr(hp.Tensor, "trapezoid")  # functions only, as PyTorch
+
+
+def _nanquantile_ref(a, q, axis, method):
+    """np.nanquantile in float64, PyTorch's interpolation names."""
+    return np.nanquantile(a.astype(np.float64), q, axis=axis, method=method)
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lower", "higher", "midpoint", "nearest"])
+def test_nanquantile_skips_nans_against_numpy(interpolation):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((5, 7))
+    a[0, [1, 4]] = np.nan
+    a[3, :] = np.nan  # an all-NaN row: NaN
+    a[4, 6] = np.nan
+    q = np.array([0.0, 0.2, 0.5, 0.95, 1.0])
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        want = _nanquantile_ref(a, q, 1, interpolation)
+    got = hp.nanquantile(hp.tensor(a), hp.tensor(q), dim=1, interpolation=interpolation)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, equal_nan=True)
+    kept = hp.tensor(a).nanquantile(hp.tensor(q), dim=1, keepdim=True, interpolation=interpolation)
+    assert tuple(kept.shape) == (5, 5, 1)
+    flat = hp.nanquantile(hp.tensor(a), 0.3, interpolation=interpolation)
+    np.testing.assert_allclose(flat.item(), np.nanquantile(a, 0.3, method=interpolation), rtol=1e-12)
+    ok = a[[0, 1, 2, 4]]
+    np.testing.assert_allclose(hp.nanquantile(hp.tensor(ok[1]), 0.4).item(), np.quantile(ok[1], 0.4), rtol=1e-12)
+    gradcheck(lambda x: x.nanquantile(hp.tensor([0.3, 0.7], dtype=hp.float64), dim=1, interpolation=interpolation),
+              [ok.copy()])
+
+
+def test_quantile_and_nanquantile_errors_are_pytorch_s():
+    with pytest.raises(RuntimeError, match=r"quantile\(\) input tensor must be either float or double dtype"):
+        hp.nanquantile(hp.tensor([1, 2]), 0.5)
+    with pytest.raises(RuntimeError, match=r"quantile\(\) q must be in the range \[0, 1\] but got 1.5"):
+        hp.tensor([1.0, 2.0]).quantile(1.5)
+    with pytest.raises(RuntimeError, match=r"quantile\(\) input tensor must be non-empty"):
+        hp.nanquantile(hp.tensor([]), 0.5)
+    with pytest.raises(RuntimeError, match="interpolation must be one of linear, lower, higher, midpoint or nearest"):
+        hp.quantile(hp.tensor([1.0]), 0.5, interpolation="x")
+
+
+def test_histogram_against_numpy():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(200)
+    w = rng.uniform(0, 2, 200)
+    for kw, np_kw in [({}, {"bins": 100}), ({"bins": 7}, {"bins": 7}),
+                      ({"bins": 5, "range": (-1.0, 2.0)}, {"bins": 5, "range": (-1.0, 2.0)}),
+                      ({"bins": 6, "density": True}, {"bins": 6, "density": True}),
+                      ({"bins": 4, "weight": hp.tensor(w)}, {"bins": 4, "weights": w}),
+                      ({"bins": hp.tensor([-3.0, -0.5, 0.0, 0.1, 4.0], dtype=hp.float64)}, {"bins": [-3.0, -0.5, 0.0, 0.1, 4.0]})]:
+        r = hp.histogram(hp.tensor(x), **kw)
+        hist, edges = np.histogram(x, **np_kw)
+        assert isinstance(r, tuple) and type(r).__name__ == "histogram"
+        np.testing.assert_allclose(r.hist.numpy(), hist, rtol=1e-12)
+        np.testing.assert_allclose(r.bin_edges.numpy(), edges, rtol=1e-12)
+        assert r.hist.dtype == r.bin_edges.dtype == hp.float64
+    h = hp.tensor(x.astype(np.float32)).histogram(3)
+    assert h.hist.dtype == hp.float32 and float(h.hist.sum()) == 200  # the last bin holds its right edge
+    with pytest.raises(NotImplementedError, match="histogramdd"):
+        hp.histogram(hp.tensor([1, 2]), bins=2)
+    with pytest.raises(RuntimeError, match="non-decreasing"):
+        hp.histogram(hp.tensor([1.0]), bins=hp.tensor([1.0, 0.0]))
+    with pytest.raises(RuntimeError, match="same dtype, but got input with dtype double and bins .* float"):
+        hp.histogram(hp.tensor(x), bins=hp.tensor([0.0, 1.0]))
+
+
+def test_unique_consecutive_runs():
+    x = hp.tensor([1, 1, 2, 2, 3, 1, 1, 2])
+    vals, inv, cnt = hp.unique_consecutive(x, return_inverse=True, return_counts=True)
+    assert vals.tolist() == [1, 2, 3, 1, 2] and inv.tolist() == [0, 0, 1, 1, 2, 3, 3, 4]
+    assert cnt.tolist() == [2, 2, 1, 2, 1] and inv.dtype == cnt.dtype == hp.int64
+    m = hp.tensor([[1, 1], [1, 1], [2, 3], [1, 1]])
+    v, i, c = m.unique_consecutive(dim=0, return_inverse=True, return_counts=True)
+    assert v.tolist() == [[1, 1], [2, 3], [1, 1]] and i.tolist() == [0, 0, 1, 2] and c.tolist() == [2, 1, 1]
+    cols = m.unique_consecutive(dim=1)
+    assert cols.tolist() == [[1, 1], [1, 1], [2, 3], [1, 1]]  # columns 0 and 1 differ in row 2
+    grid = hp.tensor([[1, 1, 2], [3, 3, 3]])
+    g, gi = grid.unique_consecutive(return_inverse=True)  # flattened, the inverse in the input's shape
+    assert g.tolist() == [1, 2, 3] and gi.tolist() == [[0, 0, 1], [2, 2, 2]]
+    nan = hp.unique_consecutive(hp.tensor([float("nan"), float("nan"), 1.0]))
+    assert np.isnan(nan.numpy()[:2]).all() and nan.numpy()[2] == 1.0 and nan.shape == (3,)  # NaN equals nothing
+    assert hp.unique_consecutive(hp.tensor([], dtype=hp.int64)).shape == (0,)

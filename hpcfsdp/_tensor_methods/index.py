@@ -345,6 +345,35 @@ def unique(self, sorted=True, return_inverse=False, return_counts=False, dim=Non
 
 
 @op("index", function=True)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    """The first element of every run of equal consecutive elements (slices along ``dim``; NaN equals nothing),
+    with each element's run (int64, the input's shape; along ``dim``, its length) and each run's length."""
+    xp = self._xp()
+    a = self._data
+    if dim is None:
+        rows = a.reshape(-1, 1)
+    else:
+        d = wrap_dim(dim, self.ndim)
+        rows = xp.moveaxis(a, d, 0).reshape(a.shape[d], -1)
+    n = rows.shape[0]
+    starts = xp.ones(n, dtype=bool)
+    if n > 1:
+        starts[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    first = xp.flatnonzero(starts)
+    if dim is None:
+        vals = a.reshape(-1)[first]
+    else:
+        vals = xp.moveaxis(xp.moveaxis(a, d, 0)[first], 0, d)
+    out = [self._wrap(xp.ascontiguousarray(vals))]
+    if return_inverse:
+        inv = (xp.cumsum(starts) - 1).astype(np.int64)
+        out.append(self._wrap(inv.reshape(a.shape) if dim is None else inv))
+    if return_counts:
+        out.append(self._wrap(xp.diff(xp.append(first, n)).astype(np.int64)))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@op("index", function=True)
 def bincount(self, weights=None, minlength=0):
     a = self._data
     if a.ndim != 1 or a.dtype.kind not in "iu" or (a.size and bool((a < 0).any())):

@@ -13,7 +13,7 @@ from .._registry import function_op, mixin, op
 from ..autograd import ops
 from ..autograd.ops._common import _axes
 from ._common import (FP32, TensorBase, _argsort, _assign_result, _dim_slice, _float_only, _integral_to_int64,
-                      _same_dtype, _tensor_arg, _to_float, _topk_indices, autocast_op)
+                      _tensor_arg, _to_float, _topk_indices, autocast_op)
 
 __all__ = ["ReduceMixin", "SortResult", "TopkResult", "ValuesIndices"]
 
@@ -355,39 +355,12 @@ def kthvalue(self, k, dim=-1, keepdim=False):
 @op("reduce", function=True)
 def quantile(self, q, dim=None, keepdim=False, *, interpolation="linear"):
     """The q-th quantiles along ``dim`` (None: all elements); ``q`` a number or a 1-D tensor (its dim first)."""
-    _float_only(self, "quantile")
-    modes = ("linear", "lower", "higher", "midpoint", "nearest")
-    if interpolation not in modes:
-        raise ValueError(f"quantile() interpolation must be one of {', '.join(modes)}. Got {interpolation!r}")
+    qa, src, d = statistics.quantile_setup(self, q, dim, interpolation)
     xp = self._xp()
-    if isinstance(q, TensorBase):
-        if q.ndim > 1:
-            raise RuntimeError(f"quantile() q must be a scalar or 1D tensor, got a {q.ndim}-D tensor")
-        _same_dtype("quantile", self, q)
-        qa = xp.asarray(q._data, dtype=np.float64).reshape(-1)
-    else:
-        qa = xp.asarray([float(q)], dtype=np.float64)
-    if qa.size and not bool(((qa >= 0) & (qa <= 1)).all()):
-        raise RuntimeError("quantile() q values must be in the range [0, 1]")
-    src = self.reshape(-1) if dim is None else self
-    d = 0 if dim is None else wrap_dim(dim, self.ndim)
-    if src.ndim == 0:
-        src = src.reshape(1)
     n = src.shape[d]
-    if n == 0:
-        raise IndexError("quantile() input tensor must be non-empty")
     v = src.sort(d).values
-    pos = qa * (n - 1)
-    lo = xp.floor(pos).astype(np.int64)
-    hi = xp.ceil(pos).astype(np.int64)
-    if interpolation == "lower":
-        hi = lo
-    elif interpolation == "higher":
-        lo = hi
-    elif interpolation == "nearest":
-        lo = hi = xp.round(pos).astype(np.int64)  # half to even, as PyTorch
+    lo, hi, frac = statistics.quantile_positions(qa * (n - 1), interpolation, xp)
     vlo, vhi = v.index_select(d, self._wrap(lo)), v.index_select(d, self._wrap(hi))
-    frac = {"midpoint": xp.full(pos.shape, 0.5), "linear": pos - lo}.get(interpolation, xp.zeros(pos.shape))
     shape = [1] * v.ndim
     shape[d] = -1
     w = self._wrap(frac.astype(self._data.dtype).reshape(shape))

@@ -1,5 +1,5 @@
-"""Reductions beyond reduce.py, of the same family: logcumsumexp, nanmedian, mode, histc, cov, corrcoef, and the
-trapezoid rule (trapezoid/trapz, cumulative_trapezoid). hpcfsdp/_tensor_methods/reduce.py loads this module before
+"""Reductions beyond reduce.py, of the same family: logcumsumexp, nanmedian, nanquantile, mode, histc, histogram, cov,
+corrcoef, and the trapezoid rule (trapezoid/trapz, cumulative_trapezoid). hpcfsdp/_tensor_methods/reduce.py loads this module before
 it makes the family's mixin."""
 import collections
 import operator
@@ -12,13 +12,14 @@ from .._array import dtype_category, wrap_dim
 from .._dtype_info import get_default_dtype
 from .._registry import function_op, op
 from ..autograd import ops
-from ._common import TensorBase, _argsort, _key, _tensor_arg
+from ._common import TensorBase, _argsort, _key, _same_dtype, _tensor_arg
 
-__all__ = ["Mode", "Nanmedian"]
+__all__ = ["Mode", "Nanmedian", "Histogram"]
 
 # torch.return_types.mode / torch.return_types.nanmedian: tuples with .values and .indices
 Mode = collections.namedtuple("mode", ["values", "indices"])
 Nanmedian = collections.namedtuple("nanmedian", ["values", "indices"])
+Histogram = collections.namedtuple("histogram", ["hist", "bin_edges"])  # torch.return_types.histogram
 
 
 def _dtype_name(t):
@@ -69,6 +70,75 @@ def _nanmedian_along(self, d, keepdim):
     if not keepdim:
         vals, idx = vals.squeeze(d), idx.squeeze(d)
     return Nanmedian(vals, self._wrap(idx))
+
+
+def quantile_setup(self, q, dim, interpolation):
+    """quantile's and nanquantile's checks (PyTorch's messages): the levels as float64 (nq,), the input along
+    which they are taken (flattened when ``dim`` is None, at least 1-D) and that dim."""
+    if dtype_category(self._data.dtype) != 2:
+        raise RuntimeError("quantile() input tensor must be either float or double dtype")
+    if interpolation not in QUANTILE_MODES:
+        raise RuntimeError(f"quantile() interpolation must be one of linear, lower, higher, midpoint or nearest, "
+                           f"but got {interpolation}")
+    xp = self._xp()
+    if isinstance(q, TensorBase):
+        if q.ndim > 1:
+            raise RuntimeError(f"quantile() q must be a scalar or 1D tensor, got a {q.ndim}-D tensor")
+        _same_dtype("quantile", self, q)
+        qa = xp.asarray(q._data, dtype=np.float64).reshape(-1)
+    else:
+        qa = xp.asarray([float(q)], dtype=np.float64)
+    if qa.size and not bool(((qa >= 0) & (qa <= 1)).all()):
+        bad = float(qa[~((qa >= 0) & (qa <= 1))][0])
+        raise RuntimeError(f"quantile() q must be in the range [0, 1] but got {bad:g}")
+    src = self.reshape(-1) if dim is None else self
+    d = 0 if dim is None else wrap_dim(dim, self.ndim)
+    if src.ndim == 0:
+        src = src.reshape(1)
+    if src.shape[d] == 0:
+        raise RuntimeError("quantile() input tensor must be non-empty")
+    return qa, src, d
+
+
+QUANTILE_MODES = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def quantile_positions(pos, interpolation, xp):
+    """The two sorted positions each quantile reads (int64) and the weight of the upper one."""
+    lo = xp.floor(pos).astype(np.int64)
+    hi = xp.ceil(pos).astype(np.int64)
+    if interpolation == "lower":
+        hi = lo
+    elif interpolation == "higher":
+        lo = hi
+    elif interpolation == "nearest":
+        lo = hi = xp.round(pos).astype(np.int64)  # half to even, as PyTorch
+    frac = {"midpoint": xp.full(pos.shape, 0.5), "linear": pos - lo}.get(interpolation, xp.zeros(pos.shape))
+    return lo, hi, frac
+
+
+@op("reduce", function=True, functions=(ops.TakeAlong,))
+def nanquantile(self, q, dim=None, keepdim=False, *, interpolation="linear"):
+    """quantile of the values that are not NaN (NaN where a slice has none); differentiable in ``self``."""
+    qa, src, d = quantile_setup(self, q, dim, interpolation)
+    xp = self._xp()
+    a = src._data
+    order = _argsort(a, d, False)  # NaN last
+    valid = (~_nan_mask(a)).sum(axis=d, keepdims=True)[None]  # (1, ..., 1 at d, ...)
+    nq = qa.size
+    lo, hi, frac = quantile_positions(qa.reshape((nq,) + (1,) * a.ndim) * xp.maximum(valid - 1, 0),
+                                      interpolation, xp)  # (nq, ..., 1 at d, ...)
+    orders = xp.broadcast_to(order[None], (nq,) + order.shape)
+    srcs = src.unsqueeze(0).expand((nq,) + tuple(src.shape))
+    vlo = ops.TakeAlong.apply(srcs, xp.take_along_axis(orders, lo, axis=d + 1), d + 1)
+    vhi = ops.TakeAlong.apply(srcs, xp.take_along_axis(orders, hi, axis=d + 1), d + 1)
+    out = vlo + (vhi - vlo) * self._wrap(frac.astype(a.dtype))
+    out = out.masked_fill(self._wrap(xp.broadcast_to(valid == 0, out.shape)), float("nan")).squeeze(d + 1)
+    if keepdim:
+        out = out.unsqueeze(d + 1) if dim is not None else out.reshape((nq,) + (1,) * self.ndim)
+    if not isinstance(q, TensorBase) or q.ndim == 0:
+        out = out.squeeze(0)
+    return out
 
 
 @op("reduce", function=True, functions=(ops.TakeAlong,))
@@ -133,6 +203,61 @@ def histc(self, bins=100, min=0, max=0):  # noqa: A002
     pos = xp.minimum(((x - lo) * (bins / (hi - lo))).astype(np.int64), bins - 1)
     counts = xp.bincount(pos, minlength=bins)[:bins]
     return self._wrap(counts.astype(self._data.dtype))
+
+
+@op("reduce", function=True)
+def histogram(self, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
+    """(hist, bin_edges): counts (or summed ``weight``) of the elements in ``bins`` equal bins over ``range`` (the
+    data's range by default) or between the edges of a 1-D tensor ``bins``; the last bin includes its right edge,
+    elements outside are not counted. ``density`` divides by the total and the bin widths. Not differentiable."""
+    if dtype_category(self._data.dtype) != 2:
+        raise NotImplementedError(f"\"histogramdd\" not implemented for '{_histogram_dtype(self)}'")
+    xp = self._xp()
+    x = self._data.reshape(-1)
+    w = None
+    if weight is not None:
+        weight = _tensor_arg(weight, "histogram", "weight")
+        if tuple(weight.shape) != tuple(self.shape):
+            raise RuntimeError("torch.histogram: if weight tensor is provided it should have the same shape as the "
+                               "input tensor excluding its innermost dimension")
+        if weight.dtype != self.dtype:
+            raise RuntimeError(f"torch.histogramdd: if weight tensor is provided, input tensor and weight tensor should "
+                               f"have the same dtype, but got input({_torch_name(self)}), and weight({_torch_name(weight)})")
+        w = weight._data.reshape(-1).astype(np.float64)
+    if isinstance(bins, TensorBase):
+        if bins.ndim != 1:
+            raise RuntimeError(f"torch.histogram: bins tensor should have one dimension, but got {bins.ndim} dimensions")
+        if bins.dtype != self.dtype:
+            raise RuntimeError(f"torch.histogramdd: input tensor and bins tensors should have the same dtype, but got "
+                               f"input with dtype {_torch_name(self)} and bins for dimension 0 with dtype "
+                               f"{_torch_name(bins)}")
+        edges = bins._data.astype(np.float64)
+        if edges.size and bool((edges[1:] < edges[:-1]).any()):
+            raise RuntimeError("torch.histogram: bin edges must be a non-decreasing sequence")
+    else:
+        n = operator.index(bins)
+        if n <= 0:
+            raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {n} for dimension 0")
+        lo, hi = (float(range[0]), float(range[1])) if range is not None else (
+            (float(x.min()), float(x.max())) if x.size else (0.0, 0.0))
+        if lo > hi:
+            raise RuntimeError(f"torch.histogram: min should not exceed max, but got min {lo} max {hi}")
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5  # an empty or one-valued range widened, as numpy.histogram
+        edges = xp.linspace(lo, hi, n + 1)
+    hist, _ = xp.histogram(x.astype(np.float64), bins=edges, weights=w, density=bool(density))
+    dt = self._data.dtype
+    return Histogram(self._wrap(hist.astype(dt)), self._wrap(edges.astype(dt)))
+
+
+def _histogram_dtype(t):
+    return {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
+            "bool": "Bool"}.get(_dtype_name(t), _dtype_name(t))
+
+
+def _torch_name(t):  # the C type names PyTorch's histogram messages use
+    return {"float64": "double", "float32": "float", "float16": "half", "bfloat16": "bfloat16"}.get(
+        _dtype_name(t), _dtype_name(t))
 
 
 # -- covariance --------------------------------------------------------------------------------------------

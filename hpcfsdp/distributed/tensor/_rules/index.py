@@ -188,4 +188,5 @@ def select_along(call: OpCall):
 register_rule(getitem, "__getitem__")
 register_rule(setitem, "__setitem__")
 register_rule(select_along, "gather", "index_select")
-register_rule(lambda call: fallback(call, reduce_partial=True), "take", "masked_select", "nonzero", "unique")
+register_rule(lambda call: fallback(call, reduce_partial=True), "take", "masked_select", "nonzero", "unique",
+              "unique_consecutive", "histogram")

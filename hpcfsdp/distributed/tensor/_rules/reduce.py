@@ -41,7 +41,7 @@ _PARTIAL = {"sum": "sum", "nansum": "sum", "mean": "sum", "count_nonzero": "sum"
             "amax": "max", "amin": "min", "max": "max", "min": "min"}
 _LINEAR = {"sum", "mean"}  # keep a Partial "sum"/"avg" input
 GATHERED = ("var", "std", "nanmean", "logsumexp", "argmax", "argmin", "median", "nanmedian", "mode", "kthvalue",
-            "quantile", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "softmax", "log_softmax", "sort",
+            "quantile", "nanquantile", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "softmax", "log_softmax", "sort",
             "argsort", "topk")
 
 
@@ -217,13 +217,13 @@ def _along(call: OpCall, a: dict, ndim: int):
     dim = a.get("dim")
     if name in ("argmax", "argmin") and dim is None:
         return tuple(range(ndim)), not a.get("keepdim", False)
-    if name in ("median", "nanmedian", "quantile") and dim is None:
+    if name in ("median", "nanmedian", "quantile", "nanquantile") and dim is None:
         return tuple(range(ndim)), True
     if name in ("var", "std") and isinstance(dim, bool):
         return tuple(range(ndim)), not a.get("keepdim", False)
     if name in ("var", "std", "logsumexp", "nanmean", "max", "min", "argmax", "argmin"):
         return _dims(dim, ndim), not a.get("keepdim", False)
-    if name in ("median", "nanmedian", "mode", "kthvalue", "quantile"):
+    if name in ("median", "nanmedian", "mode", "kthvalue", "quantile", "nanquantile"):
         return _dims(dim, ndim), not a.get("keepdim", False)
     return _dims(dim, ndim), False  # scans, softmax, sort, topk keep every dim
 
