@@ -219,3 +219,23 @@ def test_distribute_module_hook_arity():
         distribute_module(nn.Linear(2, 2), mesh, input_fn=lambda inputs: inputs)
     with pytest.raises(ValueError, match="output_fn should take in 3 arguments, but got 4"):
         distribute_module(nn.Linear(2, 2), mesh, output_fn=lambda a, b, c, d: a)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_integral_cast_of_a_partial_reduces_it_first_a_floating_one_keeps_it():
+    mesh, n, _ = _mesh()
+    v = hp.tensor(np.full((4, 3), 0.75))  # each rank's part: the sum is 0.75 n, truncated per part it would be 0
+    p = DTensor.from_local(v, mesh, [Partial()])
+    total = 0.75 * n
+    for name, cast in [("long", lambda t: t.long()), ("int", lambda t: t.int()), ("short", lambda t: t.short()),
+                       ("bool", lambda t: (t - 0.75 * n / 2).bool()), ("to(int64)", lambda t: t.to(hp.int64)),
+                       ("to(dtype=int32)", lambda t: t.to(dtype=hp.int32)),
+                       ("type_as", lambda t: t.type_as(hp.tensor([1])))]:
+        out = cast(p)
+        want = cast(hp.tensor(np.full((4, 3), total)))
+        assert out.placements == (Replicate(),), name
+        np.testing.assert_array_equal(out.full_tensor().numpy(), want.numpy(), err_msg=name)
+    for cast in (lambda t: t.double(), lambda t: t.to(hp.float32), lambda t: t.float()):
+        out = cast(p)
+        assert out.placements == (Partial(),)
+        np.testing.assert_allclose(out.full_tensor().numpy(), np.full((4, 3), total), rtol=1e-6)

@@ -66,10 +66,30 @@ def _operands(call: OpCall):
     return out
 
 
+_INTEGRAL_CASTS = {"long", "int", "bool", "byte", "char", "short"}
+
+
+def _casts_to_integral(call) -> bool:
+    """Whether a cast's result is integral or bool: rounding each rank's Partial value is not the rounding of the
+    sum (nor is bool of one), so such a cast reduces a Partial first."""
+    name = call.entry.name
+    if name in _INTEGRAL_CASTS:
+        return True
+    if name not in ("to", "type_as"):
+        return False
+    for a in (*call.args[1:], *call.kwargs.values()):
+        dt = a.dtype if isinstance(a, Tensor) else (a if isinstance(a, np.dtype) else None)
+        if dt is not None:
+            return np.dtype(dt).kind in "iub"
+    return False
+
+
 def _partial_kept(call, i, partial) -> bool:
     """Whether the op is linear in its operands' Partial values on mesh dim ``i`` (the DTensors in ``partial``)."""
     name = call.entry.name
     ds = call.dtensors
+    if name in CASTS and _casts_to_integral(call):
+        return False
     if any(type(d._spec.placements[i]) is not Partial for d in partial):  # p-norm partials: casts only
         return name in CASTS or name in _ZEROS
     if name in _SIGN or name in CASTS or name in _ZEROS:
