@@ -239,3 +239,17 @@ def test_an_integral_cast_of_a_partial_reduces_it_first_a_floating_one_keeps_it(
         out = cast(p)
         assert out.placements == (Partial(),)
         np.testing.assert_allclose(out.full_tensor().numpy(), np.full((4, 3), total), rtol=1e-6)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_to_and_type_as_take_only_the_dtype_of_a_dtensor_argument():
+    mesh, n, _ = _mesh()
+    full = hp.tensor(np.arange(12.0).reshape(4, 3))
+    donor = DTensor.from_local(hp.ones(4, 3, dtype=hp.float32), mesh, [Partial()])
+    for pl in (Replicate(), Shard(0)):
+        d = distribute_tensor(full, mesh, [pl])
+        for out in (d.to(donor), d.type_as(donor)):
+            assert out.placements == (pl,) and out.dtype == hp.float32  # not the donor's Partial
+            np.testing.assert_array_equal(out.full_tensor().numpy(), full.numpy().astype(np.float32))
+    with pytest.raises(NotImplementedError, match="new_tensor: the data is a DTensor"):
+        distribute_tensor(full, mesh, [Replicate()]).new_tensor(donor)

@@ -151,7 +151,19 @@ def _layout(call: OpCall, inplace_self=None):
     return tuple(out_pl), targets, out_shape
 
 
+def _cast(call: OpCall):
+    """``dt.to(other)`` / ``dt.type_as(other)``: ``other`` gives only the dtype, so the layout is ``dt``'s (a Partial
+    kept but for an integral or bool result)."""
+    d = call.dtensors[0]
+    integral = _casts_to_integral(call)
+    pl = tuple(Replicate() if isinstance(p, Partial) and integral else p for p in d._spec.placements)
+    args, kwargs = local_args(call, [pl] + [None] * (len(call.dtensors) - 1), pl)
+    return wrap(call.compute(*args, **kwargs), call.mesh, pl, d.shape)
+
+
 def pointwise(call: OpCall):
+    if call.entry.name in ("to", "type_as") and call.args and call.args[0] is call.dtensors[0]:
+        return _cast(call)
     inplace = call.entry.inplace
     self = call.args[0] if inplace else None
     if inplace and self is not call.dtensors[0]:
@@ -197,6 +209,9 @@ def functional(fn, input, args, kwargs):
 
 def new_factory(call: OpCall):
     """``dt.new_zeros(size)`` and kin: a Replicate DTensor of ``size`` (PyTorch's); ``new_tensor`` a plain tensor."""
+    if call.entry.name == "new_tensor" and len(call.dtensors) > 1:  # its data is a DTensor: not its local piece
+        raise NotImplementedError("new_tensor: the data is a DTensor; copy it with data.full_tensor() (the whole "
+                                  "tensor) or data.to_local() (this rank's piece)")
     args, kwargs = local_args(call)  # only self's dtype and device are read
     out = call.compute(*args, **kwargs)
     if call.entry.name == "new_tensor":
