@@ -253,3 +253,21 @@ def test_to_and_type_as_take_only_the_dtype_of_a_dtensor_argument():
             np.testing.assert_array_equal(out.full_tensor().numpy(), full.numpy().astype(np.float32))
     with pytest.raises(NotImplementedError, match="new_tensor: the data is a DTensor"):
         distribute_tensor(full, mesh, [Replicate()]).new_tensor(donor)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_negating_a_max_or_min_partial_reduces_it_first():
+    mesh, n, rank = _mesh()
+    full = hp.tensor(np.arange(12.0).reshape(4, 3))
+    for op, shift in (("max", -1.0), ("min", 1.0)):
+        p = DTensor.from_local(full + (0.0 if rank == 0 else shift), mesh, [Partial(op)])  # global: full
+        for neg in (lambda t: -t, lambda t: t.neg(), lambda t: t.negative()):
+            out = neg(p)
+            assert out.placements == (Replicate(),), op
+            np.testing.assert_array_equal(out.full_tensor().numpy(), -full.numpy())
+        with pytest.raises(RuntimeError, match="in-place op on a Partial"):
+            with hp.no_grad():
+                DTensor.from_local(full.clone(), mesh, [Partial(op)]).neg_()
+    s = DTensor.from_local(full / n, mesh, [Partial()])
+    assert (-s).placements == (Partial(),)  # a sum stays a sum
+    np.testing.assert_allclose((-s).full_tensor().numpy(), -full.numpy())

@@ -92,8 +92,10 @@ def _partial_kept(call, i, partial) -> bool:
         return False
     if any(type(d._spec.placements[i]) is not Partial for d in partial):  # p-norm partials: casts only
         return name in CASTS or name in _ZEROS
-    if name in _SIGN or name in CASTS or name in _ZEROS:
+    if name in CASTS or name in _ZEROS:
         return True
+    if name in _SIGN:  # -max(x_i) is min(-x_i): negation keeps only a sum or a mean
+        return all(d._spec.placements[i].reduce_op in ("sum", "avg") for d in partial)
     if name in _SUM:
         if any(not any(a is d for d in ds) for a in _operands(call)):
             return False  # a number or plain tensor added to a Partial would count once per rank
