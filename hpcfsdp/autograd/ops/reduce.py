@@ -188,6 +188,11 @@ def _scan_forward(ctx, a, dim, scan):
     return out.astype(a.dtype, copy=False)
 
 
+def _scan_saved(ctx, g):
+    """What _scan_forward saved (input, output, dim), the array module and ``g`` in the accumulation dtype."""
+    return ctx.x, ctx.out, ctx.dim, array_module(g), _up(g)
+
+
 class Cumprod(Op):
     """cumprod along ``dim``. The gradient sum_{j >= i} g_j out_j / a_i where no element is 0; elsewhere it is
     computed exactly from exclusive products (one pass per element of the dim, only for inputs with zeros)."""
@@ -198,11 +203,9 @@ class Cumprod(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, out, d = ctx.x, ctx.out, ctx.dim
-        if x.ndim == 0:
+        if ctx.x.ndim == 0:
             return g, None
-        xp = array_module(g)
-        g = _up(g)
+        x, out, d, xp, g = _scan_saved(ctx, g)
         rev_cumsum = lambda v: xp.flip(xp.flip(v, d).cumsum(axis=d), d)  # noqa: E731
         if bool((x != 0).all()):
             return (rev_cumsum(g * out) / x).astype(ctx.dtype, copy=False), None
@@ -244,11 +247,9 @@ class Logcumsumexp(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, out, d = ctx.x, ctx.out, ctx.dim
-        if x.ndim == 0:
+        if ctx.x.ndim == 0:
             return g, None
-        xp = array_module(g)
-        g = _up(g)
+        x, out, d, xp, g = _scan_saved(ctx, g)
         lowest = np.finfo(g.dtype).min
         with np.errstate(divide="ignore"):
             log_abs = xp.log(xp.abs(g))

@@ -232,12 +232,9 @@ def _check_appended(module, tensor_name, parametrization):
         out = parametrization(current)
         if not isinstance(out, Tensor):
             raise ValueError(f"A parametrization must return a tensor. Got {type(out).__name__}.")
-        for what in ("dtype", "shape"):
-            before, after = getattr(current, what), getattr(out, what)
-            if before != after:
-                raise ValueError(f"Registering a parametrization may not change the {what} of the tensor, unless "
-                                 f"the `unsafe` flag is enabled.\n{here}.{what}: {before}\n"
-                                 f"parametrization({here}).{what}: {after}")
+        _check_kept(current, out, lambda what, before, after: (
+            f"Registering a parametrization may not change the {what} of the tensor, unless the `unsafe` flag is "
+            f"enabled.\n{here}.{what}: {before}\nparametrization({here}).{what}: {after}"))
         if not hasattr(parametrization, "right_inverse"):
             return
         try:
@@ -246,12 +243,17 @@ def _check_appended(module, tensor_name, parametrization):
             return
     if not isinstance(back, Tensor):
         raise ValueError(f"parametrization.right_inverse must return a tensor. Got: {type(back).__name__}")
+    _check_kept(current, back, lambda what, before, after: (
+        f"The tensor returned by parametrization.right_inverse must have the same {what} as {here}, unless the "
+        f"`unsafe` flag is enabled.\n{here}.{what}: {before}\nreturned {what}: {after}"))
+
+
+def _check_kept(before_t, after_t, message):
+    """ValueError(message(what, before, after)) unless ``after_t`` has ``before_t``'s dtype and shape."""
     for what in ("dtype", "shape"):
-        before, after = getattr(current, what), getattr(back, what)
+        before, after = getattr(before_t, what), getattr(after_t, what)
         if before != after:
-            raise ValueError(f"The tensor returned by parametrization.right_inverse must have the same {what} as "
-                             f"{here}, unless the `unsafe` flag is enabled.\n{here}.{what}: {before}\n"
-                             f"returned {what}: {after}")
+            raise ValueError(message(what, before, after))
 
 
 def _refuse_pickle(self):

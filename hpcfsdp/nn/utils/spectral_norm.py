@@ -11,7 +11,7 @@ from hpcfsdp.nn._functional.normalization import normalize
 from hpcfsdp.nn.modules.conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from hpcfsdp.nn.modules.module import Module
 from hpcfsdp.nn.parameter import Parameter
-from hpcfsdp.nn.utils.weight_norm import _first_key
+from hpcfsdp.nn.utils.weight_norm import _first_key, _remove_norm_hook
 
 __all__ = ["SpectralNorm", "SpectralNormLoadStateDictPreHook", "SpectralNormStateDictHook", "spectral_norm",
            "remove_spectral_norm"]
@@ -210,12 +210,7 @@ def remove_spectral_norm(module: Module, name: str = "weight") -> Module:
     Raises:
         ValueError: ``module`` has no spectral_norm hook for ``name``.
     """
-    pre_hooks = module._forward_pre_hooks
-    key = _first_key(pre_hooks, lambda h: isinstance(h, SpectralNorm) and h.name == name)
-    if key is None:
-        raise ValueError(f"spectral_norm of '{name}' not found in {module}")
-    pre_hooks[key].remove(module)
-    del pre_hooks[key]
+    _remove_norm_hook(module, SpectralNorm, name, "spectral_norm")
     for table, kind in ((module._state_dict_hooks, SpectralNormStateDictHook),
                         (module._load_state_dict_pre_hooks, SpectralNormLoadStateDictPreHook)):
         key = _first_key(table, lambda h: isinstance(h, kind) and h.fn.name == name)

@@ -115,10 +115,16 @@ def remove_weight_norm(module: Module, name: str = "weight") -> Module:
     Raises:
         ValueError: ``module`` has no weight_norm hook for ``name``.
     """
+    _remove_norm_hook(module, WeightNorm, name, "weight_norm")
+    return module
+
+
+def _remove_norm_hook(module, kind, name, label) -> None:
+    """Take ``module``'s forward pre-hook of type ``kind`` for ``name`` off, undoing it (ValueError naming
+    ``label`` when there is none)."""
     hooks = module._forward_pre_hooks
-    key = _first_key(hooks, lambda h: isinstance(h, WeightNorm) and h.name == name)
+    key = _first_key(hooks, lambda h: isinstance(h, kind) and h.name == name)
     if key is None:
-        raise ValueError(f"weight_norm of '{name}' not found in {module}")
+        raise ValueError(f"{label} of '{name}' not found in {module}")
     hooks[key].remove(module)
     del hooks[key]
-    return module
